@@ -1,0 +1,53 @@
+# vkit — every target calls bin/ tools; inputs are variables you can override:
+#   make demo URL=http://127.0.0.1:8000 STATE=vkit-state/vkit.json
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STATE ?= vkit-state/vkit.json
+URL ?=
+WHEELHOUSE ?=
+export VKIT_STATE := $(STATE)
+
+.DEFAULT_GOAL := help
+.PHONY: help install test test-fast lint bench wheelhouse demo runbook-table clean
+
+help: ## list the targets with a one-line description (default)
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+install: $(VENV)/.installed ## create .venv with an editable install of vkit (offline with WHEELHOUSE=dir)
+
+$(VENV)/.installed: pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@if [ -n "$(WHEELHOUSE)" ]; then \
+		$(PY) -m pip install -q --no-index --find-links "$(WHEELHOUSE)" -e '.[dev]'; \
+	else \
+		$(PY) -m pip install -q -e '.[dev]'; \
+	fi
+	@touch $@
+
+test: install ## run the whole test suite (the README's test command; CI runs it)
+	$(PY) -m pytest -q -ra
+
+test-fast: install ## run the tests that need no real vLLM, for the quick loop
+	$(PY) -m pytest -q -ra -m "not vllm"
+
+lint: install ## check the code with ruff
+	$(PY) -m ruff check vkit tests bench bin
+
+bench: install ## run the speed benchmarks; results as JSON in bench/results/
+	@set -e; for f in bench/bench_*.py; do echo "== $$f" >&2; $(PY) $$f; done
+
+wheelhouse: ## download wheels of vkit and its dependencies into WHEELHOUSE (default ./wheelhouse) for an air-gapped machine
+	$(PYTHON) -m pip download -q -d "$(or $(WHEELHOUSE),wheelhouse)" setuptools wheel
+	$(PYTHON) -m pip wheel -q -w "$(or $(WHEELHOUSE),wheelhouse)" '.[dev]'
+	@echo "copy $(or $(WHEELHOUSE),wheelhouse)/ to the target machine, then: make install WHEELHOUSE=$(or $(WHEELHOUSE),wheelhouse)" >&2
+
+demo: install ## the main job: tune the embedded simulated vLLM server end to end (URL=... for a real one)
+	@$(PY) -m vkit.demo
+
+runbook-table: ## regenerate the traffic-light table at the top of runbook/README.md from vkit/data/params.json
+	$(PY) -c 'import sys; from vkit.policy import *; p = "runbook/README.md"; t = open(p).read(); open(p, "w").write(splice_table(t, render_table(Policy.load())))'
+
+clean: ## remove the venv, caches and local state
+	rm -rf $(VENV) .pytest_cache .ruff_cache vkit-state reports *.egg-info

@@ -1,0 +1,1 @@
+"""Command-line entry points: one module per tool, each with ``main(argv, stdout, stderr)``."""

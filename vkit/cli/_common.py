@@ -1,0 +1,238 @@
+"""The layer every tool shares: the parent parser, help layout, output helpers and
+the error wrapper that maps library errors to one-line messages and exit codes.
+
+A tool module looks like::
+
+    def build_parser():
+        p = make_parser("mytool", "One sentence.", examples=["mytool --json"])
+        p.add_argument(...)
+        return p
+
+    def _run(args, io):
+        ...library call...
+        io.emit_json(result)
+        return ExitCode.OK
+
+    def main(argv=None, stdout=None, stderr=None):
+        return run(build_parser(), _run, argv, stdout, stderr)
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io as _io
+import json
+import os
+import signal
+import sys
+import traceback
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, TextIO
+
+from vkit import __version__
+from vkit.errors import EXIT_CODE_HELP, ExitCode, VkitError
+
+DEFAULT_STATE = os.path.join("vkit-state", "vkit.json")
+
+
+def default_state_path() -> str:
+    """``$VKIT_STATE`` if set, else ``./vkit-state/vkit.json``."""
+    return os.environ.get("VKIT_STATE") or DEFAULT_STATE
+
+
+def parent_parser(for_subcommand: bool = False) -> argparse.ArgumentParser:
+    """The flags every tool has; each means the same thing in every tool.
+
+    ``for_subcommand``: the copy attached to a subcommand has no defaults of its own,
+    so ``tool --json sub`` and ``tool sub --json`` both work (argparse would otherwise
+    let the subcommand's default overwrite the value given before it).
+    """
+    p = argparse.ArgumentParser(add_help=False)
+    if for_subcommand:
+        p.argument_default = argparse.SUPPRESS
+    g = p.add_argument_group("common options")
+    g.add_argument(
+        "--state",
+        metavar="FILE",
+        default=argparse.SUPPRESS if for_subcommand else default_state_path(),
+        help="JSON state file shared by all tools (default: $VKIT_STATE, else ./vkit-state/vkit.json)",
+    )
+    g.add_argument("--url", metavar="URL", help="server base URL, e.g. http://127.0.0.1:8000 (default: the one in the state file)")
+    g.add_argument("--json", action="store_true", help="write machine-readable JSON to stdout instead of text")
+    g.add_argument(
+        "-v", "--verbose", action="count", default=argparse.SUPPRESS if for_subcommand else 0, help="more progress on stderr (repeatable)"
+    )
+    g.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr, errors only")
+    g.add_argument("--traceback", action="store_true", help="print a Python traceback on errors (for bug reports)")
+    if not for_subcommand:
+        g.add_argument("--version", action="version", version=f"vkit {__version__}")
+    return p
+
+
+def add_subcommand(sub, name: str, help: str, description: str | None = None, examples: Iterable[str] = (), exit_codes=None):
+    """A subcommand parser that also takes the common flags and lists the exit codes."""
+    epilog = ""
+    ex = list(examples)
+    if ex:
+        epilog += "Examples:\n" + "\n".join(f"  {e}" for e in ex) + "\n\n"
+    epilog += exit_codes_epilog(exit_codes)
+    return sub.add_parser(
+        name,
+        help=help,
+        description=description or help,
+        epilog=epilog,
+        parents=[parent_parser(for_subcommand=True)],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+
+
+def exit_codes_epilog(codes: Iterable[int] | None = None) -> str:
+    wanted = list(ExitCode) if codes is None else [ExitCode(c) for c in codes]
+    lines = ["Exit codes:"]
+    for c in wanted:
+        lines.append(f"  {int(c):<4d}{EXIT_CODE_HELP[c]}")
+    return "\n".join(lines)
+
+
+def make_parser(
+    prog: str,
+    description: str,
+    examples: Iterable[str] = (),
+    exit_codes: Iterable[int] | None = None,
+    common: bool = True,
+    **kwargs: Any,
+) -> argparse.ArgumentParser:
+    """A parser with the shared flags, an ``Examples:`` epilog and the exit codes."""
+    epilog = ""
+    ex = list(examples)
+    if ex:
+        epilog += "Examples:\n" + "\n".join(f"  {e}" for e in ex) + "\n\n"
+    epilog += exit_codes_epilog(exit_codes)
+    return argparse.ArgumentParser(
+        prog=prog,
+        description=description,
+        epilog=epilog,
+        parents=[parent_parser()] if common else [],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        **kwargs,
+    )
+
+
+@dataclass
+class IO:
+    """Where a tool writes: data to ``out``, everything for people to ``err``."""
+
+    prog: str
+    out: TextIO
+    err: TextIO
+    verbosity: int = 1  # 0 quiet, 1 normal, 2+ verbose
+    json: bool = False
+
+    def emit_json(self, obj: Any) -> None:
+        self.out.write(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+        self.out.flush()
+
+    def emit_line(self, obj: Any) -> None:
+        """One JSON Lines record."""
+        self.out.write(json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str) + "\n")
+        self.out.flush()
+
+    def progress(self, msg: str) -> None:
+        if self.verbosity >= 1:
+            self.err.write(f"{self.prog}: {msg}\n")
+            self.err.flush()
+
+    def debug(self, msg: str) -> None:
+        if self.verbosity >= 2:
+            self.err.write(f"{self.prog}: {msg}\n")
+            self.err.flush()
+
+    def warn(self, msg: str) -> None:
+        self.err.write(f"{self.prog}: warning: {msg}\n")
+        self.err.flush()
+
+    def is_tty(self) -> bool:
+        try:
+            return self.out.isatty()
+        except (AttributeError, ValueError):
+            return False
+
+
+def _one_line(msg: str) -> str:
+    return " ".join(str(msg).split())
+
+
+def _on_sigterm(signum, frame):  # noqa: ARG001
+    raise KeyboardInterrupt("SIGTERM")
+
+
+def run(
+    parser: argparse.ArgumentParser,
+    body: Callable[[argparse.Namespace, IO], int],
+    argv: list[str] | None = None,
+    stdout: TextIO | None = None,
+    stderr: TextIO | None = None,
+) -> int:
+    """Parse ``argv``, call ``body(args, io)``, map every outcome to an exit code.
+
+    When called as a real process (``stdout`` is None) SIGPIPE is restored to the
+    default, so ``tool | head`` ends quietly, and SIGTERM is turned into the same
+    clean interrupt as Ctrl-C so that tools can restore what they changed.
+    """
+    real = stdout is None
+    if real:
+        if hasattr(signal, "SIGPIPE"):
+            signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, _on_sigterm)
+    out = stdout if stdout is not None else sys.stdout
+    err = stderr if stderr is not None else sys.stderr
+    prog = parser.prog
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            args = parser.parse_args(argv)
+    except SystemExit as e:  # --help, --version, usage errors
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else ExitCode.USAGE)
+        return int(code)
+    verbosity = 0 if getattr(args, "quiet", False) else 1 + getattr(args, "verbose", 0)
+    tio = IO(prog=prog, out=out, err=err, verbosity=verbosity, json=getattr(args, "json", False))
+    show_tb = getattr(args, "traceback", False)
+    try:
+        rc = body(args, tio)
+        return int(ExitCode.OK if rc is None else rc)
+    except VkitError as e:
+        err.write(f"{prog}: error: {_one_line(e)}\n")
+        if show_tb:
+            traceback.print_exc(file=err)
+        return int(e.code)
+    except KeyboardInterrupt:
+        err.write(f"{prog}: interrupted\n")
+        return int(ExitCode.INTERRUPTED)
+    except BrokenPipeError:
+        # The reader went away (only reachable in-process; real processes die on SIGPIPE).
+        with contextlib.suppress(Exception):
+            sys.stdout = _io.StringIO()
+        return int(ExitCode.OK)
+    except Exception as e:  # noqa: BLE001 - the one place that turns bugs into exit 5
+        err.write(f"{prog}: internal error: {type(e).__name__}: {_one_line(e)} (rerun with --traceback and report it)\n")
+        if show_tb:
+            traceback.print_exc(file=err)
+        return int(ExitCode.INTERNAL)
+    finally:
+        with contextlib.suppress(Exception):
+            err.flush()
+
+
+def read_json_arg(path: str, stdin: TextIO | None = None) -> Any:
+    """Load JSON from a file path, or from stdin when ``path`` is ``-``."""
+    from vkit.errors import UsageError
+
+    try:
+        if path == "-":
+            return json.load(stdin or sys.stdin)
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise UsageError(f"no such file: {path}") from None
+    except json.JSONDecodeError as e:
+        raise UsageError(f"{path} is not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None

@@ -1,0 +1,210 @@
+"""state: show and initialise the JSON state file every vkit tool shares.
+
+Sits at the start of every pipeline: ``state init`` records the service and how to
+launch it; ``state show`` tells what is kept, what is being tried, who holds the
+lease and whether the environment is ABNORMAL. The only two writes a human needs
+(``--clear-abnormal``, ``--break-lease``) are here and are logged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import time
+
+from vkit.cli._common import IO, add_subcommand, make_parser, run
+from vkit.errors import ExitCode, UsageError
+from vkit.fingerprint import fingerprint
+from vkit.policy import Policy, parse_assignments, render_table, to_serve_flags
+from vkit.state import StateFile, lease_staleness, new_state, now_iso
+
+TOOL = "state"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = make_parser(
+        TOOL,
+        "Show and initialise the vkit state file (service, kept configuration, lease, trials).",
+        examples=[
+            "state init --url http://127.0.0.1:8000 --model sim-8b -- bin/sim_server sim-8b --port 8000",
+            "state init --url http://127.0.0.1:8000 --model /models/x --set max_num_seqs=64 -- vllm serve /models/x --port 8000",
+            "state show            # kept config as vllm serve flags, lease, ABNORMAL, last trials",
+            "state show --json | jq .kept",
+            "state history -n 20",
+            "state --clear-abnormal --reason 'driver reloaded, server healthy again'",
+            "state --break-lease   # only when the run holding it is dead",
+        ],
+        exit_codes=[0, 2, 3, 4, 5, 130],
+    )
+    p.add_argument("--clear-abnormal", action="store_true", help="clear the ABNORMAL flag after a human fixed the cause (logged)")
+    p.add_argument("--break-lease", action="store_true", help="remove the lease of a dead run (logged)")
+    p.add_argument("--reason", default="", help="why, for the decision log (used with --clear-abnormal / --break-lease)")
+    sub = p.add_subparsers(dest="cmd", metavar="COMMAND")
+    codes = [0, 2, 3, 4, 5, 130]
+    s = add_subcommand(sub, "show", "show the state (default command)", exit_codes=codes)
+    s.add_argument("-n", "--trials", type=int, default=5, metavar="N", help="number of last trials to list (default 5)")
+    i = add_subcommand(
+        sub,
+        "init",
+        "record the service and the argv that launches it",
+        description="Record the service and how to launch it. Everything after -- is the launch argv, stored as a list.",
+        examples=["state init --url http://127.0.0.1:8000 --model sim-8b -- bin/sim_server sim-8b --port 8000"],
+        exit_codes=codes,
+    )
+    i.add_argument("--model", required=True, help="served model name the service must answer to")
+    i.add_argument("--set", dest="sets", action="append", default=[], metavar="K=V", help="initial kept configuration (vLLM names), repeatable")
+    i.add_argument("--force", action="store_true", help="replace an existing state file (the old one is kept as .bak)")
+    i.add_argument("--allow", action="append", default=[], metavar="PARAM", help="override the policy's refusal for PARAM (logged), repeatable")
+    i.add_argument("launch", nargs="*", metavar="-- SERVE ARGV", help="command that starts the server, e.g. -- vllm serve /models/x --port 8000")
+    h = add_subcommand(sub, "history", "list the decision log", exit_codes=codes)
+    add_subcommand(
+        sub,
+        "policy",
+        "print the parameter policy (the runbook's traffic-light table); --json for the data",
+        examples=["state policy", "state policy --json | jq '.forbidden[].param'"],
+        exit_codes=codes,
+    )
+    h.add_argument("-n", "--last", type=int, default=0, metavar="N", help="only the last N events (default all)")
+    return p
+
+
+def _run(args: argparse.Namespace, io: IO) -> int:
+    sf = StateFile(args.state)
+    if args.clear_abnormal or args.break_lease:
+        if args.cmd not in (None, "show"):
+            raise UsageError("--clear-abnormal and --break-lease cannot be combined with a command")
+        return _human_writes(sf, args, io)
+    cmd = args.cmd or "show"
+    if cmd == "init":
+        return _init(sf, args, io)
+    if cmd == "history":
+        return _history(sf, args, io)
+    if cmd == "policy":
+        policy = Policy.load()
+        if args.json:
+            io.emit_json(policy.data)
+        else:
+            io.out.write(render_table(policy))
+        return ExitCode.OK
+    return _show(sf, args, io)
+
+
+def _human_writes(sf: StateFile, args: argparse.Namespace, io: IO) -> int:
+    with sf.transaction() as st:
+        if args.clear_abnormal:
+            ab = st.get("abnormal") or {}
+            if not ab.get("flag"):
+                io.progress("environment is not ABNORMAL; nothing to clear")
+            else:
+                did = sf.log.append(TOOL, "abnormal_cleared", previous=ab, reason=args.reason, by="human")
+                st["abnormal"] = {"flag": False, "reason": None, "since": None, "cleared_by": did}
+                st["start_failures"] = 0
+                io.progress(f"ABNORMAL cleared ({did}); was: {ab.get('reason')}")
+        if args.break_lease:
+            lease = st.get("lease")
+            if not lease:
+                io.progress("no lease is held; nothing to break")
+            else:
+                stale = lease_staleness(lease)
+                did = sf.log.append(TOOL, "lease_broken", previous=lease, reason=args.reason or stale or "broken by a human", by="human")
+                st["lease"] = None
+                if stale is None:
+                    io.warn(f"the lease of {lease.get('owner')} looked live (pid {lease.get('pid')}); broken anyway ({did})")
+                else:
+                    io.progress(f"lease of {lease.get('owner')} broken ({stale}; {did})")
+    return ExitCode.OK
+
+
+def _init(sf: StateFile, args: argparse.Namespace, io: IO) -> int:
+    if not args.url:
+        raise UsageError("state init needs --url URL (the server's base URL)")
+    if not args.launch:
+        raise UsageError("state init needs the launch argv after --, e.g. -- vllm serve /models/x --port 8000")
+    policy = Policy.load()
+    kept = parse_assignments(args.sets, policy)
+    overrides = policy.check_change(kept, allow=args.allow)
+    doc = new_state(args.url.rstrip("/"), args.model, args.launch, kept)
+    doc["fingerprint"] = fingerprint(args.model, args.launch)
+    did = sf.log.new_id()
+    doc["kept"]["decision_id"] = did
+    doc["kept"]["since"] = now_iso()
+    sf.create(doc, force=args.force)
+    sf.log.append(
+        TOOL, "init", decision_id=did, url=doc["service"]["url"], model=args.model, launch_argv=args.launch, kept=kept, overrides=overrides
+    )
+    io.progress(f"state written to {sf.path} ({did})")
+    if args.json:
+        io.emit_json(sf.read())
+    return ExitCode.OK
+
+
+def _history(sf: StateFile, args: argparse.Namespace, io: IO) -> int:
+    sf.read()  # missing or corrupted state is reported the same way as for show
+    events = sf.log.read()
+    if args.last > 0:
+        events = events[-args.last :]
+    for e in events:
+        if args.json:
+            io.emit_line(e)
+        else:
+            extra = {k: v for k, v in e.items() if k not in ("ts", "id", "tool", "event", "vkit_version")}
+            io.out.write(f"{e.get('ts')}  {e.get('id')}  {e.get('tool'):<22} {e.get('event'):<20} {_brief(extra)}\n")
+    return ExitCode.OK
+
+
+def _brief(d: dict, limit: int = 120) -> str:
+    s = " ".join(f"{k}={v}" for k, v in d.items())
+    return s if len(s) <= limit else s[: limit - 1] + "…"
+
+
+def serve_view(st: dict) -> dict:
+    kept = st["kept"]["config"]
+    flags = to_serve_flags(kept)
+    launch = st["service"]["launch"].get("argv") or []
+    return {"kept_flags": flags, "serve_command": shlex.join(launch + flags)}
+
+
+def _show(sf: StateFile, args: argparse.Namespace, io: IO) -> int:
+    st = sf.read()
+    view = serve_view(st)
+    if args.json:
+        io.emit_json({**st, **view})
+        return ExitCode.OK
+    svc = st["service"]
+    w = io.out.write
+    w(f"state file   {sf.path}\n")
+    w(f"service      {svc['model']} at {svc['url']}" + (f" (pid {svc['pid']})" if svc.get("pid") else "") + "\n")
+    kept = st["kept"]
+    kept_txt = " ".join(f"{k}={v}" for k, v in sorted(kept["config"].items())) or "(launch defaults)"
+    w(f"kept         {kept_txt}   [decision {kept.get('decision_id')}]\n")
+    w(f"kept flags   {' '.join(view['kept_flags']) or '(none)'}\n")
+    w(f"deploy       {view['serve_command']}\n")
+    cand = st.get("candidate")
+    w(f"candidate    {' '.join(f'{k}={v}' for k, v in sorted(cand['config'].items())) if cand else 'none'}\n")
+    frozen = st.get("frozen") or {}
+    if frozen:
+        w(f"frozen       {' '.join(f'{k}={v}' for k, v in sorted(frozen.items()))}\n")
+    w(f"machine      {st.get('machine_state')}; consecutive start failures {st.get('start_failures', 0)}\n")
+    lease = st.get("lease")
+    if lease:
+        stale = lease_staleness(lease)
+        left = int(lease.get("expires", 0) - time.time())
+        w(f"lease        held by {lease['owner']} (pid {lease.get('pid')}), " + (f"STALE: {stale}" if stale else f"expires in {left}s") + "\n")
+    else:
+        w("lease        free\n")
+    ab = st.get("abnormal") or {}
+    w(f"ABNORMAL     {'YES since ' + str(ab.get('since')) + ': ' + str(ab.get('reason')) if ab.get('flag') else 'no'}\n")
+    sig = st.get("sigma_baseline") or {}
+    if sig:
+        w("sigma        " + " ".join(f"{k}={v:.2%}" if isinstance(v, (int, float)) else f"{k}={v}" for k, v in sorted(sig.items())) + "\n")
+    trials = st.get("trials") or []
+    w(f"trials       {len(trials)} recorded" + (f", last {min(getattr(args, 'trials', 5), len(trials))}:" if trials else "") + "\n")
+    n_last = getattr(args, "trials", 5)
+    for t in trials[-n_last:] if n_last > 0 else []:
+        cfg = " ".join(f"{k}={v}" for k, v in sorted((t.get("config") or {}).items()))
+        w(f"  {t.get('id', '?'):<10} {cfg:<48} valid={t.get('valid')} verdict={t.get('verdict')}\n")
+    return ExitCode.OK
+
+
+def main(argv: list[str] | None = None, stdout=None, stderr=None) -> int:
+    return run(build_parser(), _run, argv, stdout, stderr)

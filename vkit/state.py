@@ -1,0 +1,365 @@
+"""The JSON state file every vkit tool shares, its lease, and the decision log.
+
+Only this module reads or writes the state file. Every read-modify-write holds an
+``flock`` on a sibling lock file; every write goes to a temp file in the same
+directory, is fsynced and then ``os.replace``d over the old one, so a reader sees
+either the old state or the new one, never a torn file. Before each write the
+previous good state is copied to ``<file>.bak`` so a damaged file can be restored.
+
+A corrupted or truncated file is never reset silently: loading it raises
+:class:`StateCorrupt` naming the file and the last good backup.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import datetime as _dt
+import errno
+import fcntl
+import glob
+import json
+import os
+import socket
+import time
+import uuid
+from typing import Any, Iterator
+
+from vkit import __version__
+from vkit.errors import LeaseHeld, StateCorrupt, StateMissing, StateWriteError, UsageError
+
+SCHEMA_VERSION = 1
+
+# Run-level states (seed 004 §6); ABNORMAL is a flag on top of them.
+MACHINE_STATES = ("INIT", "LEASE", "BASELINE", "PROPOSE", "APPLY", "VERIFY", "VALIDATE", "GATE", "KEEP", "REVERT", "CONVERGE")
+
+
+def now_iso(t: float | None = None) -> str:
+    return _dt.datetime.fromtimestamp(time.time() if t is None else t, _dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def new_state(url: str, model: str, launch_argv: list[str], kept_config: dict | None = None) -> dict:
+    """A fresh state document for one service."""
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "created": now_iso(),
+        "service": {
+            "url": url,
+            "model": model,
+            "launch": {"mode": "argv", "argv": list(launch_argv)},
+            "pid": None,
+            "pgid": None,
+            "log": None,
+            "started": None,
+            "startup": {},
+        },
+        "fingerprint": {},
+        "kept": {"config": dict(kept_config or {}), "decision_id": None, "since": None},
+        "candidate": None,
+        "frozen": {},
+        "trials": [],
+        "sigma_baseline": {},
+        "machine_state": "INIT",
+        "start_failures": 0,
+        "abnormal": {"flag": False, "reason": None, "since": None},
+        "lease": None,
+    }
+
+
+def _check_schema(doc: Any, path: str) -> dict:
+    if not isinstance(doc, dict):
+        raise ValueError("top level is not a JSON object")
+    v = doc.get("schema_version")
+    if v != SCHEMA_VERSION:
+        raise ValueError(f"schema_version is {v!r}, this vkit reads {SCHEMA_VERSION}")
+    for key in ("service", "kept", "trials"):
+        if key not in doc:
+            raise ValueError(f"missing key {key!r}")
+    return doc
+
+
+def _dumps(doc: dict) -> str:
+    return json.dumps(doc, indent=2, sort_keys=True) + "\n"
+
+
+def _fsync_dir(d: str) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(d, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def atomic_write_text(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` atomically: temp file beside it, fsync, replace.
+
+    On any failure the temp file is removed, the old file is untouched, and
+    :class:`StateWriteError` says why.
+    """
+    d = os.path.dirname(os.path.abspath(path))
+    base = os.path.basename(path)
+    tmp = None
+    try:
+        fd, tmp = _mkstemp(d, base)
+        os.fchmod(fd, 0o644)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        tmp = None
+        _fsync_dir(d)
+    except OSError as e:
+        reason = os.strerror(e.errno) if e.errno else str(e)
+        raise StateWriteError(f"could not write {path}: {reason}; the previous state is intact") from e
+    finally:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+
+
+def _mkstemp(d: str, base: str) -> tuple[int, str]:
+    import tempfile
+
+    return tempfile.mkstemp(dir=d, prefix=f".{base}.", suffix=".tmp")
+
+
+class StateFile:
+    """One state file: ``path``, its lock ``path.lock``, backup ``path.bak`` and
+    decision log ``decisions.jsonl`` in the same directory."""
+
+    def __init__(self, path: str):
+        self.path = os.path.abspath(path)
+        self.dir = os.path.dirname(self.path)
+        self.lock_path = self.path + ".lock"
+        self.backup_path = self.path + ".bak"
+        self.log = DecisionLog(os.path.join(self.dir, "decisions.jsonl"))
+
+    # -- locking -------------------------------------------------------
+    @contextlib.contextmanager
+    def _locked(self, exclusive: bool = True) -> Iterator[None]:
+        try:
+            os.makedirs(self.dir, exist_ok=True)
+            fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            if exclusive:
+                raise StateWriteError(f"cannot open lock file {self.lock_path}: {os.strerror(e.errno or 0)}") from e
+            # A read-only place: readers may proceed without the lock; writes are atomic anyway.
+            yield
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+            yield
+        finally:
+            os.close(fd)  # closing drops the flock
+
+    # -- reading -------------------------------------------------------
+    def exists(self) -> bool:
+        return os.path.exists(self.path)
+
+    def _load_unlocked(self) -> dict:
+        try:
+            with open(self.path, encoding="utf-8") as f:
+                text = f.read()
+        except FileNotFoundError:
+            raise StateMissing(
+                f"no state file at {self.path}; run `state init --url URL --model NAME -- SERVE ARGV...` first"
+            ) from None
+        except OSError as e:
+            raise StateCorrupt(f"cannot read state file {self.path}: {os.strerror(e.errno or 0)}") from e
+        try:
+            return _check_schema(json.loads(text), self.path)
+        except (ValueError, UnicodeDecodeError) as e:
+            msg = str(e)
+            raise StateCorrupt(
+                f"state file {self.path} is corrupted or truncated ({msg}); {self._backup_hint()}"
+            ) from None
+
+    def _backup_hint(self) -> str:
+        if os.path.exists(self.backup_path):
+            try:
+                with open(self.backup_path, encoding="utf-8") as f:
+                    _check_schema(json.load(f), self.backup_path)
+                return f"last good backup: {self.backup_path} (inspect it, then `cp {self.backup_path} {self.path}`)"
+            except (OSError, ValueError):
+                return f"the backup {self.backup_path} is damaged too; re-create the state with `state init --force`"
+        return "there is no backup; re-create the state with `state init --force`"
+
+    def read(self) -> dict:
+        """A consistent snapshot of the state (shared lock)."""
+        with self._locked(exclusive=False):
+            return self._load_unlocked()
+
+    # -- writing -------------------------------------------------------
+    def _write_unlocked(self, doc: dict, previous_text: str | None) -> None:
+        _check_schema(doc, self.path)
+        doc["updated"] = now_iso()
+        if previous_text is not None:
+            atomic_write_text(self.backup_path, previous_text)
+        atomic_write_text(self.path, _dumps(doc))
+
+    def _sweep_temps(self) -> None:
+        # Called with the exclusive lock held: no writer is active, so any temp file is debris
+        # from a writer that was killed mid-write.
+        for p in glob.glob(os.path.join(self.dir, f".{os.path.basename(self.path)}.*.tmp")) + glob.glob(
+            os.path.join(self.dir, f".{os.path.basename(self.backup_path)}.*.tmp")
+        ):
+            with contextlib.suppress(OSError):
+                os.unlink(p)
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[dict]:
+        """Read-modify-write under the exclusive lock; written only if the block succeeds
+        and changed something."""
+        with self._locked(exclusive=True):
+            self._sweep_temps()
+            doc = self._load_unlocked()
+            before = _dumps(doc)
+            yield doc
+            if _dumps(doc) != before:
+                self._write_unlocked(doc, before)
+
+    def create(self, doc: dict, force: bool = False) -> None:
+        """Write a new state file; refuses to replace an existing one unless ``force``."""
+        with self._locked(exclusive=True):
+            self._sweep_temps()
+            previous = None
+            if os.path.exists(self.path):
+                if not force:
+                    raise UsageError(f"state file {self.path} already exists; pass --force to replace it (a backup is kept)")
+                with contextlib.suppress(OSError):
+                    with open(self.path, encoding="utf-8") as f:
+                        previous = f.read()
+            self._write_unlocked(doc, previous)
+
+    # -- lease ---------------------------------------------------------
+    def acquire_lease(self, owner: str, ttl_s: float, tool: str = "vkit") -> dict:
+        """Take the service's lease for ``owner`` (renews it if ``owner`` holds it).
+
+        A lease whose expiry passed, or whose holder process is gone (same host), is
+        broken and the break is logged. A live lease held by someone else raises
+        :class:`LeaseHeld` naming the holder and the expiry.
+        """
+        with self.transaction() as st:
+            cur = st.get("lease")
+            if cur and cur.get("owner") != owner:
+                stale = lease_staleness(cur)
+                if stale is None:
+                    raise LeaseHeld(
+                        f"the lease on this service is held by {cur.get('owner')} (pid {cur.get('pid')} on "
+                        f"{cur.get('host')}) until {now_iso(cur.get('expires'))}; wait for it, or run "
+                        f"`state --break-lease` if that run is dead"
+                    )
+                self.log.append(tool, "lease_broken", previous=cur, reason=stale, by=owner)
+            lease = make_lease(owner, ttl_s)
+            st["lease"] = lease
+            return dict(lease)
+
+    def renew_lease(self, owner: str, ttl_s: float) -> dict:
+        with self.transaction() as st:
+            cur = st.get("lease")
+            if not cur or cur.get("owner") != owner:
+                holder = cur.get("owner") if cur else "nobody"
+                raise LeaseHeld(f"cannot renew: the lease is held by {holder}, not {owner}")
+            cur["expires"] = time.time() + ttl_s
+            return dict(cur)
+
+    def release_lease(self, owner: str) -> bool:
+        with self.transaction() as st:
+            cur = st.get("lease")
+            if cur and cur.get("owner") == owner:
+                st["lease"] = None
+                return True
+            return False
+
+    @contextlib.contextmanager
+    def lease(self, owner: str, ttl_s: float = 3600.0, tool: str = "vkit") -> Iterator[dict]:
+        lease = self.acquire_lease(owner, ttl_s, tool=tool)
+        try:
+            yield lease
+        finally:
+            with contextlib.suppress(Exception):
+                self.release_lease(owner)
+
+
+def make_lease(owner: str, ttl_s: float) -> dict:
+    t = time.time()
+    return {"owner": owner, "pid": os.getpid(), "host": socket.gethostname(), "acquired": t, "expires": t + ttl_s}
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def lease_staleness(lease: dict, now: float | None = None) -> str | None:
+    """Why ``lease`` may be broken, or None if it is live."""
+    now = time.time() if now is None else now
+    if lease.get("expires", 0) < now:
+        return f"expired at {now_iso(lease.get('expires', 0))}"
+    pid = lease.get("pid")
+    if lease.get("host") == socket.gethostname() and isinstance(pid, int) and not pid_alive(pid):
+        return f"holder pid {pid} is gone"
+    return None
+
+
+def default_owner(tool: str) -> str:
+    return f"{tool}@{socket.gethostname()}:{os.getpid()}"
+
+
+class DecisionLog:
+    """Append-only JSON Lines: one event a line with ``ts``, ``id``, ``tool``, ``event``.
+
+    Lines are written with a single ``write`` on an ``O_APPEND`` descriptor under an
+    flock, so concurrent tools never interleave. A truncated last line (a writer
+    killed mid-line) is skipped when reading.
+    """
+
+    def __init__(self, path: str):
+        self.path = path
+
+    @staticmethod
+    def new_id() -> str:
+        return f"d-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:8]}"
+
+    def append(self, tool: str, event: str, *, decision_id: str | None = None, **fields: Any) -> str:
+        """Append one event; returns its id (``decision_id`` if the caller reserved one)."""
+        did = decision_id or self.new_id()
+        rec = {"ts": now_iso(), "id": did, "tool": tool, "event": event, "vkit_version": __version__}
+        rec.update(copy.deepcopy(fields))
+        line = (json.dumps(rec, sort_keys=True, default=str) + "\n").encode("utf-8")
+        os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise StateWriteError(f"cannot open decision log {self.path}: {os.strerror(e.errno or 0)}") from e
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            n = os.write(fd, line)
+            if n != len(line):
+                raise StateWriteError(f"short write to decision log {self.path}")
+            os.fsync(fd)
+        except OSError as e:
+            raise StateWriteError(f"cannot append to decision log {self.path}: {os.strerror(e.errno or errno.EIO)}") from e
+        finally:
+            os.close(fd)
+        return did
+
+    def read(self) -> list[dict]:
+        out: list[dict] = []
+        try:
+            with open(self.path, encoding="utf-8") as f:
+                for line in f:
+                    if not line.endswith("\n"):
+                        break  # torn last line
+                    with contextlib.suppress(json.JSONDecodeError):
+                        out.append(json.loads(line))
+        except FileNotFoundError:
+            pass
+        return out
