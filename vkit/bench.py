@@ -1,0 +1,498 @@
+"""The measurement loop of bench_stream: closed loop (N in flight) or open loop
+(Poisson / gamma arrivals), warm-ups, /metrics scraped before, during and after,
+client CPU and scheduling lag, and a summary with ``vllm bench serve``'s keys plus
+vkit's own fields under ``"vkit"``.
+
+The library never prints: progress goes to a callback, errors are raised as
+``VkitError``. An interrupt stops sending, lets in-flight requests end (up to a drain
+timeout), and still returns records and a summary marked ``partial``.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+import queue
+import resource
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from vkit import __version__
+from vkit.accel import Sampler
+from vkit.client import Result, StreamClient, request_body
+from vkit.datasets import Request
+from vkit.errors import Unavailable, UsageError
+from vkit.fingerprint import fingerprint
+from vkit.metrics import (
+    describe_ms,
+    dist,
+    goodput_ok,
+    max_overlap,
+    mean_in_flight,
+    peak_per_second,
+    tpot_of,
+)
+from vkit.server import Server, cache_config, delta, families, gauges
+
+MAX_THREADS = 1024
+
+
+@dataclass
+class BenchConfig:
+    url: str
+    requests: list[Request]
+    model: str | None = None
+    endpoint: str = "completions"  # or "chat"
+    warmups: list[Request] = field(default_factory=list)
+    max_concurrency: int | None = None
+    request_rate: float = math.inf
+    burstiness: float = 1.0
+    arrivals: np.ndarray | None = None  # send offsets (s); None = all at once
+    duration_s: float | None = None
+    stream: bool = True
+    goodput_slo_ms: dict | None = None
+    api_key: str | None = None
+    stall_timeout_s: float = 60.0
+    scrape_interval_s: float = 1.0
+    drain_timeout_s: float = 60.0
+    meta: dict = field(default_factory=dict)  # dataset, seed, command line: copied into the summary
+
+
+@dataclass
+class Outcome:
+    summary: dict
+    records: list[dict]
+    partial: bool
+
+
+class _LagSampler:
+    """How late a thread wakes from a 5 ms sleep: a saturated client (GIL, CPU) shows here."""
+
+    def __init__(self, period: float = 0.005):
+        self.period = period
+        self.lags: list[float] = []
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._loop, name="lag-sampler", daemon=True)
+
+    def start(self) -> None:
+        self._t.start()
+
+    def _loop(self) -> None:
+        pc = time.perf_counter
+        while not self._stop.is_set():
+            t = pc()
+            time.sleep(self.period)
+            self.lags.append(pc() - t - self.period)
+
+    def stop(self) -> dict | None:
+        self._stop.set()
+        self._t.join(timeout=2)
+        if not self.lags:
+            return None
+        a = np.asarray(self.lags) * 1000
+        return {"p50_ms": float(np.percentile(a, 50)), "p99_ms": float(np.percentile(a, 99)), "max_ms": float(a.max()), "samples": int(a.size)}
+
+
+class _Scraper:
+    """Periodic /metrics scrape for peak KV usage and queue depth during the run."""
+
+    def __init__(self, server: Server, interval: float):
+        self.server, self.interval = server, interval
+        self.peaks: dict[str, float] = {}
+        self.n = 0
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._loop, name="metrics-scraper", daemon=True)
+
+    def start(self) -> None:
+        if self.interval > 0:
+            self._t.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            m = self.server.metrics()
+            if m is None:
+                continue
+            self.n += 1
+            for k, v in gauges(m).items():
+                if v is not None:
+                    self.peaks[k] = max(self.peaks.get(k, v), v)
+
+    def stop(self) -> dict:
+        self._stop.set()
+        if self._t.is_alive():
+            self._t.join(timeout=5)
+        return {"scrapes": self.n, **{f"{k}_max": v for k, v in self.peaks.items()}}
+
+
+def _cpu_s() -> float:
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
+class _Pool:
+    """W daemon worker threads, each with its own keep-alive connection."""
+
+    def __init__(self, client: StreamClient, cfg: BenchConfig, model: str, workers: int, on_done: Callable[[Result], None]):
+        self.client, self.cfg, self.model = client, cfg, model
+        self.q: queue.Queue = queue.Queue()
+        self.sem = threading.Semaphore(workers)
+        self.on_done = on_done
+        self.in_flight = 0
+        self.lock = threading.Lock()
+        self.threads = [threading.Thread(target=self._work, name=f"bench-{i}", daemon=True) for i in range(workers)]
+        for t in self.threads:
+            t.start()
+
+    def _work(self) -> None:
+        chat = self.cfg.endpoint == "chat"
+        path = "/v1/chat/completions" if chat else "/v1/completions"
+        while True:
+            item = self.q.get()
+            if item is None:
+                self.client.close()
+                return
+            req, idx, lag = item
+            r = self.client.post(path, request_body(req, self.model, chat, self.cfg.stream), self.cfg.stream, chat, index=idx)
+            r.dispatch_lag = lag  # type: ignore[attr-defined]
+            r.request = req  # type: ignore[attr-defined]
+            with self.lock:
+                self.in_flight -= 1
+            self.sem.release()
+            self.on_done(r)
+
+    def submit(self, req: Request, idx: int, lag: float, stop: threading.Event) -> bool:
+        while not self.sem.acquire(timeout=0.1):
+            if stop.is_set():
+                return False
+        with self.lock:
+            self.in_flight += 1
+        self.q.put((req, idx, lag))
+        return True
+
+    def close(self) -> None:
+        for _ in self.threads:
+            self.q.put(None)
+
+
+def _run_phase(
+    client: StreamClient,
+    cfg: BenchConfig,
+    model: str,
+    reqs: list[Request],
+    offsets: np.ndarray | None,
+    workers: int,
+    duration_s: float | None,
+    stop: threading.Event,
+    progress: Callable[[dict], None] | None,
+) -> tuple[list[Result], float, float, bool]:
+    """Send ``reqs`` and wait for them. Returns results, t0, t_end, interrupted."""
+    results: list[Result] = []
+    lock = threading.Lock()
+    all_done = threading.Event()
+    state = {"sent": 0, "done": 0, "tokens": 0, "errors": 0, "closed": False}
+
+    def on_done(r: Result) -> None:
+        with lock:
+            results.append(r)
+            state["done"] += 1
+            state["tokens"] += r.completion_tokens or 0
+            state["errors"] += 0 if r.ok else 1
+            if state["closed"] and state["done"] >= state["sent"]:
+                all_done.set()
+
+    pool = _Pool(client, cfg, model, workers, on_done)
+    interrupted = False
+    t0 = time.perf_counter()
+    total = len(reqs) if duration_s is None else None
+    last_report = t0
+
+    def report(force: bool = False) -> None:
+        nonlocal last_report
+        now = time.perf_counter()
+        if progress and (force or now - last_report >= 2.0):
+            last_report = now
+            el = now - t0
+            progress({"done": state["done"], "sent": state["sent"], "total": total, "elapsed_s": el,
+                      "output_tok_s": state["tokens"] / el if el > 0 else 0.0, "errors": state["errors"]})
+
+    try:
+        i = 0
+        while not stop.is_set():
+            if duration_s is None:
+                if i >= len(reqs):
+                    break
+                req = reqs[i]
+            else:
+                if time.perf_counter() - t0 >= duration_s:
+                    break
+                req = reqs[i % len(reqs)]
+            target = t0 + (float(offsets[i]) if offsets is not None and i < len(offsets) else 0.0)
+            while True:
+                wait = target - time.perf_counter()
+                if wait <= 0 or stop.wait(min(wait, 0.5)):
+                    break
+                report()
+            if stop.is_set():
+                break
+            if not pool.submit(req, i, max(0.0, time.perf_counter() - target), stop):
+                break
+            with lock:
+                state["sent"] += 1
+            i += 1
+            report()
+        with lock:
+            state["closed"] = True
+            if state["done"] >= state["sent"]:
+                all_done.set()
+        while not all_done.wait(0.5):
+            report()
+            if stop.is_set():
+                break
+    except KeyboardInterrupt:
+        interrupted = True
+        stop.set()
+    if stop.is_set():
+        interrupted = True
+        with lock:
+            state["closed"] = True
+            if state["done"] >= state["sent"]:
+                all_done.set()
+        try:
+            all_done.wait(cfg.drain_timeout_s)  # let in-flight requests end
+        except KeyboardInterrupt:
+            pass  # a second Ctrl-C: stop waiting
+    t_end = time.perf_counter()
+    pool.close()
+    report(force=True)
+    with lock:
+        got = list(results)
+        missing = state["sent"] - len(got)
+    for k in range(missing):
+        got.append(Result(index=-1 - k, error="interrupted before the response ended"))
+    return got, t0, t_end, interrupted
+
+
+def run_bench(cfg: BenchConfig, progress: Callable[[dict], None] | None = None, stop: threading.Event | None = None) -> Outcome:
+    stop = stop or threading.Event()
+    server = Server(cfg.url, api_key=cfg.api_key)
+    models = server.models()  # raises Unavailable naming the URL
+    if not models:
+        raise Unavailable(f"{cfg.url}/v1/models lists no model")
+    model = cfg.model or models[0].get("id")
+    served = next((m for m in models if m.get("id") == model), None)
+    version = server.version()
+    client = StreamClient(cfg.url, api_key=cfg.api_key, stall_timeout=cfg.stall_timeout_s)
+    if not cfg.requests:
+        raise UsageError("no requests to send (--num-prompts 0?)")
+
+    # Preflight: the first request alone, one token. A rejection here is a usage error with the server's words.
+    chat = cfg.endpoint == "chat"
+    path = "/v1/chat/completions" if chat else "/v1/completions"
+    pre = client.post(path, request_body(cfg.requests[0], model, chat, cfg.stream, max_tokens=1), cfg.stream, chat)
+    if pre.status is None:
+        raise Unavailable(f"cannot send to {cfg.url}: {pre.error}")
+    if 400 <= pre.status < 500:
+        raise UsageError(f"the server rejected the first request: {pre.error}")
+    if not pre.ok:
+        raise Unavailable(f"the first request to {cfg.url} failed: {pre.error}")
+    client.close()
+
+    conc = cfg.max_concurrency
+    n_workers = min(conc or len(cfg.requests), MAX_THREADS)
+    if cfg.duration_s is not None and conc is None and math.isinf(cfg.request_rate):
+        raise UsageError("--duration with --request-rate inf needs --max-concurrency")
+
+    warm_results: list[Result] = []
+    if cfg.warmups:
+        warm_results, _, _, intr = _run_phase(client, cfg, model, cfg.warmups, None, min(n_workers, len(cfg.warmups)), None, stop, None)
+        if intr:
+            stop.set()
+
+    before = server.metrics()
+    scraper = _Scraper(server, cfg.scrape_interval_s)
+    lag = _LagSampler()
+    accel = Sampler()
+    cpu0, wall0 = _cpu_s(), time.perf_counter()
+    scraper.start()
+    lag.start()
+    accel.start()
+    results: list[Result] = []
+    t0 = t_end = time.perf_counter()
+    interrupted = stop.is_set()
+    if not interrupted:
+        results, t0, t_end, interrupted = _run_phase(
+            client, cfg, model, cfg.requests, cfg.arrivals, n_workers, cfg.duration_s, stop, progress
+        )
+    cpu_s, wall_s = _cpu_s() - cpu0, time.perf_counter() - wall0
+    peaks = scraper.stop()
+    lag_stats = lag.stop()
+    accel_stats = accel.stop()
+    after = server.metrics()
+    sdelta = delta(before, after)
+
+    summary, records = summarize(
+        cfg, model, results, warm_results, t0, t_end, interrupted, sdelta,
+        extra={
+            "server": {
+                "url": cfg.url,
+                "version": (version or {}).get("version"),
+                "version_info": version,
+                "model": model,
+                "max_model_len": (served or {}).get("max_model_len"),
+                "cache_config": cache_config(after or before),
+                "metrics_available": after is not None,
+                "families": families(after),
+                "peaks": peaks,
+                "delta": sdelta,
+            },
+            "accelerator": accel_stats,
+            "client": {
+                "name": "vkit bench_stream",
+                "version": __version__,
+                "python": sys.version.split()[0],
+                "transport": "http.client, one keep-alive connection per thread",
+                "threads": n_workers,
+                "cpu_s": cpu_s,
+                "wall_s": wall_s,
+                "cpu_frac_of_one_core": cpu_s / wall_s if wall_s > 0 else None,
+                "sched_lag": lag_stats,
+            },
+            "preflight": {"ok": pre.ok, "ttft_ms": None if pre.ttft is None else pre.ttft * 1000},
+            "fingerprint": fingerprint(model, server_version=(version or {}).get("version")),
+        },
+    )
+    out_tokens = summary["total_output_tokens"]
+    summary["vkit"]["client"]["cpu_s_per_1k_output_tokens"] = cpu_s / out_tokens * 1000 if out_tokens else None
+    return Outcome(summary, records, interrupted)
+
+
+def summarize(
+    cfg: BenchConfig,
+    model: str,
+    results: list[Result],
+    warm: list[Result],
+    t0: float,
+    t_end: float,
+    partial: bool,
+    server_delta: dict | None,
+    extra: dict,
+) -> tuple[dict, list[dict]]:
+    ok = [r for r in results if r.ok]
+    failed = [r for r in results if not r.ok]
+    duration = t_end - t0
+    if ok:
+        duration = max(r.start + (r.done or r.latency or 0) for r in ok) - t0  # send of the first to end of the last
+        duration = max(duration, 1e-9)
+    ttfts = [r.ttft for r in ok]
+    e2els = [r.latency for r in ok]
+    tpots = [t for t in (tpot_of(r.latency, r.ttft, r.completion_tokens) for r in ok) if t is not None]
+    itls = [g for r in ok for g in r.itl]
+    in_tok = sum(r.prompt_tokens or 0 for r in ok)
+    out_tok = sum(r.completion_tokens or 0 for r in ok)
+    good = None
+    if cfg.goodput_slo_ms:
+        good = sum(goodput_ok(r.ttft, tpot_of(r.latency, r.ttft, r.completion_tokens), r.latency, cfg.goodput_slo_ms) for r in ok)
+    intervals = [(r.start - t0, r.start - t0 + (r.done or r.latency)) for r in ok]
+    rate = cfg.request_rate
+    s: dict[str, Any] = {
+        "date": _dt.datetime.now().strftime("%Y%m%d-%H%M%S"),
+        "endpoint_type": "openai-chat" if cfg.endpoint == "chat" else "vllm",
+        "backend": "openai-chat" if cfg.endpoint == "chat" else "vllm",
+        "label": None,
+        "model_id": model,
+        "tokenizer_id": model,
+        "num_prompts": len(cfg.requests) if cfg.duration_s is None else len(results),
+        "request_rate": "inf" if math.isinf(rate) else rate,
+        "burstiness": cfg.burstiness,
+        "max_concurrency": cfg.max_concurrency,
+        "duration": duration,
+        "completed": len(ok),
+        "failed": len(failed),
+        "total_input_tokens": in_tok,
+        "total_output_tokens": out_tok,
+        "request_throughput": len(ok) / duration,
+        "request_goodput": None if good is None else good / duration,
+        "output_throughput": out_tok / duration,
+        "total_token_throughput": (in_tok + out_tok) / duration,
+        "max_output_tokens_per_s": peak_per_second(r.start + t for r in ok for t in r.event_times),
+        "max_concurrent_requests": max_overlap(intervals),
+    }
+    s.update(describe_ms(ttfts, "ttft"))
+    s.update(describe_ms(tpots, "tpot"))
+    s.update(describe_ms(itls, "itl"))
+    s.update(describe_ms(e2els, "e2el"))
+
+    queue_ms = ((server_delta or {}).get("queue") or {}).get("mean_ms")
+    records = []
+    prefill, prefill_iso, decode = [], [], []
+    for r in results + warm:
+        req = getattr(r, "request", None)
+        tp = tpot_of(r.latency, r.ttft, r.completion_tokens) if r.ok else None
+        rec = {
+            "i": r.index,
+            "warmup": r in warm,
+            "ok": r.ok,
+            "status": r.status,
+            "error": r.error,
+            "start_s": r.start - t0 if r.start else None,
+            "ttft_ms": None if r.ttft is None else r.ttft * 1000,
+            "e2el_ms": None if r.latency is None else r.latency * 1000,
+            "done_ms": None if r.done is None else r.done * 1000,
+            "tpot_ms": None if tp is None else tp * 1000,
+            "itl_ms": [g * 1000 for g in r.itl],
+            "events": r.events,
+            "input_len": getattr(req, "input_len", None),
+            "output_len": getattr(req, "output_len", None),
+            "prompt_tokens": r.prompt_tokens,
+            "completion_tokens": r.completion_tokens,
+            "finish_reason": r.finish_reason,
+            "dispatch_lag_ms": getattr(r, "dispatch_lag", 0.0) * 1000,
+            "class": (getattr(req, "extra", None) or {}).get("class"),
+        }
+        if r.ok and r in ok:
+            if r.prompt_tokens and r.ttft:
+                rec["prefill_tok_s"] = r.prompt_tokens / r.ttft
+                prefill.append(rec["prefill_tok_s"])
+                if queue_ms is not None and r.ttft * 1000 > queue_ms:
+                    rec["prefill_isolated_tok_s"] = r.prompt_tokens / (r.ttft - queue_ms / 1000)
+                    prefill_iso.append(rec["prefill_isolated_tok_s"])
+            if tp:
+                rec["decode_tok_s"] = 1.0 / tp
+                decode.append(rec["decode_tok_s"])
+        records.append(rec)
+
+    errors: dict[str, int] = {}
+    for r in failed:
+        key = (r.error or "unknown")[:160]
+        errors[key] = errors.get(key, 0) + 1
+    requested = [getattr(getattr(r, "request", None), "output_len", None) for r in ok]
+    s["vkit"] = {
+        "schema": "vkit.bench_stream/1",
+        "stream": cfg.stream,
+        "partial": partial,
+        "endpoint": cfg.endpoint,
+        "model": model,
+        "warmups": len(warm),
+        "goodput_slo_ms": cfg.goodput_slo_ms,
+        "errors": errors,
+        "mean_in_flight": mean_in_flight(intervals, duration),
+        "requested_output_tokens": sum(x for x in requested if x) if all(requested) else None,
+        "ignore_eos": bool(cfg.requests and cfg.requests[0].ignore_eos),
+        "time_to_done": describe_ms([r.done for r in ok if r.done is not None], "done"),
+        "phase": {
+            "prefill_tok_s": dist(prefill),
+            "prefill_isolated_tok_s": dist(prefill_iso),
+            "decode_tok_s": dist(decode),
+            "queue_ms_server_mean": queue_ms,
+            "definitions": "prefill = input/TTFT; isolated = input/(TTFT - server mean queue time); decode = 1/TPOT (per request)",
+        },
+        "dispatch_lag_ms": dist([getattr(r, "dispatch_lag", 0.0) * 1000 for r in results if hasattr(r, "dispatch_lag")]),
+        **cfg.meta,
+        **extra,
+    }
+    return s, records

@@ -1,0 +1,249 @@
+"""bench_stream: the streaming gauge — a load generator whose TTFT means something.
+
+First in the measurement pipeline: ``bench_stream ... | check_invariants | gate``.
+Writes a summary JSON on stdout whose keys match ``vllm bench serve --save-result``,
+plus vkit's own fields under ``"vkit"``; per-request records as JSON Lines with
+``--records``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shlex
+import signal
+import sys
+import threading
+
+from vkit.bench import BenchConfig, run_bench
+from vkit.cli._common import IO, make_parser, run
+from vkit.datasets import arrival_times, jsonl_requests, mixed_requests, random_requests
+from vkit.errors import ExitCode, UsageError
+from vkit.state import StateFile, atomic_write_text
+
+TOOL = "bench_stream"
+
+
+def _rate(s: str) -> float:
+    if s.lower() in ("inf", "infinity"):
+        return math.inf
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid rate: {s!r} (a number of requests/s, or inf)") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"rate must be > 0, got {s}")
+    return v
+
+
+def _pos_int(s: str) -> int:
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {s!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
+    return v
+
+
+def _nonneg_int(s: str) -> int:
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {s!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {v}")
+    return v
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = make_parser(
+        TOOL,
+        "Benchmark a vLLM-compatible server with streaming requests; summary JSON (vllm bench serve keys) on stdout.",
+        examples=[
+            "bench_stream --url http://127.0.0.1:8000 --dataset-name random --random-input-len 512 --random-output-len 128 \\\n"
+            "      --num-prompts 200 --max-concurrency 16 --seed 1 --records run1.jsonl > run1.json",
+            "bench_stream --url $URL --dataset-name random --request-rate 4 --burstiness 0.5 --num-prompts 300",
+            "bench_stream --url $URL --endpoint chat --dataset-name jsonl --dataset-path gsm8k.jsonl --max-concurrency 16",
+            "bench_stream --url $URL --dataset-name mixed --max-concurrency 32 --goodput ttft:500 tpot:50 | check_invariants",
+        ],
+        exit_codes=[0, 2, 4, 5, 130],
+    )
+    g = p.add_argument_group("target")
+    g.add_argument("--model", help="served model name (default: the first one /v1/models lists)")
+    g.add_argument("--endpoint", choices=["completions", "chat"], default="completions", help="API to call (default completions)")
+    g.add_argument("--api-key-env", metavar="VAR", help="read the API key from environment variable VAR (never logged)")
+    g.add_argument("--no-stream", action="store_true", help="send stream=false (TTFT then equals E2EL: for demonstrating the broken gauge only)")
+    d = p.add_argument_group("dataset")
+    d.add_argument("--dataset-name", choices=["random", "jsonl", "mixed"], default="random", help="request set (default random)")
+    d.add_argument("--dataset-path", metavar="FILE", help="JSON Lines prompt file for --dataset-name jsonl (fields prompt or messages, optional output_len)")
+    d.add_argument("--random-input-len", type=_pos_int, default=1024, metavar="N", help="input tokens per prompt (default 1024)")
+    d.add_argument("--random-output-len", type=_pos_int, default=128, metavar="N", help="output tokens per request (default 128)")
+    d.add_argument("--random-range-ratio", type=float, default=0.0, metavar="R", help="lengths uniform in [N(1-R), N(1+R)] (default 0: fixed)")
+    d.add_argument("--shared-prefix-len", type=_nonneg_int, default=0, metavar="N", help="tokens of a prefix shared by every prompt (default 0)")
+    d.add_argument("--mixed-long-len", type=_pos_int, default=None, metavar="N", help="long prompt length for mixed (default 8x --random-input-len)")
+    d.add_argument("--mixed-long-fraction", type=float, default=0.2, metavar="F", help="share of long prompts for mixed (default 0.2)")
+    d.add_argument("--vocab-size", type=_pos_int, default=1000, metavar="N", help="token ids are drawn from [10, N) (default 1000; must be below the model's vocab)")
+    d.add_argument("--num-prompts", type=_pos_int, default=1000, metavar="N", help="measured requests (default 1000)")
+    d.add_argument("--seed", type=int, default=0, help="seed of the dataset and arrivals (default 0)")
+    ld = p.add_argument_group("load")
+    ld.add_argument("--max-concurrency", type=_pos_int, default=None, metavar="N", help="at most N requests in flight (closed loop with --request-rate inf)")
+    ld.add_argument("--request-rate", type=_rate, default=math.inf, metavar="R", help="requests/s for an open loop, or inf (default inf)")
+    ld.add_argument("--burstiness", type=float, default=1.0, metavar="B", help="gamma shape of inter-arrivals; 1 = Poisson (default 1)")
+    ld.add_argument("--duration", type=float, default=None, metavar="S", help="stop sending after S seconds, cycling the request set")
+    ld.add_argument("--num-warmups", type=_nonneg_int, default=0, metavar="N", help="unmeasured requests first (default 0)")
+    ld.add_argument("--stall-timeout", type=float, default=60.0, metavar="S", help="a stream silent for S seconds is a failed request (default 60)")
+    ld.add_argument("--drain-timeout", type=float, default=60.0, metavar="S", help="after Ctrl-C, wait up to S seconds for in-flight requests (default 60)")
+    ld.add_argument("--scrape-interval", type=float, default=1.0, metavar="S", help="/metrics scrape period during the run, 0 = only before/after (default 1)")
+    o = p.add_argument_group("output")
+    o.add_argument("--goodput", nargs="+", metavar="KEY:MS", help="SLOs for request_goodput, e.g. ttft:500 tpot:50 e2el:10000")
+    o.add_argument("--records", metavar="FILE", help="write per-request records as JSON Lines")
+    o.add_argument("-o", "--output", metavar="FILE", help="also write the summary to FILE")
+    o.add_argument("--label", help="free text stored in the summary's label")
+    return p
+
+
+def parse_goodput(items: list[str] | None) -> dict | None:
+    if not items:
+        return None
+    out = {}
+    for it in items:
+        k, sep, v = it.partition(":")
+        if not sep or k not in ("ttft", "tpot", "e2el"):
+            raise UsageError(f"--goodput takes ttft:MS tpot:MS e2el:MS, got {it!r}")
+        try:
+            out[k] = float(v)
+        except ValueError:
+            raise UsageError(f"--goodput {k}: {v!r} is not a number of milliseconds") from None
+    return out
+
+
+def build_config(args: argparse.Namespace, argv: list[str]) -> BenchConfig:
+    url = args.url
+    if not url:
+        try:
+            url = StateFile(args.state).read()["service"]["url"]
+        except Exception:
+            raise UsageError("no --url given and no service in the state file") from None
+    chat = args.endpoint == "chat"
+    n = args.num_prompts
+    w = args.num_warmups
+    if args.dataset_name == "random":
+        reqs = random_requests(n + w, args.random_input_len, args.random_output_len, args.random_range_ratio, args.seed,
+                               args.shared_prefix_len, args.vocab_size, text=chat)
+    elif args.dataset_name == "mixed":
+        long_len = args.mixed_long_len or 8 * args.random_input_len
+        reqs = mixed_requests(n + w, args.random_input_len, long_len, args.mixed_long_fraction, args.random_output_len,
+                              args.seed, args.vocab_size, text=chat)
+    else:
+        if not args.dataset_path:
+            raise UsageError("--dataset-name jsonl needs --dataset-path FILE")
+        reqs = jsonl_requests(args.dataset_path, n + w, args.random_output_len, chat, args.seed)
+    warm, meas = reqs[:w], reqs[w:]
+    for i, r in enumerate(meas):
+        r.index = i
+    api_key = None
+    if args.api_key_env:
+        api_key = os.environ.get(args.api_key_env)
+        if not api_key:
+            raise UsageError(f"--api-key-env {args.api_key_env}: that environment variable is not set")
+    arrivals = None if math.isinf(args.request_rate) else arrival_times(
+        n if args.duration is None else max(n, int(args.request_rate * args.duration) + 1), args.request_rate, args.burstiness, args.seed)
+    dataset = {
+        "name": args.dataset_name,
+        "path": args.dataset_path,
+        "random_input_len": args.random_input_len,
+        "random_output_len": args.random_output_len,
+        "random_range_ratio": args.random_range_ratio,
+        "shared_prefix_len": args.shared_prefix_len,
+        "vocab_size": args.vocab_size,
+        "mixed_long_len": args.mixed_long_len if args.dataset_name == "mixed" else None,
+        "mixed_long_fraction": args.mixed_long_fraction if args.dataset_name == "mixed" else None,
+        "num_prompts": n,
+    }
+    return BenchConfig(
+        url=url,
+        model=args.model,
+        endpoint=args.endpoint,
+        requests=meas,
+        warmups=warm,
+        max_concurrency=args.max_concurrency,
+        request_rate=args.request_rate,
+        burstiness=args.burstiness,
+        arrivals=arrivals,
+        duration_s=args.duration,
+        stream=not args.no_stream,
+        goodput_slo_ms=parse_goodput(args.goodput),
+        api_key=api_key,
+        stall_timeout_s=args.stall_timeout,
+        scrape_interval_s=args.scrape_interval,
+        drain_timeout_s=args.drain_timeout,
+        meta={"dataset": dataset, "seed": args.seed, "command": [TOOL] + list(argv), "command_line": shlex.join([TOOL] + list(argv))},
+    )
+
+
+def _run(args: argparse.Namespace, io: IO) -> int:
+    argv = args._argv
+    if args.burstiness <= 0:
+        raise UsageError("--burstiness must be > 0")
+    if args.duration is not None and args.duration <= 0:
+        raise UsageError("--duration must be > 0")
+    cfg = build_config(args, argv)
+    cfg.meta["label"] = args.label
+    if not cfg.stream:
+        io.warn("streaming is OFF (--no-stream): TTFT will equal E2EL and every TTFT figure is void")
+    stop = threading.Event()
+    hits = {"n": 0}
+
+    def on_signal(signum, frame):  # noqa: ARG001
+        hits["n"] += 1
+        if hits["n"] == 1:
+            io.warn("interrupted: no new requests; waiting for in-flight ones (Ctrl-C again to stop waiting)")
+            stop.set()
+        else:
+            raise KeyboardInterrupt
+
+    old = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            old[sig] = signal.signal(sig, on_signal)
+
+    def progress(p: dict) -> None:
+        tot = p["total"] if p["total"] is not None else "?"
+        io.progress(f"{p['done']}/{tot} done, {p['output_tok_s']:.0f} out tok/s, {p['errors']} errors, {p['elapsed_s']:.1f} s")
+
+    try:
+        io.progress(f"{cfg.url}: {len(cfg.requests)} requests, "
+                    + (f"{cfg.max_concurrency} in flight" if cfg.max_concurrency else "no concurrency limit")
+                    + (f", {cfg.request_rate:g} req/s" if not math.isinf(cfg.request_rate) else ""))
+        out = run_bench(cfg, progress=progress, stop=stop)
+    finally:
+        for sig, h in old.items():
+            signal.signal(sig, h)
+    s = out.summary
+    s["label"] = args.label
+    if args.records:
+        s["vkit"]["records"] = os.path.abspath(args.records)
+        text = "".join(json.dumps(r, sort_keys=True, separators=(",", ":")) + "\n" for r in out.records)
+        atomic_write_text(args.records, text)
+    if args.output:
+        atomic_write_text(args.output, json.dumps(s, indent=2, sort_keys=True, default=str) + "\n")
+    io.emit_json(s)
+    io.progress(
+        f"done: {s['completed']} ok, {s['failed']} failed in {s['duration']:.1f} s; {s['output_throughput']:.1f} out tok/s; "
+        f"TTFT mean {s['mean_ttft_ms']:.1f} ms, TPOT mean {s['mean_tpot_ms']:.2f} ms"
+        + ("; PARTIAL (interrupted)" if out.partial else "")
+    )
+    if s["failed"]:
+        top = sorted(s["vkit"]["errors"].items(), key=lambda kv: -kv[1])[:3]
+        io.warn("failed requests: " + "; ".join(f"{c}x {m}" for m, c in top))
+    return ExitCode.INTERRUPTED if out.partial else ExitCode.OK
+
+
+def main(argv: list[str] | None = None, stdout=None, stderr=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    parser.set_defaults(_argv=argv)
+    return run(parser, _run, argv, stdout, stderr)

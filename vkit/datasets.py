@@ -1,0 +1,168 @@
+"""Request sets for bench_stream: random (token ids, exact lengths), a user's JSONL
+prompt file, and a mixed long/short set; optional shared prefix for prefix caching.
+
+Random prompts are lists of token ids sent to the completions endpoint (vLLM accepts
+them), so input lengths and shared prefixes are exact without the model's tokenizer.
+For the chat endpoint, random prompts are made of words instead (lengths then come
+from ``usage``). Everything is drawn from one seeded generator: the same seed gives
+the same request set.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from vkit.errors import UsageError
+
+# Words for text prompts: short, common, tokenised to about one token each by BPE tokenizers.
+_WORDS = (
+    "the of and to in is was for on that with as by at from this be are or an it not which have had "
+    "time year people way day man thing woman life child world school state family student group country "
+    "problem hand part place case week company system program question work government number night point "
+    "home water room mother area money story fact month lot right study book eye job word business issue "
+    "side kind head house service friend father power hour game line end member law car city community name"
+).split()
+
+
+@dataclass
+class Request:
+    """One request to send. ``prompt`` is a list of token ids or a string; ``messages`` for chat."""
+
+    index: int
+    prompt: Any = None
+    messages: list | None = None
+    input_len: int | None = None  # exact when the prompt is token ids
+    output_len: int | None = None
+    ignore_eos: bool = False
+    extra: dict = field(default_factory=dict)
+
+
+def _lengths(rng: np.random.Generator, mean: int, ratio: float, n: int) -> np.ndarray:
+    """vLLM's random dataset: lengths uniform in [mean·(1−r), mean·(1+r)], at least 1."""
+    if not 0 <= ratio < 1:
+        raise UsageError(f"--random-range-ratio must be in [0, 1), got {ratio}")
+    lo = max(1, int(np.floor(mean * (1 - ratio))))
+    hi = max(lo, int(np.ceil(mean * (1 + ratio))))
+    return rng.integers(lo, hi + 1, size=n)
+
+
+def _ids(rng: np.random.Generator, n: int, vocab: int) -> list[int]:
+    # Ids from 10 upwards: low ids are usually special tokens (bos/eos/pad/unk).
+    return rng.integers(10, vocab, size=int(n)).tolist()
+
+
+def _words(rng: np.random.Generator, n: int) -> str:
+    return " ".join(_WORDS[i] for i in rng.integers(0, len(_WORDS), size=int(n)))
+
+
+def random_requests(
+    n: int,
+    input_len: int,
+    output_len: int,
+    range_ratio: float = 0.0,
+    seed: int = 0,
+    shared_prefix_len: int = 0,
+    vocab_size: int = 1000,
+    text: bool = False,
+) -> list[Request]:
+    if input_len < 1 or output_len < 1:
+        raise UsageError("--random-input-len and --random-output-len must be >= 1")
+    if vocab_size <= 10:
+        raise UsageError("--vocab-size must be > 10")
+    rng = np.random.default_rng(seed)
+    ins = _lengths(rng, input_len, range_ratio, n)
+    outs = _lengths(rng, output_len, range_ratio, n)
+    prefix_ids = _ids(rng, shared_prefix_len, vocab_size) if shared_prefix_len else []
+    prefix_txt = _words(rng, shared_prefix_len) + " " if (shared_prefix_len and text) else ""
+    out = []
+    for i in range(n):
+        if text:
+            out.append(Request(i, messages=[{"role": "user", "content": prefix_txt + _words(rng, ins[i])}],
+                               output_len=int(outs[i]), ignore_eos=True))
+        else:
+            ids = prefix_ids + _ids(rng, ins[i], vocab_size)
+            out.append(Request(i, prompt=ids, input_len=len(ids), output_len=int(outs[i]), ignore_eos=True))
+    return out
+
+
+def mixed_requests(
+    n: int,
+    short_len: int,
+    long_len: int,
+    long_fraction: float,
+    output_len: int,
+    seed: int = 0,
+    vocab_size: int = 1000,
+    text: bool = False,
+) -> list[Request]:
+    """Long and short prompts interleaved at random (step 5: behaviour under mixed load)."""
+    if not 0 < long_fraction < 1:
+        raise UsageError(f"--mixed-long-fraction must be in (0, 1), got {long_fraction}")
+    rng = np.random.default_rng(seed)
+    is_long = rng.random(n) < long_fraction
+    out = []
+    for i in range(n):
+        L = long_len if is_long[i] else short_len
+        if text:
+            out.append(Request(i, messages=[{"role": "user", "content": _words(rng, L)}], output_len=output_len,
+                               ignore_eos=True, extra={"class": "long" if is_long[i] else "short"}))
+        else:
+            out.append(Request(i, prompt=_ids(rng, L, vocab_size), input_len=L, output_len=output_len, ignore_eos=True,
+                               extra={"class": "long" if is_long[i] else "short"}))
+    return out
+
+
+def jsonl_requests(path: str, n: int | None, default_output_len: int | None, chat: bool, seed: int = 0) -> list[Request]:
+    """A user's prompt file: one JSON object a line with ``prompt`` or ``messages`` and an
+    optional ``output_len`` / ``max_tokens``. With ``n`` larger than the file, rows repeat."""
+    rows = []
+    try:
+        with open(path, encoding="utf-8") as f:
+            for ln, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise UsageError(f"{path}:{ln}: not valid JSON ({e.msg})") from None
+                if not isinstance(obj, dict) or not ("prompt" in obj or "messages" in obj):
+                    raise UsageError(f"{path}:{ln}: each line needs a 'prompt' or 'messages' field")
+                rows.append(obj)
+    except FileNotFoundError:
+        raise UsageError(f"no such dataset file: {path}") from None
+    if not rows:
+        raise UsageError(f"{path} holds no requests")
+    count = n or len(rows)
+    out = []
+    for i in range(count):
+        obj = rows[i % len(rows)]
+        olen = obj.get("output_len", obj.get("max_tokens", default_output_len))
+        if "messages" in obj:
+            if not chat:
+                raise UsageError(f"{path}: rows with 'messages' need --endpoint chat")
+            out.append(Request(i, messages=obj["messages"], output_len=olen))
+        elif chat:
+            out.append(Request(i, messages=[{"role": "user", "content": str(obj["prompt"])}], output_len=olen))
+        else:
+            p = obj["prompt"]
+            out.append(Request(i, prompt=p, input_len=len(p) if isinstance(p, list) else None, output_len=olen))
+    return out
+
+
+def arrival_times(n: int, rate: float, burstiness: float = 1.0, seed: int = 0) -> np.ndarray:
+    """Send offsets (s) for an open loop: gamma inter-arrivals with mean 1/rate and shape
+    ``burstiness`` (1 = Poisson), as vLLM's benchmark draws them. ``rate`` inf → all at 0."""
+    if np.isinf(rate):
+        return np.zeros(n)
+    if rate <= 0:
+        raise UsageError(f"--request-rate must be > 0 or inf, got {rate}")
+    if burstiness <= 0:
+        raise UsageError(f"--burstiness must be > 0, got {burstiness}")
+    rng = np.random.default_rng(seed + 1_000_003)
+    gaps = rng.gamma(shape=burstiness, scale=1.0 / (rate * burstiness), size=n)
+    gaps[0] = 0.0
+    return np.cumsum(gaps)
