@@ -47,9 +47,16 @@ def test_situational_values_typed_and_range_checked(policy):
         ["max-num-seqs=64", "enable_prefix_caching=false", "gpu_memory_utilization=0.9", "scheduling_policy=priority"], policy
     )
     assert got == {"max_num_seqs": 64, "enable_prefix_caching": False, "gpu_memory_utilization": 0.9, "scheduling_policy": "priority"}
-    for bad in ("max_num_seqs=abc", "max_num_seqs=0", "gpu_memory_utilization=1.5", "scheduling_policy=lifo", "enable_prefix_caching=maybe", "noequals"):
+    for bad in ("max_num_seqs=abc", "max_num_seqs=1.5", "scheduling_policy=lifo", "enable_prefix_caching=maybe", "noequals", "=3"):
         with pytest.raises(UsageError):
             parse_assignments([bad], policy)
+
+
+def test_out_of_range_refused_with_override(policy):
+    for change in ({"max_num_seqs": 0}, {"gpu_memory_utilization": 1.5}):
+        with pytest.raises(PolicyRefusal, match="outside the policy range.*--allow"):
+            policy.check_change(change)
+    assert policy.check_change({"gpu_memory_utilization": 1.5}, allow=["gpu_memory_utilization"])
 
 
 def test_serve_flags_are_argv_items_never_a_shell_string():

@@ -94,10 +94,6 @@ class Policy:
                 v = _guess(raw)
         except (TypeError, ValueError):
             raise UsageError(f"{p}={raw!r} is not a valid {kind} value") from None
-        if r and kind in ("int", "float"):
-            lo, hi = r.get("min"), r.get("max")
-            if (lo is not None and v < lo) or (hi is not None and v > hi):
-                raise UsageError(f"{p}={v} is outside the policy range [{lo}, {hi}] (rule {r['id']} in {self.source})")
         return v
 
     def check_change(
@@ -123,6 +119,9 @@ class Policy:
                 why = f"{p} is frozen at {frozen[p]} (rule {rid}: {reason})"
             elif f is None and p not in self._situational:
                 why = f"{p} is not in the parameter table {self.source}; add it under 'situational' to tune it"
+            elif p in self._situational and not self._in_range(p, value):
+                r = self._situational[p]
+                why = f"{p}={value} is outside the policy range [{r.get('min')}, {r.get('max')}] (rule {r['id']})"
             if why is None:
                 continue
             if p in allowed:
@@ -130,6 +129,13 @@ class Policy:
                 continue
             raise PolicyRefusal(f"refused: {why}; override with --allow {p} if you mean it")
         return used
+
+    def _in_range(self, p: str, value: Any) -> bool:
+        r = self._situational[p]
+        if r.get("type") not in ("int", "float") or isinstance(value, bool) or not isinstance(value, (int, float)):
+            return True
+        lo, hi = r.get("min"), r.get("max")
+        return not ((lo is not None and value < lo) or (hi is not None and value > hi))
 
     def require(self, done: Iterable[str], before: str) -> None:
         """Refuse to analyse when a must-run check for ``before`` has not been run."""

@@ -47,11 +47,8 @@ def new_state(url: str, model: str, launch_argv: list[str], kept_config: dict | 
             "url": url,
             "model": model,
             "launch": {"mode": "argv", "argv": list(launch_argv)},
-            "pid": None,
-            "pgid": None,
-            "log": None,
-            "started": None,
-            "startup": {},
+            "running": None,  # the process vkit started last: pid, pgid, ticks, log, argv, config, role
+            "startup": {},  # facts from the last successful start: ready_s, kv_cache_tokens, max_concurrency
         },
         "fingerprint": {},
         "kept": {"config": dict(kept_config or {}), "decision_id": None, "since": None},
@@ -243,6 +240,10 @@ class StateFile:
         """
         with self.transaction() as st:
             cur = st.get("lease")
+            if cur and cur.get("owner") == owner and lease_staleness(cur) is None:
+                # The same run (e.g. a tool the tune driver started with $VKIT_LEASE_OWNER): extend, keep the holder pid.
+                cur["expires"] = max(cur.get("expires", 0), time.time() + ttl_s)
+                return dict(cur, renewed=True)
             if cur and cur.get("owner") != owner:
                 stale = lease_staleness(cur)
                 if stale is None:
@@ -275,12 +276,15 @@ class StateFile:
 
     @contextlib.contextmanager
     def lease(self, owner: str, ttl_s: float = 3600.0, tool: str = "vkit") -> Iterator[dict]:
+        """Hold the lease for the block; released at the end only if this call took it
+        (a lease inherited from a parent run stays with the parent)."""
         lease = self.acquire_lease(owner, ttl_s, tool=tool)
         try:
             yield lease
         finally:
-            with contextlib.suppress(Exception):
-                self.release_lease(owner)
+            if not lease.get("renewed"):
+                with contextlib.suppress(Exception):
+                    self.release_lease(owner)
 
 
 def make_lease(owner: str, ttl_s: float) -> dict:
@@ -310,7 +314,8 @@ def lease_staleness(lease: dict, now: float | None = None) -> str | None:
 
 
 def default_owner(tool: str) -> str:
-    return f"{tool}@{socket.gethostname()}:{os.getpid()}"
+    """``$VKIT_LEASE_OWNER`` when a parent run hands its lease down, else this process."""
+    return os.environ.get("VKIT_LEASE_OWNER") or f"{tool}@{socket.gethostname()}:{os.getpid()}"
 
 
 class DecisionLog:

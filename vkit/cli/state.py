@@ -173,7 +173,8 @@ def _show(sf: StateFile, args: argparse.Namespace, io: IO) -> int:
     svc = st["service"]
     w = io.out.write
     w(f"state file   {sf.path}\n")
-    w(f"service      {svc['model']} at {svc['url']}" + (f" (pid {svc['pid']})" if svc.get("pid") else "") + "\n")
+    run_ = svc.get("running") or {}
+    w(f"service      {svc['model']} at {svc['url']}" + (f" (pid {run_['pid']}, {run_.get('role')} config)" if run_.get("pid") else "") + "\n")
     kept = st["kept"]
     kept_txt = " ".join(f"{k}={v}" for k, v in sorted(kept["config"].items())) or "(launch defaults)"
     w(f"kept         {kept_txt}   [decision {kept.get('decision_id')}]\n")

@@ -1,0 +1,215 @@
+"""restart_with_rollback, rollback and post_start_verify against real sim_server processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import REPO, call
+from tests.sim_helpers import free_port, make_test_policy, sim_argv
+from vkit import launcher
+from vkit.state import StateFile
+
+
+@pytest.fixture
+def env(tmp_path, monkeypatch):
+    """A state file whose launch argv is a fast sim_server on a free port; servers stopped after."""
+    port = free_port()
+    st = str(tmp_path / "st" / "vkit.json")
+    monkeypatch.setenv("VKIT_STATE", st)
+    monkeypatch.setenv("VKIT_POLICY", make_test_policy(tmp_path))
+    r = call("state", "init", "--url", f"http://127.0.0.1:{port}", "--model", "sim-8b", "--",
+             *sim_argv(port, "--max-model-len", "4096"))
+    assert r.code == 0, r
+    yield {"state": st, "port": port, "url": f"http://127.0.0.1:{port}", "sf": StateFile(st)}
+    doc = StateFile(st).read()
+    launcher.stop(doc["service"].get("running"), grace_s=3)
+
+
+def rwr(*args: str):
+    return call("restart_with_rollback", "--sandbox", "--ready-timeout", "20", "--grace", "3", *args)
+
+
+def running_pid(e) -> int | None:
+    return (e["sf"].read()["service"].get("running") or {}).get("pid")
+
+
+def verifies(e) -> bool:
+    return call("post_start_verify", "--url", e["url"], "--model", "sim-8b").code == 0
+
+
+def events(e) -> list[str]:
+    return [x["event"] for x in e["sf"].log.read()]
+
+
+def test_first_restart_with_nothing_running_then_apply_and_keep(env):
+    r = rwr("--set", "max_num_seqs=64")
+    assert r.code == 0, r
+    assert verifies(env)
+    doc = env["sf"].read()
+    assert doc["candidate"]["status"] == "applied" and doc["kept"]["config"] == {}
+    assert doc["service"]["startup"]["kv_cache_tokens"] > 0 and doc["service"]["startup"]["max_concurrency"] > 0
+    # the server's own log shows the new flag
+    log = open(doc["service"]["running"]["log"]).read()
+    assert "'max_num_seqs': 64" in log or "max_num_seqs=64" in log
+    r = rwr("--set", "max_num_seqs=32", "--keep")
+    assert r.code == 0 and "kept by hand" in r.out
+    doc = env["sf"].read()
+    assert doc["kept"]["config"] == {"max_num_seqs": 32} and doc["kept"]["decision"] == "manual"
+    assert doc["kept"]["decision_id"] in [x["id"] for x in env["sf"].log.read() if x["event"] == "keep"]
+
+
+def test_start_failure_rolls_back_to_kept_not_to_last_changed(env):
+    assert rwr("--set", "max_num_seqs=48", "--keep").code == 0
+    assert rwr("--set", "max_num_seqs=96").code == 0  # applied, not kept
+    r = rwr("--set", "max_num_batched_tokens=1024", "--set", "enable_chunked_prefill=false")
+    assert r.code == 1, r
+    assert "max_num_batched_tokens (1024) is smaller than max_model_len (4096)" in r.out
+    assert verifies(env)
+    doc = env["sf"].read()
+    assert doc["service"]["running"]["config"] == {"max_num_seqs": 48}  # the kept one, not 96
+    assert doc["start_failures"] == 1 and doc["abnormal"]["flag"] is False
+    assert "start_failed" in events(env) and "rolled_back" in events(env)
+
+
+def test_kv_cache_too_small_quotes_the_estimate(env):
+    r = rwr("--set", "max_model_len=3000000", "--allow", "max_model_len")
+    assert r.code == 1, r
+    assert "max_model_len" in r.out and verifies(env)
+    d = env["sf"].read()["candidate"]["diagnosis"]
+    assert d["kind"] in ("kv_cache_too_small", "max_model_len_above_model")
+
+
+def test_health_hang_times_out_and_rolls_back(env):
+    r = call("restart_with_rollback", "--sandbox", "--ready-timeout", "3", "--grace", "3", "--set", "sim_hang_health=true")
+    assert r.code == 1, r
+    assert env["sf"].read()["candidate"]["diagnosis"]["kind"] == "ready_timeout"
+    assert verifies(env)
+
+
+def test_crash_after_start_is_caught_by_verification(env):
+    r = rwr("--set", "sim_crash_after=0")
+    assert r.code == 1, r
+    assert "post_start_verify failed" in r.out
+    assert verifies(env)
+
+
+def test_two_failures_in_a_row_mark_abnormal_and_later_restarts_refuse(env):
+    assert rwr("--set", "sim_fail_at_start=true").code == 1
+    r = rwr("--set", "sim_fail_at_start=true")
+    assert r.code == 4, r
+    assert "ABNORMAL" in r.out
+    assert verifies(env)  # rollback still attempted and the kept server serves
+    doc = env["sf"].read()
+    assert doc["abnormal"]["flag"] and "2 candidate start failures" in doc["abnormal"]["reason"]
+    r = rwr("--set", "max_num_seqs=64")
+    assert r.code == 4 and "ABNORMAL" in r.err and "--clear-abnormal" in r.err
+    assert call("state", "--clear-abnormal", "--reason", "checked").code == 0
+    assert rwr("--set", "max_num_seqs=64").code == 0
+
+
+def test_success_between_failures_resets_the_count(env):
+    assert rwr("--set", "sim_fail_at_start=true").code == 1
+    assert rwr("--set", "max_num_seqs=64").code == 0
+    assert rwr("--set", "sim_fail_at_start=true").code == 1
+    assert env["sf"].read()["abnormal"]["flag"] is False
+
+
+def test_forbidden_parameter_refused_without_touching_the_server(env):
+    assert rwr("--set", "max_num_seqs=64").code == 0
+    pid = running_pid(env)
+    r = rwr("--set", "tensor_parallel_size=2")
+    assert r.code == 1 and "forbidden" in r.err and "--allow tensor_parallel_size" in r.err
+    assert running_pid(env) == pid and launcher.alive(pid)
+
+
+def test_lease_held_by_another_run_exit_4(env):
+    env["sf"].acquire_lease("tune@elsewhere", ttl_s=600)  # this pid is alive, so the lease is live
+    r = rwr("--set", "max_num_seqs=64")
+    assert r.code == 4 and "tune@elsewhere" in r.err
+    assert running_pid(env) is None
+
+
+def test_production_restart_needs_confirmation(env):
+    r = call("restart_with_rollback", "--set", "max_num_seqs=64")
+    assert r.code == 2 and "--yes" in r.err
+
+
+def test_port_in_use_is_diagnosed(env):
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", env["port"]))
+        s.listen(1)
+        r = rwr("--set", "max_num_seqs=64")
+    assert r.code == 4, r  # candidate and rollback both fail: ABNORMAL
+    d = env["sf"].read()["candidate"]["diagnosis"]
+    assert d["kind"] == "port_in_use" and "in use" in d["quote"].lower()
+
+
+def test_shell_metacharacters_reach_the_server_as_literal_argv(env, tmp_path):
+    marker = tmp_path / "pwned"
+    r = rwr("--set", f"sim_gpu=H200; touch {marker}")
+    assert r.code == 1, r
+    d = env["sf"].read()["candidate"]["diagnosis"]
+    assert d["kind"] == "bad_argument" and f"'H200; touch {marker}'" in d["quote"]
+    assert not marker.exists()
+    assert verifies(env)
+
+
+def test_kill_9_mid_restart_then_next_command_recovers(env):
+    assert rwr("--set", "max_num_seqs=48", "--keep").code == 0
+    p = subprocess.Popen([sys.executable, "bin/restart_with_rollback", "--sandbox", "--set", "sim_startup_s=30", "--set", "max_num_seqs=64"],
+                         cwd=REPO, env=os.environ.copy(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 20
+    while time.time() < deadline:
+        run = env["sf"].read()["service"].get("running") or {}
+        if run.get("role") == "candidate":
+            break
+        time.sleep(0.1)
+    orphan = env["sf"].read()["service"]["running"]
+    assert orphan["role"] == "candidate"
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait()
+    assert launcher.alive(orphan["pid"], orphan["ticks"])  # the half-started candidate is an orphan now
+    r = call("rollback", "--ready-timeout", "20", "--grace", "3")
+    assert r.code == 0, r
+    assert "orphan_detected" in events(env)
+    assert not launcher.alive(orphan["pid"], orphan["ticks"])
+    assert env["sf"].read()["service"]["running"]["config"] == {"max_num_seqs": 48}
+    assert verifies(env)
+
+
+def test_sigint_during_restart_restores_kept(env):
+    assert rwr("--set", "max_num_seqs=48", "--keep").code == 0
+    p = subprocess.Popen([sys.executable, "bin/restart_with_rollback", "--sandbox", "--set", "sim_startup_s=30", "--set", "max_num_seqs=64"],
+                         cwd=REPO, env=os.environ.copy(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 20
+    while time.time() < deadline and (env["sf"].read()["service"].get("running") or {}).get("role") != "candidate":
+        time.sleep(0.1)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 130, err
+    assert env["sf"].read()["service"]["running"]["config"] == {"max_num_seqs": 48}
+    assert verifies(env)
+
+
+def test_post_start_verify_checks_and_exit_codes(env):
+    assert rwr("--set", "max_num_seqs=64").code == 0
+    r = call("post_start_verify", "--url", env["url"], "--model", "sim-8b", "--json", "--expect", "max_model_len=4096",
+             "--expect", "block_size=16")
+    assert r.code == 0, r
+    checks = {c["id"]: c["status"] for c in json.loads(r.out)["checks"]}
+    assert checks == {"health": "pass", "model": "pass", "forward": "pass", "metrics": "pass", "accelerator": "not_applicable"}
+    r = call("post_start_verify", "--url", env["url"], "--model", "wrong-name")
+    assert r.code == 1 and "not 'wrong-name'" in r.out
+    r = call("post_start_verify", "--url", env["url"], "--model", "sim-8b", "--expect", "max_model_len=8192")
+    assert r.code == 1 and "max_model_len is 4096" in r.out
+    r = call("post_start_verify", "--url", "http://127.0.0.1:9", "--model", "sim-8b")
+    assert r.code == 4
