@@ -53,8 +53,8 @@ wheelhouse: ## download wheels of vkit and its dependencies into WHEELHOUSE (def
 	$(PYTHON) -m pip wheel -q -w "$(or $(WHEELHOUSE),wheelhouse)" '.[dev]'
 	@echo "copy $(or $(WHEELHOUSE),wheelhouse)/ to the target machine, then: make install WHEELHOUSE=$(or $(WHEELHOUSE),wheelhouse)" >&2
 
-demo: install ## the main job: tune the embedded simulated vLLM server end to end (URL=... for a real one)
-	@$(PY) -m vkit.demo
+demo: install ## the main job: run vkit's chain against the embedded simulated vLLM server (runbook/demo.sh)
+	@PY=$(PY) bash runbook/demo.sh
 
 runbook-table: ## regenerate the traffic-light table at the top of runbook/README.md from vkit/data/params.json
 	$(PY) -c 'import sys; from vkit.policy import *; p = "runbook/README.md"; t = open(p).read(); open(p, "w").write(splice_table(t, render_table(Policy.load())))'

@@ -26,7 +26,7 @@ GOLDEN = os.path.join(REPO, "tests", "golden", "invariants")
 EXPECTED = os.path.join(GOLDEN, "expected")
 REGEN = os.environ.get("VKIT_REGEN_GOLDEN") == "1"
 
-V, A, I = ExitCode.OK, ExitCode.REJECTED, ExitCode.INVALID
+V, A, I = ExitCode.OK, ExitCode.REJECTED, ExitCode.INVALID  # noqa: E741 - valid / anomaly / invalid
 IDENTITY = ["ttft_e2el_identity", "decode_timing"]
 STREAM_OFF = ["streaming"] + IDENTITY
 
@@ -132,7 +132,7 @@ def test_every_check_fails_somewhere_in_the_golden_set():
 
 def test_healthy_report_in_every_format_has_no_finding(golden_dir):
     formats = set()
-    for name, argv, code, findings in CASES:
+    for name, argv, _code, _findings in CASES:
         if "healthy" in name:
             _, out = run_json(*argv)
             formats.add(out["format"])

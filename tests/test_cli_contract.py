@@ -6,9 +6,9 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import re
 import subprocess
 import sys
-import tomllib
 
 import pytest
 
@@ -18,14 +18,20 @@ from vkit.errors import ExitCode
 TOOLS = sorted(f for f in os.listdir(os.path.join(REPO, "bin")) if not f.startswith("."))
 
 
+def project_scripts() -> dict:
+    """[project.scripts] of pyproject.toml (read by hand: tomllib is 3.11+, vkit supports 3.10)."""
+    text = open(os.path.join(REPO, "pyproject.toml"), encoding="utf-8").read()
+    section = text.split("[project.scripts]", 1)[1].split("\n[", 1)[0]
+    return dict(re.findall(r'^([\w.-]+)\s*=\s*"([^"]+)"', section, flags=re.M))
+
+
 def test_there_are_tools():
     assert "state" in TOOLS
 
 
 @pytest.mark.parametrize("tool", TOOLS)
 def test_console_script_and_runbook_page(tool):
-    with open(os.path.join(REPO, "pyproject.toml"), "rb") as f:
-        scripts = tomllib.load(f)["project"]["scripts"]
+    scripts = project_scripts()
     assert scripts.get(f"vkit-{tool}") == f"vkit.cli.{tool}:main"
     assert os.path.exists(os.path.join(REPO, "runbook", f"{tool}.md"))
     assert os.access(os.path.join(REPO, "bin", tool), os.X_OK)

@@ -455,7 +455,7 @@ def _vllm_bench(doc: dict, name: str) -> dict:
         errs = doc.get("errors") or [""] * len(ttfts)
         starts = doc.get("start_times") or [None] * len(ttfts)
         recs = []
-        for i, (t, lat) in enumerate(zip(ttfts, lats)):
+        for i, (t, lat) in enumerate(zip(ttfts, lats, strict=False)):  # vLLM drops failed requests from some arrays
             err = errs[i] if i < len(errs) else ""
             out = _num(outs[i]) if i < len(outs) else None
             tt, ll = _num(t), _num(lat)

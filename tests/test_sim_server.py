@@ -1,0 +1,392 @@
+"""sim_server's HTTP contract, /metrics, logs, start-up failures and faults, against the real process."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import requests
+
+from tests.conftest import call
+from tests.sim_fixtures import SIM_BIN, SimProcess, free_port, sse_events, sse_json
+from vkit.sim.metrics import ITL_BUCKETS, REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS, parse_prometheus_text
+
+FAST = ("--sim-speed", "20", "--max-model-len", "4096", "--sim-output-len-mean", "4")
+
+
+@pytest.fixture(scope="module")
+def sim():
+    p = SimProcess(*FAST)
+    yield p
+    p.stop()
+
+
+def post(sim, path, body, **kw):
+    return requests.post(sim.url + path, json=body, timeout=kw.pop("timeout", 30), **kw)
+
+
+# -- plain endpoints ----------------------------------------------------------------------------
+
+def test_health_ping_version_models(sim):
+    r = requests.get(sim.url + "/health", timeout=5)
+    assert r.status_code == 200 and r.content == b""
+    assert requests.get(sim.url + "/ping", timeout=5).status_code == 200
+    v = requests.get(sim.url + "/version", timeout=5).json()
+    assert v["version"].endswith("+sim") and v["sim"] is True and v["sim_speed"] == 20.0
+    assert v["sim_gpu"] == "H200" and v["sim_model"] == "llama-3.1-8b"
+    m = requests.get(sim.url + "/v1/models", timeout=5).json()
+    card = m["data"][0]
+    assert m["object"] == "list" and card["id"] == "sim-model" and card["object"] == "model"
+    assert card["owned_by"] == "vllm" and card["root"] == "sim-model" and card["parent"] is None
+    assert card["max_model_len"] == 4096
+    assert requests.get(sim.url + "/nope", timeout=5).status_code == 404
+    assert requests.get(sim.url + "/v1/completions", timeout=5).status_code == 405
+
+
+# -- completions ----------------------------------------------------------------------------------
+
+def test_completion_defaults_to_16_tokens_and_token_id_prompts_are_exact(sim):
+    r = post(sim, "/v1/completions", {"model": "sim-model", "prompt": "Hello world", "ignore_eos": True})
+    assert r.status_code == 200
+    d = r.json()
+    assert d["object"] == "text_completion" and d["id"].startswith("cmpl-") and d["model"] == "sim-model"
+    assert d["usage"]["completion_tokens"] == 16 and d["usage"]["prompt_tokens"] == 4
+    assert d["choices"][0]["finish_reason"] == "length" and d["choices"][0]["text"]
+    ids = list(range(300, 377))
+    d = post(sim, "/v1/completions", {"prompt": ids, "max_tokens": 3, "ignore_eos": True}).json()
+    assert d["usage"] == {"prompt_tokens": 77, "total_tokens": 80, "completion_tokens": 3, "prompt_tokens_details": None}
+
+
+def test_streaming_completion_sse_framing_and_usage_chunk(sim):
+    r = post(sim, "/v1/completions", {"prompt": "a b c", "max_tokens": 7, "ignore_eos": True, "stream": True,
+                                      "stream_options": {"include_usage": True}})
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    chunks, done = sse_json(r)
+    assert done
+    tokens, usage = chunks[:-1], chunks[-1]
+    assert len(tokens) == 7
+    assert all(c["object"] == "text_completion" and c["id"] == tokens[0]["id"] for c in chunks)
+    assert [c["choices"][0]["finish_reason"] for c in tokens] == [None] * 6 + ["length"]
+    assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == 7
+    assert usage["usage"]["total_tokens"] == usage["usage"]["prompt_tokens"] + 7
+    # The text of the events re-tokenises to exactly the completion tokens.
+    from vkit.sim.tokenizer import Tokenizer
+
+    text = "".join(c["choices"][0]["text"] for c in tokens)
+    assert len(Tokenizer(128256).encode(text)) == 7
+
+
+def test_streaming_chat_role_first_then_content_then_done(sim):
+    r = post(sim, "/v1/chat/completions", {"model": "sim-model", "messages": [{"role": "user", "content": "hi"}],
+                                           "max_tokens": 4, "ignore_eos": True, "stream": True})
+    chunks, done = sse_json(r)
+    assert done and len(chunks) == 5  # role + 4 tokens, no usage chunk unless asked
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert all(c["object"] == "chat.completion.chunk" and c["id"].startswith("chatcmpl-") for c in chunks)
+    assert all("content" in c["choices"][0]["delta"] for c in chunks[1:])
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    assert all(c["choices"][0]["finish_reason"] is None for c in chunks[:-1])
+
+
+def test_continuous_usage_stats_on_every_chunk(sim):
+    r = post(sim, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3,
+                                           "ignore_eos": True, "stream": True,
+                                           "stream_options": {"include_usage": True, "continuous_usage_stats": True}})
+    chunks, done = sse_json(r)
+    assert done and all("usage" in c for c in chunks)
+    assert [c["usage"]["completion_tokens"] for c in chunks] == [0, 1, 2, 3, 3]
+
+
+def test_non_streaming_chat(sim):
+    d = post(sim, "/v1/chat/completions", {"messages": [{"role": "system", "content": "be brief"},
+                                                        {"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+                                           "max_completion_tokens": 5, "ignore_eos": True}).json()
+    assert d["object"] == "chat.completion" and d["choices"][0]["message"]["role"] == "assistant"
+    assert d["usage"]["completion_tokens"] == 5 and d["choices"][0]["finish_reason"] == "length"
+
+
+def test_without_ignore_eos_the_model_stops_and_min_tokens_holds(sim):
+    d = post(sim, "/v1/completions", {"prompt": "tell me", "max_tokens": 500}).json()
+    assert d["choices"][0]["finish_reason"] == "stop" and 1 <= d["usage"]["completion_tokens"] <= 8
+    d = post(sim, "/v1/completions", {"prompt": "tell me", "max_tokens": 500, "min_tokens": 20}).json()
+    assert d["choices"][0]["finish_reason"] == "stop" and d["usage"]["completion_tokens"] == 20
+
+
+def test_keep_alive_serves_many_requests_on_one_connection(sim):
+    with requests.Session() as s:
+        for _ in range(5):
+            r = s.post(sim.url + "/v1/completions", json={"prompt": [5, 6, 7], "max_tokens": 2, "stream": True}, timeout=10)
+            assert sse_events(r)[-1] == "[DONE]"
+            assert s.get(sim.url + "/health", timeout=5).status_code == 200
+
+
+# -- error bodies -----------------------------------------------------------------------------------
+
+def test_error_bodies_match_vllm(sim):
+    r = post(sim, "/v1/completions", {"model": "nope", "prompt": "x"})
+    assert r.status_code == 404
+    assert r.json() == {"error": {"message": "The model `nope` does not exist.", "type": "NotFoundError",
+                                  "param": "model", "code": 404}}
+    r = post(sim, "/v1/completions", {"prompt": list(range(300, 4400)), "max_tokens": 16})
+    assert r.status_code == 400
+    e = r.json()["error"]
+    assert e["message"].startswith("This model's maximum context length is 4096 tokens. ")
+    assert e["type"] == "BadRequestError" and e["code"] == 400
+    r = post(sim, "/v1/completions", {"prompt": "x", "max_tokens": 5000})
+    assert r.status_code == 400
+    assert r.json()["error"]["message"].startswith("max_tokens=5000 cannot be greater than max_model_len=4096")
+    r = post(sim, "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "priority": 3})
+    assert r.status_code == 400 and "Priority scheduling is not enabled" in r.json()["error"]["message"]
+    r = requests.post(sim.url + "/v1/completions", data=b"{not json", timeout=5)
+    assert r.status_code == 400 and r.json()["error"]["type"] == "BadRequestError"
+    r = post(sim, "/v1/chat/completions", {"model": "sim-model"})
+    assert r.status_code == 400
+
+
+# -- /metrics -----------------------------------------------------------------------------------------
+
+def _value(fams, family, sample, **labels):
+    for name, lab, v in fams[family]["samples"]:
+        if name == sample and all(lab.get(k) == val for k, val in labels.items()):
+            return v
+    raise KeyError((family, sample, labels))
+
+
+def test_metrics_are_consistent_with_the_requests_served():
+    with SimProcess(*FAST) as sim:
+        prompts = [list(range(300, 310)), list(range(400, 420)), list(range(500, 530))]
+        usage = []
+        for i, p in enumerate(prompts):
+            usage.append(post(sim, "/v1/completions", {"prompt": p, "max_tokens": 5 + i, "ignore_eos": True}).json()["usage"])
+        for n in (3, 4):
+            r = post(sim, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hello there"}], "max_tokens": n,
+                                                   "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}})
+            usage.append(sse_json(r)[0][-1]["usage"])
+        text = requests.get(sim.url + "/metrics", timeout=5)
+        assert text.headers["content-type"].startswith("text/plain")
+        fams = parse_prometheus_text(text.text)
+    n = len(usage)
+    p_tok = sum(u["prompt_tokens"] for u in usage)
+    g_tok = sum(u["completion_tokens"] for u in usage)
+    lab = {"model_name": "sim-model", "engine": "0"}
+    assert fams["vllm:prompt_tokens_total"]["type"] == "counter"
+    assert _value(fams, "vllm:prompt_tokens_total", "vllm:prompt_tokens_total", **lab) == p_tok
+    assert _value(fams, "vllm:generation_tokens_total", "vllm:generation_tokens_total", **lab) == g_tok
+    assert _value(fams, "vllm:request_success_total", "vllm:request_success_total", finished_reason="length") == n
+    assert _value(fams, "vllm:request_success_total", "vllm:request_success_total", finished_reason="stop") == 0
+    assert fams["vllm:prompt_tokens_created"]["type"] == "gauge"
+    assert _value(fams, "vllm:num_preemptions_total", "vllm:num_preemptions_total") == 0
+    assert _value(fams, "vllm:prefix_cache_queries_total", "vllm:prefix_cache_queries_total") == p_tok
+    assert _value(fams, "vllm:num_requests_running", "vllm:num_requests_running", **lab) == 0
+    assert _value(fams, "vllm:num_requests_waiting", "vllm:num_requests_waiting") == 0
+    assert 0 <= _value(fams, "vllm:kv_cache_usage_perc", "vllm:kv_cache_usage_perc") <= 1
+    info = fams["vllm:cache_config_info"]["samples"][0][1]
+    assert info["block_size"] == "16" and int(info["num_gpu_blocks"]) > 0 and info["engine"] == "0"
+
+    def hist(name):
+        samples = fams[name]["samples"]
+        assert fams[name]["type"] == "histogram"
+        buckets = [(s[1]["le"], s[2]) for s in samples if s[0] == name + "_bucket"]
+        counts = [v for _, v in buckets]
+        assert counts == sorted(counts) and buckets[-1][0] == "+Inf"
+        count = _value(fams, name, name + "_count")
+        assert buckets[-1][1] == count
+        return [float(le) for le, _ in buckets[:-1]], count, _value(fams, name, name + "_sum")
+
+    assert hist("vllm:time_to_first_token_seconds")[0] == TTFT_BUCKETS
+    assert hist("vllm:time_to_first_token_seconds")[1] == n
+    assert hist("vllm:inter_token_latency_seconds")[0] == ITL_BUCKETS
+    assert hist("vllm:inter_token_latency_seconds")[1] == g_tok - n
+    assert hist("vllm:request_time_per_output_token_seconds")[:2] == (ITL_BUCKETS, n)
+    for name in ("vllm:e2e_request_latency_seconds", "vllm:request_queue_time_seconds",
+                 "vllm:request_inference_time_seconds", "vllm:request_prefill_time_seconds",
+                 "vllm:request_decode_time_seconds"):
+        b, c, _ = hist(name)
+        assert b == REQUEST_LATENCY_BUCKETS and c == n
+    assert hist("vllm:request_prompt_tokens")[1:] == (n, p_tok)
+    assert hist("vllm:request_generation_tokens")[1:] == (n, g_tok)
+    assert hist("vllm:request_prompt_tokens")[0][:4] == [1, 2, 5, 10]
+    it = hist("vllm:iteration_tokens_total")
+    assert it[0][:3] == [1, 8, 16] and it[2] == p_tok + g_tok
+    e2e_sum = hist("vllm:e2e_request_latency_seconds")[2]
+    assert e2e_sum > hist("vllm:time_to_first_token_seconds")[2] > 0
+
+
+def test_client_disconnect_aborts_the_request():
+    with SimProcess("--sim-speed", "1", "--max-model-len", "4096") as sim:
+        r = requests.post(sim.url + "/v1/completions", json={"prompt": "x", "max_tokens": 3000, "ignore_eos": True,
+                                                             "stream": True}, stream=True, timeout=10)
+        it = r.iter_lines()
+        next(it)
+        r.close()
+        deadline = time.time() + 5
+        while time.time() < deadline:
+            fams = parse_prometheus_text(requests.get(sim.url + "/metrics", timeout=5).text)
+            if _value(fams, "vllm:request_success_total", "vllm:request_success_total", finished_reason="abort") == 1:
+                break
+            time.sleep(0.05)
+        assert _value(fams, "vllm:request_success_total", "vllm:request_success_total", finished_reason="abort") == 1
+        assert _value(fams, "vllm:num_requests_running", "vllm:num_requests_running") == 0
+
+
+# -- lifecycle and logs ---------------------------------------------------------------------------------
+
+def test_connection_refused_while_loading_then_ready_and_sigterm_exits_0():
+    sim = SimProcess("--sim-startup-s", "1.5", "--max-model-len", "2k", wait=False)
+    try:
+        time.sleep(0.6)  # the socket is bound by now, but not listening
+        with pytest.raises(requests.ConnectionError):
+            requests.get(sim.url + "/health", timeout=2)
+        sim.wait_ready()
+        assert requests.get(sim.url + "/v1/models", timeout=5).json()["data"][0]["max_model_len"] == 2000
+    finally:
+        code, out, err = sim.stop()
+    assert code == 0, err
+    assert "Using max model len 2000" in out
+    assert "SIMULATED vLLM" in out and "--sim-speed 1" in out
+    assert "GPU KV cache size: " in out and " tokens" in out
+    kv_line = next(ln for ln in out.splitlines() if "GPU KV cache size:" in ln)
+    assert "," in kv_line.split("GPU KV cache size: ")[1]  # thousands separators
+    assert "Maximum concurrency for 2,000 tokens per request: " in out
+    assert "INFO:     Application startup complete." in out
+    assert "Chunked prefill is enabled with max_num_batched_tokens=8192." in out
+
+
+def test_periodic_stats_line_reports_wall_clock_throughput():
+    with SimProcess("--sim-speed", "2", "--sim-stats-interval-s", "0.5", "--max-model-len", "4096") as sim:
+        post(sim, "/v1/completions", {"prompt": list(range(300, 400)), "max_tokens": 50, "ignore_eos": True})
+        time.sleep(1.2)
+        _, out, _ = sim.stop()
+    lines = [ln for ln in out.splitlines() if "Engine 000: Avg prompt throughput:" in ln]
+    assert lines
+    pat = (r"Engine 000: Avg prompt throughput: [\d.]+ tokens/s, Avg generation throughput: [\d.]+ tokens/s, "
+           r"Running: \d+ reqs, Waiting: \d+ reqs, GPU KV cache usage: [\d.]+%, Prefix cache hit rate: [\d.]+%$")
+    import re
+
+    assert all(re.search(pat, ln) for ln in lines)
+    gen = sum(float(re.search(r"generation throughput: ([\d.]+)", ln).group(1)) for ln in lines)
+    assert 50 / 0.5 * 0.8 < gen < 50 / 0.5 * 1.2  # 50 tokens in one 0.5 s interval: wall-clock rates
+
+
+# -- start-up failures (in-process: they fail before listening) ---------------------------------------
+
+def test_max_model_len_too_large_exit_1():
+    r = call("sim_server", "m", "--port", str(free_port()), "--sim-startup-s", "0", "--max-model-len", "256k")
+    assert r.code == 1
+    assert "pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig" in r.err
+    assert "User-specified max_model_len (256000) is greater than the derived max_model_len" in r.err
+
+
+def test_kv_cache_too_small_exit_1_like_vllm():
+    r = call("sim_server", "m", "--port", str(free_port()), "--sim-startup-s", "0", "--sim-model", "llama-3.1-70b",
+             "--sim-gpu", "H100-80G", "-tp", "2")
+    assert r.code == 1
+    assert "EngineCore failed to start." in r.out
+    assert "ValueError: To serve at least one request with the model's max seq len (131072)" in r.out
+    assert "the estimated maximum model length is " in r.out
+    assert "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {'EngineCore': 1}" in r.err
+
+
+def test_scheduler_validation_and_underscore_flags():
+    r = call("sim_server", "m", "--port", str(free_port()), "--sim_startup_s", "0", "--max_model_len", "2048",
+             "--max_num_batched_tokens=1024", "--no-enable-chunked-prefill")
+    assert r.code == 1
+    assert "1 validation error for SchedulerConfig" in r.err
+    assert "max_num_batched_tokens (1024) is smaller than max_model_len (2048)." in r.err
+    r = call("sim_server", "m", "--port", str(free_port()), "--sim-startup-s", "0", "--max-num-batched-tokens", "100")
+    assert r.code == 1 and "must be greater than or equal to max_num_seqs (1024)" in r.err
+
+
+def test_bad_values_are_usage_errors():
+    r = call("sim_server", "m", "--max-num-seqs", "abc")
+    assert r.code == 2 and "sim_server: error: argument --max-num-seqs: invalid int value: 'abc'" in r.err
+    r = call("sim_server", "m", "--max_num_seqs", "abc")
+    assert r.code == 2 and "argument --max-num-seqs: invalid int value: 'abc'" in r.err
+    r = call("sim_server", "m", "--max-model-len", "1.5K")
+    assert r.code == 2 and "Decimals are not allowed with binary suffixes like K" in r.err
+    r = call("sim_server", "m", "--sim-gpu", "TPU")
+    assert r.code == 2 and "invalid choice" in r.err
+    assert call("sim_server").code == 2
+
+
+def test_port_in_use_exit_1():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        port = s.getsockname()[1]
+        r = call("sim_server", "m", "--port", str(port), "--sim-startup-s", "0")
+    assert r.code == 1 and "OSError: [Errno 98] Address already in use" in r.err
+
+
+def test_bin_smoke_startup_failure_as_a_real_process():
+    p = subprocess.run([sys.executable, SIM_BIN, "m", "--port", str(free_port()), "--sim-startup-s", "0",
+                        "--sim-model", "qwen2.5-0.5b", "--max-model-len", "64k"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1
+    assert "max_position_embeddings=32768.0" in p.stderr and "Traceback (most recent call last):" in p.stderr
+
+
+# -- faults ------------------------------------------------------------------------------------------
+
+def test_fail_at_start():
+    sim = SimProcess("--sim-fail-at-start", "--sim-startup-s", "0.2", wait=False)
+    code = sim.proc.wait(timeout=20)
+    _, out, err = sim.stop()
+    assert code == 1
+    assert "EngineCore failed to start." in out and "torch.OutOfMemoryError: CUDA out of memory." in out
+    assert "RuntimeError: Engine core initialization failed." in err
+
+
+def test_crash_after_n_requests():
+    with SimProcess("--sim-speed", "1", "--sim-crash-after", "1", "--max-model-len", "4096") as sim:
+        first = {}
+
+        def stream():
+            r = requests.post(sim.url + "/v1/completions", json={"prompt": "x", "max_tokens": 3000, "ignore_eos": True,
+                                                                 "stream": True}, timeout=30)
+            first["events"] = sse_events(r)
+
+        t = threading.Thread(target=stream)
+        t.start()
+        time.sleep(0.3)
+        r = post(sim, "/v1/completions", {"prompt": "y", "max_tokens": 3})
+        assert r.status_code == 500
+        assert r.json()["error"]["message"].startswith("EngineCore encountered an issue.")
+        assert requests.get(sim.url + "/health", timeout=5).status_code == 503
+        t.join(10)
+        evs = first["events"]
+        assert evs[-1] == "[DONE]" and json.loads(evs[-2])["error"]["code"] == 500
+        code = sim.proc.wait(timeout=10)
+        _, out, _ = sim.stop()
+    assert code == 1 and "EngineDeadError" in out
+
+
+def test_hang_health_and_error_rate():
+    with SimProcess("--sim-hang-health", "--sim-error-rate", "1", "--sim-startup-s", "0", wait=False) as sim:
+        deadline = time.time() + 15
+        while time.time() < deadline:  # ready = /v1/models answers (health never does)
+            try:
+                requests.get(sim.url + "/v1/models", timeout=1)
+                break
+            except requests.RequestException:
+                time.sleep(0.05)
+        with pytest.raises(requests.ReadTimeout):
+            requests.get(sim.url + "/health", timeout=(2, 0.5))
+        r = post(sim, "/v1/completions", {"prompt": "x"})
+        assert r.status_code == 500 and r.json()["error"]["type"] == "InternalServerError"
+
+
+def test_stalled_stream_goes_silent():
+    with SimProcess(*FAST, "--sim-stall-stream-after", "3") as sim:
+        r = requests.post(sim.url + "/v1/completions", json={"prompt": "x", "max_tokens": 10, "ignore_eos": True,
+                                                             "stream": True}, stream=True, timeout=(5, 1.0))
+        got = []
+        with pytest.raises(requests.ConnectionError):
+            for line in r.iter_lines():
+                if line:
+                    got.append(line)
+        assert len(got) == 3 and b"[DONE]" not in b"".join(got)

@@ -1,0 +1,264 @@
+"""sim_server: a vLLM-faithful server simulator on loopback, the default target of the demo and tests.
+
+``bin/sim_server MODEL [vllm serve flags] [--sim-* flags]`` behaves like ``vllm serve MODEL``:
+same flags and defaults, same HTTP contract, /metrics, log lines and start-up failures,
+with a simulated accelerator and model (``--sim-gpu``, ``--sim-model``). Every vkit tool
+talks to it exactly as it would to real vLLM; /version and the start-up log say it is a
+simulator so no report is mistaken for a real measurement. See runbook/sim_server.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+
+from vkit.cli._common import IO, make_parser, run
+from vkit.errors import ExitCode
+from vkit.sim.config import ServeOptions
+from vkit.sim.profiles import DEFAULT_GPU, DEFAULT_MODEL, GPUS, KV_DTYPE_BYTES, MODELS, get_gpu, get_model
+from vkit.sim.server import SimSettings, serve
+from vkit.sim.vlog import VllmLog
+
+_LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+
+
+def human_readable_int(value: str) -> int:
+    """vLLM's parser for large integers: ``1k`` = 1000, ``1K`` = 1024 (also m/M, g/G, t/T)."""
+    value = value.strip()
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT])", value)
+    if match:
+        number, suffix = match.groups()
+        decimal = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+        binary = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+        if suffix in decimal:
+            return int(float(number) * decimal[suffix])
+        try:
+            return int(number) * binary[suffix]
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"Decimals are not allowed with binary suffixes like {suffix}. "
+                f"Did you mean to use {number}{suffix.lower()} instead?"
+            ) from None
+    return int(value)
+
+
+def human_readable_int_or_auto(value: str) -> int:
+    """``human_readable_int``, plus ``auto`` / ``-1``: fit the KV cache."""
+    if value.strip().lower() in ("auto", "-1"):
+        return -1
+    return human_readable_int(value)
+
+
+def positive_float(value: str) -> float:
+    v = float(value)
+    if not v > 0:
+        raise ValueError(value)
+    return v
+
+
+def non_negative_float(value: str) -> float:
+    v = float(value)
+    if v < 0:
+        raise ValueError(value)
+    return v
+
+
+def probability(value: str) -> float:
+    v = float(value)
+    if not 0 <= v <= 1:
+        raise ValueError(value)
+    return v
+
+
+def non_negative_int(value: str) -> int:
+    v = int(value)
+    if v < 0:
+        raise ValueError(value)
+    return v
+
+
+def normalize_argv(argv: list[str]) -> list[str]:
+    """vLLM's FlexibleArgumentParser: ``--max_num_seqs`` means ``--max-num-seqs``."""
+    out = []
+    for a in argv:
+        if a.startswith("--") and len(a) > 2:
+            key, eq, val = a.partition("=")
+            out.append("--" + key[2:].replace("_", "-") + eq + val)
+        else:
+            out.append(a)
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = make_parser(
+        "sim_server",
+        "Serve a simulated vLLM (OpenAI-compatible HTTP, /metrics, logs, start-up failures) on loopback.",
+        examples=[
+            "sim_server llama-8b --port 8001",
+            "sim_server m --max-model-len 8k --max-num-seqs 64 --max-num-batched-tokens 4096",
+            "sim_server m --sim-gpu A100-80G --sim-model llama-3.1-70b -tp 4",
+            "sim_server m --sim-speed 20 --sim-startup-s 0 --sim-seed 1   # fast, reproducible test server",
+            "sim_server m --no-enable-chunked-prefill --sim-pathology short-prefill --sim-gpu Ascend-910B",
+            "sim_server m --sim-crash-after 10   # engine dies at request 11: exit 1, as vllm serve on a dead engine",
+        ],
+        exit_codes=[0, 1, 2, 5, 130],
+        common=False,
+    )
+    p.add_argument("model_tag", nargs="?", metavar="MODEL", help="served model id (vllm serve's MODEL)")
+    p.add_argument("--model", dest="model_opt", metavar="MODEL", help="the same as the positional MODEL")
+    p.add_argument("--traceback", action="store_true", help="print a Python traceback on internal errors")
+    v = p.add_argument_group("vllm serve options (vLLM's spelling and V1 defaults; underscores accepted)")
+    v.add_argument("--host", default=None, help="address to bind; only loopback is served (default: 127.0.0.1)")
+    v.add_argument("--port", type=int, default=8000, help="TCP port (default: 8000)")
+    v.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
+                   help="model name(s) the API accepts; the first is reported (default: MODEL)")
+    v.add_argument("--max-model-len", type=human_readable_int_or_auto, default=None, metavar="N",
+                   help="context length in tokens; accepts 1k (1000), 1K (1024), auto/-1 (fit the KV cache) "
+                        "(default: the model's max_position_embeddings)")
+    v.add_argument("--max-num-seqs", type=int, default=None, metavar="N",
+                   help="most requests running at once (default: 1024 on >= 70 GiB non-A100 GPUs, else 256)")
+    v.add_argument("--max-num-batched-tokens", type=human_readable_int, default=None, metavar="N",
+                   help="token budget of one engine step (default: 8192 on >= 70 GiB non-A100 GPUs, else 2048; "
+                        "with chunked prefill off, at least max-model-len)")
+    v.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=None,
+                   help="split long prompts across steps (default: on)")
+    v.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None,
+                   help="reuse KV blocks of shared prompt prefixes (default: on)")
+    v.add_argument("--scheduling-policy", choices=["fcfs", "priority"], default="fcfs",
+                   help="fcfs, or priority (the request's 'priority', lower first) (default: fcfs)")
+    v.add_argument("--gpu-memory-utilization", type=float, default=0.92, metavar="F",
+                   help="fraction of device memory vLLM may use, 0 < F <= 1 (default: 0.92)")
+    v.add_argument("--block-size", type=int, choices=[1, 8, 16, 32, 64, 128, 256], default=16,
+                   help="tokens per KV block (default: 16)")
+    v.add_argument("-tp", "--tensor-parallel-size", type=int, default=1, metavar="N",
+                   help="accelerators the model is split over (default: 1)")
+    v.add_argument("--kv-cache-dtype", choices=list(KV_DTYPE_BYTES), default="auto",
+                   help="KV cache element type; fp8 halves its size (default: auto = the model's dtype)")
+    v.add_argument("--num-gpu-blocks-override", type=int, default=None, metavar="N",
+                   help="force the number of KV blocks, e.g. to provoke preemption (default: from memory)")
+    v.add_argument("--long-prefill-token-threshold", type=int, default=0, metavar="N",
+                   help="cap on the tokens one prompt takes per step, 0 = none (default: 0)")
+    v.add_argument("--max-num-partial-prefills", type=int, default=1, metavar="N",
+                   help="only 1 is supported, as in vLLM V1 (default: 1)")
+    v.add_argument("--disable-log-stats", action="store_true", help="no periodic 'Engine 000: Avg ...' line")
+    v.add_argument("--disable-uvicorn-access-log", action="store_true", help="no per-request access log line")
+    ig = p.add_argument_group("accepted and ignored, so that vllm serve command lines run unchanged")
+    for flag in ("--load-format", "--dtype", "--seed", "--distributed-executor-backend", "--uvicorn-log-level",
+                 "--tokenizer", "--generation-config", "--swap-space", "--quantization", "--download-dir"):
+        ig.add_argument(flag, default=None, metavar="X", help=argparse.SUPPRESS)
+    for flag in ("--enforce-eager", "--async-scheduling", "--trust-remote-code"):
+        ig.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=argparse.SUPPRESS)
+    for flag in ("--disable-log-requests", "--enable-log-requests"):
+        ig.add_argument(flag, action="store_true", help=argparse.SUPPRESS)
+    ig.add_argument("-pp", "--pipeline-parallel-size", type=int, default=1, help=argparse.SUPPRESS)
+    s = p.add_argument_group("simulator (sim_server only)")
+    s.add_argument("--sim-gpu", choices=list(GPUS), default=DEFAULT_GPU,
+                   help=f"simulated accelerator, per device; times -tp (default: {DEFAULT_GPU})")
+    s.add_argument("--sim-model", choices=list(MODELS), default=DEFAULT_MODEL,
+                   help=f"simulated model architecture (default: {DEFAULT_MODEL})")
+    s.add_argument("--sim-speed", type=positive_float, default=1.0, metavar="K",
+                   help="virtual time runs K times faster than wall time; all reported times are wall times "
+                        "(default: 1)")
+    s.add_argument("--sim-startup-s", type=non_negative_float, default=1.0, metavar="S",
+                   help="wall seconds of 'model loading' before the socket listens (default: 1)")
+    s.add_argument("--sim-noise", type=non_negative_float, default=0.02, metavar="SIGMA",
+                   help="sd of the multiplicative step-time noise (run-to-run, slow wander, jitter) (default: 0.02)")
+    s.add_argument("--sim-drift", type=float, default=0.0, metavar="D",
+                   help="step time grows by the fraction D per hour of simulated time (default: 0)")
+    s.add_argument("--sim-seed", type=int, default=None, metavar="N",
+                   help="seed of the noise and the faults (default: random, printed in the log)")
+    s.add_argument("--sim-pathology", choices=["short-prefill"], default=None,
+                   help="short-prefill: with chunked prefill off, prompts <= 512 tokens prefill 10x slower "
+                        "(the seed's NPU case) (default: none)")
+    s.add_argument("--sim-output-len-mean", type=non_negative_int, default=128, metavar="N",
+                   help="without ignore_eos, responses stop at EOS after 1..2N tokens, fixed per prompt "
+                        "(default: 128)")
+    s.add_argument("--sim-stats-interval-s", type=positive_float, default=10.0, metavar="S",
+                   help="wall seconds between 'Engine 000: Avg prompt throughput ...' log lines (default: 10, as vLLM)")
+    s.add_argument("--sim-mfu", type=probability, default=0.5, metavar="F",
+                   help="achieved fraction of peak FLOP/s in compute-bound steps (default: 0.5)")
+    s.add_argument("--sim-mbu", type=probability, default=0.8, metavar="F",
+                   help="achieved fraction of peak memory bandwidth in memory-bound steps (default: 0.8)")
+    f = p.add_argument_group("fault injection (sim_server only)")
+    f.add_argument("--sim-fail-at-start", action="store_true",
+                   help="fail while loading the model with CUDA out of memory, exit 1")
+    f.add_argument("--sim-crash-after", type=non_negative_int, default=None, metavar="N",
+                   help="the engine dies when request N+1 arrives: in-flight requests get 500, /health 503, "
+                        "then exit 1")
+    f.add_argument("--sim-hang-health", action="store_true", help="/health and /ping never answer")
+    f.add_argument("--sim-stall-stream-after", type=non_negative_int, default=None, metavar="N",
+                   help="every stream goes silent after N tokens and never ends")
+    f.add_argument("--sim-error-rate", type=probability, default=0.0, metavar="P",
+                   help="answer each generation request with a 500 with probability P (default: 0)")
+    return p
+
+
+def _non_default_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> dict:
+    out = {}
+    for k, val in vars(args).items():
+        if k in ("model_tag", "model_opt"):
+            continue
+        if val != p.get_default(k):
+            out[k] = val
+    return out
+
+
+def _run(args: argparse.Namespace, io: IO, parser: argparse.ArgumentParser) -> int:
+    model = args.model_tag or args.model_opt
+    if not model:
+        parser.print_usage(io.err)
+        io.err.write("sim_server: error: the following arguments are required: MODEL\n")
+        return ExitCode.USAGE
+    log = VllmLog(io.out, io.err)
+    host = args.host or "127.0.0.1"
+    if host not in _LOOPBACK:
+        log.warning("sim_server.py:1", f"sim_server only serves loopback; binding 127.0.0.1 instead of {host}")
+    host = "127.0.0.1"
+    seed = args.sim_seed if args.sim_seed is not None else int.from_bytes(os.urandom(4), "big")
+    env = os.environ
+    opts = ServeOptions(
+        model=model,
+        gpu=get_gpu(args.sim_gpu),
+        model_profile=get_model(args.sim_model),
+        served_model_name=args.served_model_name,
+        max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        enable_chunked_prefill=args.enable_chunked_prefill,
+        enable_prefix_caching=args.enable_prefix_caching,
+        scheduling_policy=args.scheduling_policy,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        block_size=args.block_size,
+        tensor_parallel_size=args.tensor_parallel_size,
+        kv_cache_dtype=args.kv_cache_dtype,
+        num_gpu_blocks_override=args.num_gpu_blocks_override,
+        long_prefill_token_threshold=args.long_prefill_token_threshold,
+        max_num_partial_prefills=args.max_num_partial_prefills,
+        allow_long_max_model_len=env.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "").lower() in ("1", "true"),
+    )
+    nd = {"model": model, **_non_default_args(parser, args)}
+    settings = SimSettings(
+        host=host, port=args.port, gpu_name=opts.gpu.name, model_name=opts.model_profile.name,
+        speed=args.sim_speed, startup_s=args.sim_startup_s, noise=args.sim_noise, drift_per_hour=args.sim_drift,
+        seed=seed, pathology=args.sim_pathology, output_len_mean=args.sim_output_len_mean,
+        mfu=args.sim_mfu, mbu=args.sim_mbu, fail_at_start=args.sim_fail_at_start,
+        crash_after=args.sim_crash_after, hang_health=args.sim_hang_health,
+        stall_stream_after=args.sim_stall_stream_after, error_rate=args.sim_error_rate,
+        access_log=not args.disable_uvicorn_access_log, log_stats=not args.disable_log_stats,
+        stats_interval_s=args.sim_stats_interval_s,
+        dev_mode=env.get("VLLM_SERVER_DEV_MODE", "") in ("1", "true", "True"),
+        non_default_args=nd,
+    )
+    return serve(opts, settings, log)
+
+
+def main(argv: list[str] | None = None, stdout=None, stderr=None) -> int:
+    argv = normalize_argv(list(sys.argv[1:] if argv is None else argv))
+    parser = build_parser()
+    return run(parser, lambda args, io: _run(args, io, parser), argv, stdout, stderr)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""Built-in accelerator and model profiles of the simulator.
+
+Every number is a published specification, not a fitted value; ``runbook/sim_server.md``
+cites the source of each one (vendor datasheets for accelerators, the model's Hugging Face
+``config.json`` for models). Memory totals are what ``nvidia-smi`` / ``npu-smi`` report as
+the device's total memory, i.e. what vLLM reads with ``mem_get_info``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vkit.errors import UsageError
+
+MiB = 1 << 20
+GiB = 1 << 30
+
+
+@dataclass(frozen=True)
+class GpuProfile:
+    name: str
+    device_name: str  # what vLLM's platform reports; the A100 rule of the batch defaults reads it
+    memory_bytes: int  # total device memory
+    peak_bf16_flops: float  # dense (no structured sparsity) BF16/FP16 tensor throughput, FLOP/s
+    hbm_bytes_per_s: float  # peak memory bandwidth
+    link_bytes_per_s: float  # one-direction GPU-to-GPU bandwidth per device (tensor parallel)
+    allreduce_latency_s: float  # small-message all-reduce latency (tensor parallel)
+
+
+@dataclass(frozen=True)
+class ModelProfile:
+    name: str
+    hf_id: str
+    params: int  # total parameters, embeddings included
+    layers: int
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    dtype: str = "bfloat16"
+    dtype_bytes: int = 2
+
+    @property
+    def embedding_params(self) -> int:
+        return self.vocab * self.hidden
+
+    @property
+    def lm_head_params(self) -> int:
+        """Parameters read to compute logits (the tied embedding when tied)."""
+        return self.vocab * self.hidden
+
+    @property
+    def body_params(self) -> int:
+        """Parameters every token goes through: all but the embedding table(s)."""
+        n_emb = 1 if self.tie_word_embeddings else 2
+        return self.params - n_emb * self.embedding_params
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.params * self.dtype_bytes
+
+
+GPUS: dict[str, GpuProfile] = {
+    g.name: g
+    for g in (
+        GpuProfile("H200", "NVIDIA H200", 143771 * MiB, 989.5e12, 4.8e12, 450e9, 8e-6),
+        GpuProfile("H100-80G", "NVIDIA H100 80GB HBM3", 81559 * MiB, 989.5e12, 3.35e12, 450e9, 8e-6),
+        GpuProfile("A100-80G", "NVIDIA A100-SXM4-80GB", 81920 * MiB, 312e12, 2.039e12, 300e9, 10e-6),
+        GpuProfile("L40S", "NVIDIA L40S", 46068 * MiB, 362.05e12, 864e9, 32e9, 20e-6),
+        GpuProfile("Ascend-910B", "Ascend910B3", 65536 * MiB, 313e12, 1.6e12, 196e9, 15e-6),
+    )
+}
+
+MODELS: dict[str, ModelProfile] = {
+    m.name: m
+    for m in (
+        ModelProfile(
+            "llama-3.1-8b", "meta-llama/Llama-3.1-8B-Instruct", 8_030_261_248,
+            layers=32, hidden=4096, intermediate=14336, heads=32, kv_heads=8, head_dim=128,
+            vocab=128256, max_position_embeddings=131072, tie_word_embeddings=False,
+        ),
+        ModelProfile(
+            "llama-3.1-70b", "meta-llama/Llama-3.1-70B-Instruct", 70_553_706_496,
+            layers=80, hidden=8192, intermediate=28672, heads=64, kv_heads=8, head_dim=128,
+            vocab=128256, max_position_embeddings=131072, tie_word_embeddings=False,
+        ),
+        ModelProfile(
+            "qwen2.5-7b", "Qwen/Qwen2.5-7B-Instruct", 7_615_616_512,
+            layers=28, hidden=3584, intermediate=18944, heads=28, kv_heads=4, head_dim=128,
+            vocab=152064, max_position_embeddings=32768, tie_word_embeddings=False,
+        ),
+        ModelProfile(
+            "qwen2.5-0.5b", "Qwen/Qwen2.5-0.5B-Instruct", 494_032_768,
+            layers=24, hidden=896, intermediate=4864, heads=14, kv_heads=2, head_dim=64,
+            vocab=151936, max_position_embeddings=32768, tie_word_embeddings=True,
+        ),
+    )
+}
+
+DEFAULT_GPU = "H200"
+DEFAULT_MODEL = "llama-3.1-8b"
+
+KV_DTYPE_BYTES = {
+    "auto": None,  # the model's dtype
+    "bfloat16": 2,
+    "float16": 2,
+    "fp8": 1,
+    "fp8_e4m3": 1,
+    "fp8_e5m2": 1,
+}
+
+
+def get_gpu(name: str) -> GpuProfile:
+    for key, g in GPUS.items():
+        if key.lower() == name.lower():
+            return g
+    raise UsageError(f"unknown --sim-gpu {name!r}; built-ins: {', '.join(GPUS)}")
+
+
+def get_model(name: str) -> ModelProfile:
+    for key, m in MODELS.items():
+        if key.lower() == name.lower() or m.hf_id.lower() == name.lower():
+            return m
+    raise UsageError(f"unknown --sim-model {name!r}; built-ins: {', '.join(MODELS)}")
