@@ -12,7 +12,8 @@ export VKIT_STATE := $(STATE)
 .DEFAULT_GOAL := help
 VLLM_VENV ?= .venv-vllm
 export VKIT_VLLM_VENV := $(abspath $(VLLM_VENV))
-.PHONY: help install vllm-cpu test test-fast test-vllm lint bench wheelhouse demo runbook-table clean
+TUNE_FLAGS ?= --sandbox
+.PHONY: help install vllm-cpu test test-fast test-vllm lint bench wheelhouse demo demo-chain tune step1 step2 step3 step4 step5 runbook-table clean
 
 help: ## list the targets with a one-line description (default)
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -53,8 +54,29 @@ wheelhouse: ## download wheels of vkit and its dependencies into WHEELHOUSE (def
 	$(PYTHON) -m pip wheel -q -w "$(or $(WHEELHOUSE),wheelhouse)" '.[dev]'
 	@echo "copy $(or $(WHEELHOUSE),wheelhouse)/ to the target machine, then: make install WHEELHOUSE=$(or $(WHEELHOUSE),wheelhouse)" >&2
 
-demo: install ## the main job: run vkit's chain against the embedded simulated vLLM server (runbook/demo.sh)
+demo: install ## the main job: tune the embedded simulated vLLM server end to end and print the result (URL=... SERVE="..." for a real one)
+	@PY=$(PY) URL="$(URL)" SERVE="$(SERVE)" MODEL="$(MODEL)" bash runbook/demo_tune.sh
+
+demo-chain: install ## the single tools one by one on the simulator: gauge, validate, apply with rollback, gate
 	@PY=$(PY) bash runbook/demo.sh
+
+tune: install ## tune the service in STATE end to end (resumes after an interruption); TUNE_FLAGS="--yes ..." for production
+	$(PY) bin/tune $(TUNE_FLAGS)
+
+step1: install ## step 1 only: max-model-len (start-up, KV capacity, TTFT stability), then frozen
+	$(PY) bin/tune $(TUNE_FLAGS) --steps 1
+
+step2: install ## step 2 only: max-num-batched-tokens with max-num-seqs fixed
+	$(PY) bin/sweep --step 2 $(TUNE_FLAGS)
+
+step3: install ## step 3 only: max-num-seqs at the best budget, knee detection
+	$(PY) bin/sweep --step 3 $(TUNE_FLAGS)
+
+step4: install ## step 4 only: a small grid around the knee
+	$(PY) bin/sweep --step 4 $(TUNE_FLAGS)
+
+step5: install ## step 5 only: behaviour flags validated on a mixed long/short workload
+	$(PY) bin/tune $(TUNE_FLAGS) --steps 5
 
 runbook-table: ## regenerate the traffic-light table at the top of runbook/README.md from vkit/data/params.json
 	$(PY) -c 'import sys; from vkit.policy import *; p = "runbook/README.md"; t = open(p).read(); open(p, "w").write(splice_table(t, render_table(Policy.load())))'

@@ -33,7 +33,27 @@ from vkit.policy import to_serve_flags
 
 
 def serve_argv(launch: dict, config: dict) -> list[str]:
-    return list(launch.get("argv") or []) + to_serve_flags(config)
+    """The launch argv with the configuration's flags: a flag the configuration sets is removed
+    from the launch argv first (``--x V``, ``--x=V``, ``--no-x``), so each appears once."""
+    return strip_flags(list(launch.get("argv") or []), config) + to_serve_flags(config)
+
+
+def strip_flags(argv: list[str], config: dict) -> list[str]:
+    names = set()
+    for k in config:
+        f = "--" + k.replace("_", "-")
+        names |= {f, "--" + k, "--no-" + f[2:], "--no-" + k}
+    out, i = [], 0
+    while i < len(argv):
+        a = argv[i]
+        key = a.split("=", 1)[0]
+        if key in names:
+            bare_bool = key.startswith("--no-") or "=" in a or i + 1 >= len(argv) or argv[i + 1].startswith("-")
+            i += 1 if bare_bool else 2
+            continue
+        out.append(a)
+        i += 1
+    return out
 
 
 def proc_start_ticks(pid: int) -> int | None:

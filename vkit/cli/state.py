@@ -15,6 +15,7 @@ import time
 from vkit.cli._common import IO, add_subcommand, make_parser, run
 from vkit.errors import ExitCode, UsageError
 from vkit.fingerprint import fingerprint
+from vkit.launcher import serve_argv
 from vkit.policy import Policy, parse_assignments, render_table, to_serve_flags
 from vkit.state import StateFile, lease_staleness, new_state, now_iso
 
@@ -160,8 +161,7 @@ def _brief(d: dict, limit: int = 120) -> str:
 def serve_view(st: dict) -> dict:
     kept = st["kept"]["config"]
     flags = to_serve_flags(kept)
-    launch = st["service"]["launch"].get("argv") or []
-    return {"kept_flags": flags, "serve_command": shlex.join(launch + flags)}
+    return {"kept_flags": flags, "serve_command": shlex.join(serve_argv(st["service"]["launch"], kept))}
 
 
 def _show(sf: StateFile, args: argparse.Namespace, io: IO) -> int:

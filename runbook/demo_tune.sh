@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# make demo: a whole tuning run on the embedded simulator (or on a real server with URL and SERVE).
+#   simulator (default): an 8B model on one H200, 2% run-to-run noise, virtual time SIM_SPEED x faster.
+#   real server: make demo URL=http://127.0.0.1:8000 MODEL=/models/x SERVE="vllm serve /models/x --port 8000"
+set -u
+PY=${PY:-python3}
+DIR=${DEMO_DIR:-vkit-state/demo-tune}
+SPEED=${SIM_SPEED:-4}
+PORT=${DEMO_PORT:-18089}
+URL=${URL:-}
+SERVE=${SERVE:-}
+MODEL=${MODEL:-}
+export VKIT_STATE=$DIR/vkit.json
+B=bin
+
+cleanup() {
+    "$PY" - "$VKIT_STATE" <<'PYEOF' >/dev/null 2>&1
+import sys
+from vkit import launcher
+from vkit.state import StateFile
+try:
+    launcher.stop(StateFile(sys.argv[1]).read()["service"].get("running"), grace_s=10)
+except Exception:
+    pass
+PYEOF
+}
+
+if [ -n "$URL" ]; then
+    [ -n "$SERVE" ] && [ -n "$MODEL" ] || { echo "demo: with URL=... give MODEL=... and SERVE=\"vllm serve ...\" too" >&2; exit 2; }
+    if [ ! -f "$VKIT_STATE" ]; then
+        # SERVE is split like a shell would split it, once, here: it is the user's own command line.
+        read -r -a ARGV <<< "$SERVE"
+        "$PY" $B/state init --url "$URL" --model "$MODEL" -- "${ARGV[@]}" || exit 2
+    fi
+    exec "$PY" $B/tune --yes --concurrency "${CONCURRENCY:-32}" "$@"
+fi
+
+if [ ! -f "$VKIT_STATE" ] || [ "${FRESH:-1}" = 1 ]; then
+    cleanup
+    rm -rf "$DIR" && mkdir -p "$DIR" || exit 2
+    # The kept configuration to start from: a conservative one copied from a smaller GPU's defaults.
+    "$PY" $B/state init --url "http://127.0.0.1:$PORT" --model sim-8b --set max_num_batched_tokens=2048 --set max_num_seqs=16 -- \
+        "$PY" $B/sim_server sim-8b --port "$PORT" --max-model-len 8192 --sim-gpu H200 --sim-model llama-3.1-8b \
+        --sim-speed "$SPEED" --sim-startup-s 0.5 --sim-seed 11 || exit 2
+fi
+trap cleanup EXIT
+echo "SIMULATED server: llama-3.1-8b on one H200 (vkit sim_server), noise 2% run to run, virtual time ${SPEED}x faster than wall time." >&2
+echo "Every figure below is simulated; throughputs and latencies are in wall time as a client sees them." >&2
+"$PY" $B/tune --sandbox --concurrency "${CONCURRENCY:-32}" --input-len 512 --output-len 128 --num-prompts "${PROMPTS:-160}" \
+    --slo p95_ttft_ms="${SLO_MS:-1000}" --budget 6 --ready-timeout 60 "$@"

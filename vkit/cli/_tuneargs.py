@@ -1,0 +1,109 @@
+"""Flags and set-up shared by sweep and tune: the workload (gauge), budgets, SLO, lease."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+from typing import Iterator
+
+from vkit.cli._common import IO
+from vkit.errors import UsageError
+from vkit.runner import Runner, Settings, Workload, lease_env
+from vkit.state import StateFile, default_owner
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    w = p.add_argument_group("workload (the gauge: identical for every trial)")
+    w.add_argument("--concurrency", type=int, default=64, metavar="N", help="requests in flight, closed loop (default 64)")
+    w.add_argument("--input-len", type=int, default=512, metavar="N", help="prompt tokens (default 512)")
+    w.add_argument("--output-len", type=int, default=128, metavar="N", help="output tokens, ignore_eos (default 128)")
+    w.add_argument("--num-prompts", type=int, default=200, metavar="N", help="requests per measurement, >= 100 for a P99 (default 200)")
+    w.add_argument("--vocab-size", type=int, default=1000, metavar="N", help="token ids drawn below N; keep under the model's vocabulary (default 1000)")
+    w.add_argument("--seed", type=int, default=1, help="dataset seed of repeat 0; repeat k uses seed+k (default 1)")
+    w.add_argument("--mixed-long-len", type=int, default=None, metavar="N", help="long prompts of the step-5 mixed workload (default 4x --input-len)")
+    d = p.add_argument_group("decisions")
+    d.add_argument("--slo", action="append", default=[], metavar="METRIC=VALUE", help="constraint, e.g. p95_ttft_ms=2000 (default p95_ttft_ms=2000)")
+    d.add_argument("--baseline-repeats", type=int, default=4, metavar="N", help="runs of the kept configuration for σ (default 4)")
+    d.add_argument("--screen-repeats", type=int, default=2, metavar="N", help="runs per screened candidate (default 2)")
+    d.add_argument("--confirm-blocks", type=int, default=3, metavar="N", help="B A A B confirmation blocks at most (default 3)")
+    d.add_argument("--guard", action="append", default=None, metavar="SPEC", help="gate guard, e.g. p95_ttft_ms:-:15%% (default that one)")
+    r = p.add_argument_group("server")
+    r.add_argument("--ready-timeout", type=float, default=600.0, metavar="S", help="seconds to wait for a restarted server (default 600)")
+    m = r.add_mutually_exclusive_group()
+    m.add_argument("--yes", action="store_true", help="production: confirm every restart without asking")
+    m.add_argument("--sandbox", action="store_true", help="offline sandbox: restarts need no confirmation")
+    r.add_argument("--lease-ttl", type=float, default=6 * 3600, metavar="S", help="lease lifetime (default 6 h)")
+
+
+def parse_slo(items: list[str]) -> dict:
+    out = {}
+    for it in items or ["p95_ttft_ms=2000"]:
+        k, sep, v = it.partition("=")
+        if not sep:
+            raise UsageError(f"--slo takes METRIC=VALUE, got {it!r}")
+        try:
+            out[k.strip()] = float(v)
+        except ValueError:
+            raise UsageError(f"--slo {k}: {v!r} is not a number") from None
+    return out
+
+
+def workloads(args: argparse.Namespace, model: str) -> tuple[Workload, Workload]:
+    if args.num_prompts < 1 or args.concurrency < 1 or args.input_len < 1 or args.output_len < 1:
+        raise UsageError("--num-prompts, --concurrency, --input-len and --output-len must be >= 1")
+    common = ["--model", model, "--random-output-len", str(args.output_len), "--num-prompts", str(args.num_prompts),
+              "--max-concurrency", str(args.concurrency), "--vocab-size", str(args.vocab_size)]
+    main = Workload(["--dataset-name", "random", "--random-input-len", str(args.input_len), *common], seed=args.seed, name="main")
+    mixed = Workload(["--dataset-name", "mixed", "--random-input-len", str(args.input_len), "--mixed-long-len",
+                      str(mixed_long_len(args)), *common], seed=args.seed, name="mixed")
+    return main, mixed
+
+
+def mixed_long_len(args: argparse.Namespace) -> int:
+    return args.mixed_long_len or 4 * args.input_len
+
+
+def settings(args: argparse.Namespace, main: Workload) -> Settings:
+    return Settings(workload=main, baseline_repeats=args.baseline_repeats, screen_repeats=args.screen_repeats,
+                    confirm_blocks=args.confirm_blocks, guards=args.guard or ["p95_ttft_ms:-:15%"], slo=parse_slo(args.slo),
+                    ready_timeout_s=args.ready_timeout, sandbox=not args.yes)
+
+
+def check_confirmation(args: argparse.Namespace) -> None:
+    if not (args.yes or args.sandbox):
+        raise UsageError("a tuning run restarts the server many times: pass --yes (production) or --sandbox (offline sandbox)")
+
+
+@contextlib.contextmanager
+def held(args: argparse.Namespace, io: IO, tool: str) -> Iterator[tuple[StateFile, str]]:
+    sf = StateFile(args.state)
+    st = sf.read()
+    ab = st.get("abnormal") or {}
+    if ab.get("flag"):
+        from vkit.errors import Abnormal
+
+        raise Abnormal(f"the environment is ABNORMAL since {ab.get('since')}: {ab.get('reason')}; fix the cause, then "
+                       "`state --clear-abnormal --reason ...`")
+    owner = default_owner(tool)
+    with sf.lease(owner, ttl_s=args.lease_ttl, tool=tool), lease_env(owner):
+        yield sf, owner
+
+
+def record_settings(sf: StateFile, key: str, value: dict, force: bool) -> None:
+    """The tuning run's settings are fixed at its start; a resumed run must use the same ones."""
+    with sf.transaction() as st:
+        old = st.get(key)
+        if old and old != value and not force:
+            diff = sorted(k for k in set(old) | set(value) if old.get(k) != value.get(k))
+            raise UsageError(f"this state holds a tuning run with other settings ({', '.join(diff)}); resume it with the same "
+                             "flags, or pass --restart to start over (finished trials stay in the history)")
+        st[key] = value
+
+
+def runner_for(sf: StateFile, s: Settings, io: IO, tool: str) -> Runner:
+    return Runner(sf, s, io.progress, tool_name=tool)
+
+
+def dumps(obj) -> str:
+    return json.dumps(obj, indent=2, sort_keys=True, default=str)

@@ -1,0 +1,111 @@
+"""sweep: run one step of the tuning order (or a Bayesian search) through the per-trial state
+machine, deliver the Pareto front, or replay logged proposals.
+
+`tune` drives every step; `sweep --step N` is the same step alone, for a field engineer
+following the runbook. Resumable: rerun the same command after an interruption.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+from vkit.cli import _tuneargs as ta
+from vkit.cli._common import IO, make_parser, run
+from vkit.errors import ExitCode, UsageError
+from vkit.policy import Policy
+
+TOOL = "sweep"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = make_parser(
+        TOOL,
+        "Run one tuning step (staged) or a Bayesian search through apply/verify/validate/gate/keep; JSON on stdout.",
+        examples=[
+            "sweep --step 2 --sandbox          # max-num-batched-tokens with max-num-seqs fixed",
+            "sweep --step 3 --sandbox          # max-num-seqs at the best budget, knee detection",
+            "sweep --mode bo --budget 12 --sandbox",
+            "sweep --deliver                   # Pareto front, knee, recommendation from the trials so far",
+            "sweep --replay vkit-state/decisions.jsonl   # re-derive logged proposals and compare",
+        ],
+        exit_codes=[0, 1, 2, 3, 4, 5, 130],
+    )
+    ta.add_args(p)
+    s = p.add_argument_group("search")
+    g = s.add_mutually_exclusive_group()
+    g.add_argument("--step", choices=["2", "3", "4"], help="run one staged step (1 and 5 are run by tune)")
+    g.add_argument("--deliver", action="store_true", help="print the Pareto front, knee and recommendation of the trials so far")
+    g.add_argument("--replay", metavar="LOG", help="re-run the logged proposals of a decision log and report any that differ")
+    s.add_argument("--mode", choices=["staged", "bo"], default="staged", help="staged (default) or bo")
+    s.add_argument("--budget", type=int, default=8, metavar="N", help="trials at most (default 8)")
+    return p
+
+
+def _run(args: argparse.Namespace, io: IO) -> int:
+    from vkit import search, tuning
+
+    if args.replay:
+        return _replay(args, io)
+    if args.deliver:
+        from vkit.state import StateFile
+
+        sf = StateFile(args.state)
+        st = sf.read()
+        main, _ = ta.workloads(args, st["service"]["model"])
+        runner = ta.runner_for(sf, ta.settings(args, main), io, TOOL)
+        s = ta.settings(args, main)
+        out = tuning.deliver(runner, {"maximize": "output_throughput", "subject_to": s.slo})
+        io.emit_json(out)
+        return ExitCode.OK
+    if not args.step and args.mode != "bo":
+        raise UsageError("give --step N (2, 3 or 4), --mode bo, --deliver or --replay LOG")
+    ta.check_confirmation(args)
+    with ta.held(args, io, TOOL) as (sf, owner):
+        st = sf.read()
+        main, _ = ta.workloads(args, st["service"]["model"])
+        settings = ta.settings(args, main)
+        runner = ta.runner_for(sf, settings, io, TOOL)
+        run_id = (st.get("tune") or {}).get("run_id") or "sweep"
+        runner.runs_dir = os.path.join(sf.dir, "runs", run_id)
+        os.makedirs(runner.runs_dir, exist_ok=True)
+        runner.baseline()
+        tuning.guard_anomalies(runner)
+        policy = Policy.load()
+        if args.mode == "bo":
+            nxt, stop = tuning.bo_proposer(runner, policy, args.budget, args.seed)
+            rec = tuning.run_screening_step(runner, "bo", nxt, io.progress, args.budget, stop)
+        else:
+            nxt, stop = tuning.staged_proposer(runner, policy, args.step)
+            rec = tuning.run_screening_step(runner, args.step, nxt, io.progress, args.budget, stop)
+    step = rec["step"]
+    trials = [t for t in sf.read()["trials"] if t["step"] == step]
+    io.emit_json({"step": rec, "trials": trials, "kept": sf.read()["kept"]})
+    _ = search
+    return ExitCode.OK
+
+
+def _replay(args: argparse.Namespace, io: IO) -> int:
+    from vkit import search
+
+    try:
+        with open(args.replay, encoding="utf-8") as f:
+            recs = [json.loads(line) for line in f if line.strip()]
+    except FileNotFoundError:
+        raise UsageError(f"no such decision log: {args.replay}") from None
+    except json.JSONDecodeError as e:
+        raise UsageError(f"{args.replay} is not JSON Lines ({e.msg})") from None
+    logged = [r for r in recs if r.get("event") == "propose" and (r.get("audit") or {}).get("replay")]
+    again = search.replay([r["audit"] for r in logged])
+    diffs = []
+    for rec, prop in zip(logged, again, strict=False):
+        if prop is None or prop.config != rec.get("config"):
+            diffs.append({"trial": rec.get("trial"), "logged": rec.get("config"), "replayed": None if prop is None else prop.config})
+    out = {"proposals": len(logged), "identical": len(logged) - len(diffs), "differences": diffs}
+    io.emit_json(out)
+    return ExitCode.OK if not diffs else ExitCode.REJECTED
+
+
+def main(argv: list[str] | None = None, stdout=None, stderr=None) -> int:
+    return run(build_parser(), _run, argv, stdout, stderr)

@@ -1,0 +1,491 @@
+"""The per-trial state machine of sweep and tune, composed from vkit's own tools.
+
+APPLY (restart_with_rollback) → VERIFY (post_start_verify inside it, then the repeats)
+→ VALIDATE (check_invariants on every run) → GATE (gate against the kept baseline)
+→ KEEP or REVERT. The tools are called through their ``main()`` — the same code path,
+flags and exit codes as ``bin/`` — never re-implemented here.
+
+Everything is recorded in the state file as it happens (``baseline``, ``trials``,
+``confirmations``), so a run killed at any point continues where it stopped: a finished
+trial is never repeated or lost, an unfinished one resumes from its last recorded phase.
+
+Measurement design:
+- BASELINE: the kept configuration measured N times (σ_baseline, this machine, now).
+- Screening: each candidate gets up to ``screen_repeats`` runs; one clearly worse after its
+  first run is eliminated early (a Hyperband-like budget: no full repeats for hopeless ones).
+- Repeat k of every configuration uses dataset seed ``seed + k``: the same request sets on
+  both sides, and no repeat finds its prompts in the prefix cache from the repeat before.
+- Confirmation: the winner of a step is re-measured on *fresh, interleaved* runs (B A A B
+  blocks: it cancels linear drift) and gated with ``--fresh --selected-from K`` (the winner's
+  curse), with σ pooled from the baseline; only an accept is kept.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from vkit.errors import ExitCode, Rejected, VkitError
+from vkit.lifecycle import Lifecycle
+from vkit.policy import to_serve_flags
+from vkit.state import StateFile, default_owner, now_iso
+
+KEY_METRICS = ("output_throughput", "request_throughput", "request_goodput", "p95_ttft_ms", "p99_ttft_ms", "mean_ttft_ms",
+               "mean_tpot_ms", "p95_tpot_ms", "mean_e2el_ms", "p95_e2el_ms")
+
+
+class Tools:
+    """vkit's tools, called in-process through their ``main()`` with captured streams."""
+
+    def __init__(self, state_path: str, log_path: str | None = None, echo: Callable[[str], None] | None = None):
+        self.state_path = state_path
+        self.log_path = log_path
+        self.echo = echo
+
+    def call(self, tool: str, *argv: str) -> tuple[int, str, str]:
+        import importlib
+
+        mod = importlib.import_module(f"vkit.cli.{tool}")
+        out, err = io.StringIO(), io.StringIO()
+        full = ["--state", self.state_path, *argv] if tool != "check_invariants" else list(argv)
+        code = mod.main(full, stdout=out, stderr=err)
+        if self.log_path:
+            with open(self.log_path, "a", encoding="utf-8") as f:
+                f.write(f"$ {tool} {' '.join(full)}\n{err.getvalue()}[exit {code}]\n")
+        return code, out.getvalue(), err.getvalue()
+
+
+@dataclass
+class Workload:
+    """How every configuration is measured (the gauge: identical for all trials)."""
+
+    bench_args: list[str]  # bench_stream flags without --seed/--records/-o
+    seed: int = 1
+    name: str = "main"
+
+    def describe(self) -> dict:
+        return {"name": self.name, "bench_args": list(self.bench_args), "seed": self.seed}
+
+
+@dataclass
+class Settings:
+    workload: Workload
+    baseline_repeats: int = 4
+    screen_repeats: int = 2
+    confirm_blocks: int = 3  # B A A B blocks at most
+    primary: str = "output_throughput:+"
+    guards: list[str] = field(default_factory=lambda: ["p95_ttft_ms:-:15%"])
+    slo: dict = field(default_factory=dict)  # e.g. {"p95_ttft_ms": 2000}
+    eliminate_below: float = 0.10  # first screening run more than this (or 4σ) below the baseline: eliminated
+    ready_timeout_s: float = 600.0
+    sandbox: bool = True
+
+
+def _rel(p: str, base: str) -> str:
+    return os.path.relpath(p, base)
+
+
+def summary_metrics(doc: dict) -> dict:
+    return {k: doc.get(k) for k in KEY_METRICS if isinstance(doc.get(k), (int, float))}
+
+
+def gmean(values: list[float]) -> float | None:
+    v = [x for x in values if isinstance(x, (int, float)) and x > 0]
+    return float(math.exp(sum(math.log(x) for x in v) / len(v))) if v else None
+
+
+def aggregate(docs: list[dict]) -> dict:
+    """Geometric means of the key metrics over repeats (effects are relative)."""
+    out = {}
+    for k in KEY_METRICS:
+        g = gmean([d.get(k) for d in docs])
+        if g is not None:
+            out[k] = g
+    return out
+
+
+class Runner:
+    def __init__(self, sf: StateFile, settings: Settings, progress: Callable[[str], None], tool_name: str = "sweep"):
+        self.sf = sf
+        self.s = settings
+        self.progress = progress
+        self.tool_name = tool_name
+        self.runs_dir = os.path.join(sf.dir, "runs")
+        os.makedirs(self.runs_dir, exist_ok=True)
+        self.tools = Tools(sf.path, log_path=os.path.join(sf.dir, "tools.log"))
+        self.owner = default_owner(tool_name)
+
+    # -- state helpers ----------------------------------------------------
+    def _abs(self, rel: str) -> str:
+        return rel if os.path.isabs(rel) else os.path.join(self.sf.dir, rel)
+
+    def load(self, rel: str) -> dict:
+        with open(self._abs(rel), encoding="utf-8") as f:
+            return json.load(f)
+
+    def trial(self, tid: str) -> dict:
+        for t in self.sf.read()["trials"]:
+            if t["id"] == tid:
+                return t
+        raise KeyError(tid)
+
+    def update_trial(self, tid: str, **fields: Any) -> dict:
+        with self.sf.transaction() as st:
+            for t in st["trials"]:
+                if t["id"] == tid:
+                    t.update(fields)
+                    return dict(t)
+        raise KeyError(tid)
+
+    def log(self, event: str, **kw: Any) -> str:
+        return self.sf.log.append(self.tool_name, event, **kw)
+
+    # -- the tools ----------------------------------------------------------
+    def running_config(self) -> dict | None:
+        run = self.sf.read()["service"].get("running") or {}
+        return run.get("config") if run.get("pid") else None
+
+    def apply(self, config: dict, fresh: bool = False) -> tuple[bool, dict]:
+        """restart_with_rollback to ``config`` (a full configuration); no-op if it already runs,
+        unless ``fresh``: a new measurement series starts on a freshly started server, so that no
+        request set finds its prompts in the prefix cache from an earlier series on the same process."""
+        st = self.sf.read()
+        run = st["service"].get("running") or {}
+        from vkit.launcher import alive
+
+        cand = st.get("candidate") or {}
+        if (not fresh and run.get("config") == config and alive(run.get("pid"), run.get("ticks"))
+                and cand.get("status") != "applying" and self._healthy(st["service"]["url"])):
+            return True, {"action": "already running"}
+        kept = st["kept"]["config"]
+        changes = {k: v for k, v in config.items() if kept.get(k) != v}
+        removed = [k for k in kept if k not in config]
+        if removed:
+            raise VkitError(f"a candidate cannot drop kept parameters ({', '.join(removed)})", ExitCode.INTERNAL)
+        if not changes:
+            code, out, err = self.tools.call("rollback", "--json", "-q", "--ready-timeout", str(self.s.ready_timeout_s),
+                                             "--reason", "measure the kept configuration")
+        else:
+            argv = ["--json", "-q", "--sandbox" if self.s.sandbox else "--yes", "--ready-timeout", str(self.s.ready_timeout_s)]
+            for k, v in sorted(changes.items()):
+                argv += ["--set", f"{k}={v}"]
+            code, out, err = self.tools.call("restart_with_rollback", *argv)
+        try:
+            res = json.loads(out) if out.strip() else {}
+        except ValueError:
+            res = {}
+        if code == ExitCode.UNAVAILABLE:
+            raise VkitError(f"the environment is unavailable or ABNORMAL: {(res.get('message') or err.strip())}", ExitCode.UNAVAILABLE)
+        if code == ExitCode.INTERRUPTED:
+            raise KeyboardInterrupt
+        if code not in (0, 1):
+            raise VkitError(f"restart_with_rollback failed (exit {code}): {err.strip()[-300:]}", code)
+        return code == 0, res
+
+    @staticmethod
+    def _healthy(url: str) -> bool:
+        import requests
+
+        try:
+            return requests.get(url.rstrip("/") + "/health", timeout=5).status_code == 200
+        except requests.RequestException:
+            return False
+
+    def restore_kept(self, fresh: bool = False) -> None:
+        kept = self.sf.read()["kept"]["config"]
+        ok, res = self.apply(dict(kept), fresh=fresh)
+        if not ok:
+            raise VkitError(f"the kept configuration does not start: {res.get('message')}", ExitCode.UNAVAILABLE)
+
+    # Anomalies that say the *client or machine* was busy, not that the server misbehaved: worth one re-measure.
+    TRANSIENT = {"client_saturation", "warmup_outliers", "client_server_ttft_gap"}
+
+    def measure(self, label: str, k: int, workload: Workload | None = None) -> tuple[str, dict, dict]:
+        """One bench_stream run (seed + k), validated. A run whose only findings say the load
+        generator was saturated is measured once more (logged). Returns (relative path, summary, check)."""
+        for attempt in (1, 2):
+            path, doc, check = self._measure_once(label, k, workload)
+            findings = set(check.get("findings") or [])
+            if check["code"] != ExitCode.REJECTED or not findings or not findings <= self.TRANSIENT or attempt == 2:
+                return path, doc, check
+            self.progress(f"{label} run {k}: {', '.join(sorted(findings))} (the client or the machine was busy); measuring again")
+            self.log("remeasure", run=path, findings=sorted(findings))
+        return path, doc, check
+
+    def _measure_once(self, label: str, k: int, workload: Workload | None = None) -> tuple[str, dict, dict]:
+        w = workload or self.s.workload
+        d = os.path.join(self.runs_dir, label)
+        os.makedirs(d, exist_ok=True)
+        path = os.path.join(d, f"rep{k}.json")
+        rec = os.path.join(d, f"rep{k}.jsonl")
+        code, out, err = self.tools.call("bench_stream", *w.bench_args, "--seed", str(w.seed + k), "-q", "--records", rec, "-o", path)
+        if code == ExitCode.INTERRUPTED:
+            raise KeyboardInterrupt
+        if code != 0:
+            raise VkitError(f"bench_stream failed (exit {code}): {err.strip()[-300:]}", ExitCode.UNAVAILABLE if code == 4 else code)
+        doc = json.loads(out)
+        ccode, cout, _ = self.tools.call("check_invariants", path, "--records", rec)
+        try:
+            check = json.loads(cout)
+        except ValueError:
+            check = {}
+        check_brief = {"code": ccode, "verdict": check.get("verdict"), "findings": check.get("findings")}
+        return _rel(path, self.sf.dir), doc, check_brief
+
+    def gate(self, baseline: list[str], candidate: list[str], fresh: bool = False, selected_from: int = 1,
+             primary: str | None = None, guards: list[str] | None = None) -> dict:
+        argv = ["-q", "--baseline", *[self._abs(p) for p in baseline]]
+        argv += ["--fresh" if fresh else "--candidate", *[self._abs(p) for p in candidate]]
+        argv += ["--primary", primary or self.s.primary, "--selected-from", str(selected_from)]
+        for g in guards if guards is not None else self.s.guards:
+            argv += ["--guard", g]
+        # σ pooled from this run's baseline repeats, for the primary and every guard (normal-mixture sequences)
+        sig = (self.sf.read().get("sigma_baseline") or {})
+        for spec in [primary or self.s.primary, *(guards if guards is not None else self.s.guards)]:
+            m = spec.split(":")[0]
+            if isinstance(sig.get(m), (int, float)) and 0 < sig[m] < 1:
+                argv += ["--sigma", f"{m}={sig[m]}"]
+        code, out, err = self.tools.call("gate", *argv)
+        try:
+            res = json.loads(out)
+        except ValueError:
+            res = {"decision": "invalid", "why": err.strip().splitlines()[-1] if err.strip() else f"gate exit {code}"}
+        res["exit_code"] = code
+        return res
+
+    # -- BASELINE -------------------------------------------------------------
+    def baseline(self, force: bool = False, workload: Workload | None = None, key: str = "baseline") -> dict:
+        """Measure the kept configuration N times (resumable); σ_baseline into the state."""
+        w = workload or self.s.workload
+        st = self.sf.read()
+        b = st.get(key)
+        kept = st["kept"]["config"]
+        if b and not force and b.get("config") == kept and b.get("workload") == w.describe() and len(b.get("runs", [])) >= self.s.baseline_repeats:
+            return b
+        if force or not b or b.get("config") != kept or b.get("workload") != w.describe():
+            gen = (b or {}).get("generation", 0) + 1
+            b = {"config": kept, "workload": w.describe(), "runs": [], "checks": [], "generation": gen, "started": now_iso()}
+            with self.sf.transaction() as s2:
+                s2[key] = b
+        self.restore_kept(fresh=not b["runs"])
+        label = f"{key}-g{b['generation']}"
+        while len(b["runs"]) < self.s.baseline_repeats:
+            k = len(b["runs"]) + 1
+            path, doc, check = self.measure(label, k, w)
+            if check["code"] == ExitCode.INVALID:
+                raise Rejected(f"the baseline measurement {path} is invalid ({', '.join(check.get('findings') or [])}): fix the gauge first")
+            b["runs"].append(path)
+            b["checks"].append(check)
+            self.progress(f"{key} {k}/{self.s.baseline_repeats}: {doc['output_throughput']:.0f} out tok/s, "
+                          f"P95 TTFT {doc['p95_ttft_ms']:.0f} ms" + ("" if check["code"] == 0 else f"  [{check['verdict']}: {', '.join(check.get('findings') or [])}]"))
+            with self.sf.transaction() as s2:
+                s2[key] = b
+        docs = [self.load(p) for p in b["runs"]]
+        sig = {}
+        for m in KEY_METRICS:
+            vals = [d.get(m) for d in docs if isinstance(d.get(m), (int, float)) and d.get(m) > 0]
+            if len(vals) >= 2:
+                sig[m] = float(np.std(np.log(vals), ddof=1))
+        b["metrics"] = aggregate(docs)
+        b["sigma"] = sig
+        with self.sf.transaction() as s2:
+            s2[key] = b
+            if key == "baseline":
+                s2["sigma_baseline"] = sig
+                s2["kept"]["repeats"] = list(b["runs"])
+        self.log("baseline", key=key, config=kept, runs=b["runs"], sigma=sig, metrics=b["metrics"])
+        return b
+
+    # -- a trial ----------------------------------------------------------------
+    def new_trial(self, step: str, config: dict, reason: str, audit: dict | None = None) -> dict:
+        with self.sf.transaction() as st:
+            n = len(st["trials"]) + 1
+            kept = st["kept"]["config"]
+            t = {"id": f"t{n:03d}", "step": step, "config": dict(config),
+                 "changes": {k: v for k, v in config.items() if kept.get(k) != v},
+                 "status": "proposed", "runs": [], "checks": [], "valid": None, "metrics": {}, "verdict": None,
+                 "why": reason, "kept": False, "decision_id": None, "proposal": audit or {}, "started": now_iso()}
+            st["trials"].append(t)
+        self.log("propose", trial=t["id"], step=step, config=config, reason=reason, audit=audit or {})
+        return t
+
+    def run_trial(self, tid: str, baseline_key: str = "baseline", workload: Workload | None = None,
+                  primary: str | None = None, guards: list[str] | None = None) -> dict:
+        """APPLY → VERIFY → VALIDATE → GATE (screening), resuming from the recorded phase."""
+        t = self.trial(tid)
+        if t["status"] in ("done", "start_failed", "eliminated", "invalid"):
+            return t
+        b = self.sf.read().get(baseline_key)  # None before BASELINE (step 1): measured, not gated
+        if t["status"] == "proposed":
+            self.progress(f"{tid} step {t['step']}: apply {' '.join(to_serve_flags(t['changes'])) or '(kept)'}")
+            ok, res = self.apply(t["config"], fresh=True)
+            if not ok:
+                diag = res.get("diagnosis") or {}
+                return self.update_trial(tid, status="start_failed", valid=False, verdict="reject", finished=now_iso(),
+                                         why=f"start failed: {diag.get('quote') or res.get('message')}", diagnosis=diag)
+            t = self.update_trial(tid, status="applied", startup=res.get("startup") or {})
+        else:
+            ok, res = self.apply(t["config"])  # resumed: make sure it is what runs
+            if not ok:
+                diag = res.get("diagnosis") or {}
+                return self.update_trial(tid, status="start_failed", valid=False, verdict="reject", finished=now_iso(),
+                                         why=f"start failed: {diag.get('quote') or res.get('message')}", diagnosis=diag)
+        base_docs = [self.load(p) for p in b["runs"]] if b else []
+        base_tp = gmean([d["output_throughput"] for d in base_docs]) or 0.0
+        sig_tp = ((b or {}).get("sigma") or {}).get("output_throughput", 0.02)
+        while len(t["runs"]) < self.s.screen_repeats:
+            k = len(t["runs"]) + 1
+            path, doc, check = self.measure(tid, k, workload)
+            t["runs"].append(path)
+            t["checks"].append(check)
+            t = self.update_trial(tid, runs=t["runs"], checks=t["checks"])
+            self.progress(f"{tid} run {k}: {doc['output_throughput']:.0f} out tok/s, P95 TTFT {doc['p95_ttft_ms']:.0f} ms"
+                          + ("" if check["code"] == 0 else f"  [{check['verdict']}: {', '.join(check.get('findings') or [])}]"))
+            if check["code"] == ExitCode.INVALID:
+                return self.update_trial(tid, status="invalid", valid=False, verdict=None, finished=now_iso(),
+                                         metrics=summary_metrics(doc),
+                                         why=f"invalid measurement ({', '.join(check.get('findings') or [])}): no verdict")
+            cut = max(4 * sig_tp, self.s.eliminate_below)
+            if k == 1 and base_tp and doc["output_throughput"] < base_tp * (1 - cut):
+                return self.update_trial(tid, status="eliminated", valid=True, verdict="reject", finished=now_iso(),
+                                         metrics=summary_metrics(doc),
+                                         why=f"eliminated after 1 run: {doc['output_throughput'] / base_tp - 1:+.1%} throughput vs the "
+                                             f"baseline, beyond -{cut:.0%}; no full repeats for a clearly worse candidate")
+        docs = [self.load(p) for p in t["runs"]]
+        valid = all(c["code"] == 0 for c in t["checks"])
+        if not b:
+            return self.update_trial(tid, status="done", valid=valid, metrics=aggregate(docs), verdict=None,
+                                     why=t.get("why") or "measured; no baseline yet to gate against", finished=now_iso())
+        g = self.gate(b["runs"], t["runs"], primary=primary, guards=guards)
+        verdict = g.get("decision")
+        why = g.get("why") or ""
+        return self.update_trial(tid, status="done", valid=valid, metrics=aggregate(docs), verdict=verdict, why=why,
+                                 gate={k: g.get(k) for k in ("decision", "why", "primary", "more_runs", "warnings", "exit_code")},
+                                 finished=now_iso())
+
+    # -- CONFIRM + KEEP ---------------------------------------------------------
+    def confirm_and_keep(self, tid: str, selected_from: int, workload: Workload | None = None,
+                         primary: str | None = None, guards: list[str] | None = None) -> dict:
+        """Fresh interleaved runs of trial ``tid``'s configuration against the kept one (B A A B blocks),
+        gated with --fresh --selected-from K; an accept is kept (a gate decision, logged)."""
+        t = self.trial(tid)
+        st = self.sf.read()
+        conf = next((c for c in st.get("confirmations", []) if c["trial_id"] == tid), None)
+        if conf is None:
+            conf = {"trial_id": tid, "step": t["step"], "config": t["config"], "selected_from": selected_from,
+                    "a_runs": [], "b_runs": [], "decision": None, "started": now_iso(), "sequence": []}
+            with self.sf.transaction() as s2:
+                s2.setdefault("confirmations", []).append(conf)
+        if conf.get("decision") in ("accept", "reject", "kept", "start_failed"):
+            return conf
+        kept_cfg = dict(st["kept"]["config"])
+        pattern = ["B", "A", "A", "B"]
+        label = f"confirm-{tid}"
+        decision = None
+        g: dict = {}
+        for block in range(self.s.confirm_blocks):
+            for j, arm in enumerate(pattern):
+                if block * 4 + j < len(conf["sequence"]):
+                    continue  # measured before an interruption
+                cfg = t["config"] if arm == "B" else kept_cfg
+                prev = conf["sequence"][-1] if conf["sequence"] else None
+                ok, res = self.apply(cfg, fresh=prev != arm)
+                if not ok:
+                    conf["decision"] = "start_failed"
+                    self._save_conf(conf)
+                    return conf
+                k = len(conf["b_runs" if arm == "B" else "a_runs"]) + 1
+                path, doc, check = self.measure(f"{label}-{arm}", k, workload)
+                if check["code"] == ExitCode.INVALID:
+                    conf["decision"] = "invalid"
+                    conf["why"] = f"invalid confirmation run {path}"
+                    self._save_conf(conf)
+                    return conf
+                conf["b_runs" if arm == "B" else "a_runs"].append(path)
+                conf["sequence"].append(arm)
+                self._save_conf(conf)
+                self.progress(f"confirm {tid} {arm}{k}: {doc['output_throughput']:.0f} out tok/s, P95 TTFT {doc['p95_ttft_ms']:.0f} ms")
+            g = self.gate(conf["a_runs"], conf["b_runs"], fresh=True, selected_from=selected_from, primary=primary, guards=guards)
+            decision = g.get("decision")
+            self.progress(f"confirm {tid} after {len(conf['b_runs'])} pairs: {decision} — {g.get('why')}")
+            if decision in ("accept", "reject", "invalid"):
+                break
+        conf["decision"] = decision
+        conf["gate"] = {k: g.get(k) for k in ("decision", "why", "primary", "guards", "more_runs", "warnings", "design", "exit_code")}
+        conf["why"] = g.get("why")
+        self._save_conf(conf)
+        if decision == "accept":
+            ok, _ = self.apply(t["config"])
+            if not ok:
+                conf["decision"] = "start_failed"
+                self._save_conf(conf)
+                return conf
+            lc = Lifecycle(self.sf, self.tool_name, self.owner, progress=self.progress)
+            did = lc.keep(reason=f"gate accepted {tid} on fresh interleaved runs: {g.get('why')}", decision="gate")
+            conf["decision"] = "kept"
+            conf["decision_id"] = did
+            self._save_conf(conf)
+            self.update_trial(tid, kept=True, decision_id=did)
+            self.progress(f"KEEP {tid}: {' '.join(to_serve_flags(t['changes']))} ({did})")
+        else:
+            self.progress(f"REVERT: {tid} not kept ({decision}): {g.get('why')}")
+        return conf
+
+    def _save_conf(self, conf: dict) -> None:
+        with self.sf.transaction() as st:
+            lst = st.setdefault("confirmations", [])
+            for i, c in enumerate(lst):
+                if c["trial_id"] == conf["trial_id"]:
+                    lst[i] = conf
+                    break
+            else:
+                lst.append(conf)
+
+    # -- drift sentinel -----------------------------------------------------------
+    def sentinel(self) -> dict:
+        """Re-measure the kept configuration once and look for a level change in its series."""
+        from vkit.drift import detect
+
+        self.restore_kept(fresh=True)
+        st = self.sf.read()
+        series = list((st.get("kept") or {}).get("repeats") or [])
+        k = len(series) + 1
+        path, doc, check = self.measure("sentinel", k)
+        series.append(path)
+        with self.sf.transaction() as s2:
+            s2["kept"]["repeats"] = series
+        vals = [self.load(p)["output_throughput"] for p in series]
+        sig = (st.get("sigma_baseline") or {}).get("output_throughput")
+        res = detect(vals, sigma=sig if sig and 0 < sig < 1 else None)
+        out = {"runs": len(vals), "changed": bool(res.get("changed")), "shift": res.get("shift"),
+               "why": res.get("why") or res.get("verdict"), "last": doc["output_throughput"]}
+        with self.sf.transaction() as s2:
+            s2.setdefault("drift_checks", []).append(dict(out, ts=now_iso()))
+        self.log("drift_check", **out)
+        return out
+
+
+@contextlib.contextmanager
+def lease_env(owner: str):
+    """Hand the run's lease down to the tools it calls."""
+    old = os.environ.get("VKIT_LEASE_OWNER")
+    os.environ["VKIT_LEASE_OWNER"] = owner
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("VKIT_LEASE_OWNER", None)
+        else:
+            os.environ["VKIT_LEASE_OWNER"] = old
+
+
+def elapsed(t0: float) -> str:
+    return f"{time.time() - t0:.0f} s"

@@ -1,0 +1,315 @@
+"""The tuning order of seed 000, driven through the per-trial state machine of ``vkit.runner``.
+
+Step 1 max-model-len (start-up success, KV capacity, TTFT stability) → frozen; step 2
+max-num-batched-tokens with max-num-seqs fixed; step 3 max-num-seqs at the best budget with
+knee detection; step 4 a small grid around the knee; step 5 behaviour flags as a validation
+on a mixed long/short workload. Each step screens its candidates, then re-confirms its winner
+on fresh interleaved runs with the gate before keeping it (the winner's curse). ``bo`` mode
+replaces steps 2–4 by Bayesian optimisation over the same parameters.
+
+Stop rules are quantified and recorded with each step. Library only: progress goes to the
+callback, nothing is printed.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+from vkit import search
+from vkit.errors import ExitCode, Rejected, VkitError
+from vkit.lifecycle import Lifecycle
+import shlex
+
+from vkit.launcher import serve_argv
+from vkit.policy import Policy, to_serve_flags
+from vkit.runner import Runner, Workload, aggregate
+from vkit.state import now_iso
+
+OBJECTIVES = [search.Objective("output_throughput", "max"), search.Objective("p95_ttft_ms", "min")]
+STEP_NAMES = {"1": "max-model-len", "2": "max-num-batched-tokens", "3": "max-num-seqs", "4": "grid around the knee",
+              "5": "behaviour flags (validation)", "bo": "Bayesian optimisation"}
+
+
+def observations(runner: Runner, steps: tuple[str, ...] | None = None) -> list[search.Observation]:
+    """Finished trials as the search sees them (screening means; infeasible when they did not start)."""
+    st = runner.sf.read()
+    slo = runner.s.slo
+    out = []
+    for t in st["trials"]:
+        if steps is not None and t["step"] not in steps:
+            continue
+        if t["status"] not in ("done", "eliminated", "start_failed", "invalid"):
+            continue
+        feasible = t["status"] in ("done", "eliminated") and t.get("valid") is not False
+        obj = {o.name: t["metrics"].get(o.name) for o in OBJECTIVES if t["metrics"].get(o.name) is not None}
+        if feasible and len(obj) < len(OBJECTIVES):
+            feasible = False
+        slo_ok = None
+        if feasible and slo:
+            slo_ok = all(obj.get(k, math.inf) <= v for k, v in slo.items() if k in obj)
+        reps = []
+        for p in t.get("runs") or []:
+            try:
+                d = runner.load(p)
+                reps.append({o.name: d.get(o.name) for o in OBJECTIVES})
+            except (OSError, ValueError):
+                continue
+        out.append(search.Observation(config=dict(t["config"]), objectives=obj, repeats=reps, feasible=feasible,
+                                      slo_ok=slo_ok, step=t["step"], trial_id=t["id"]))
+    return out
+
+
+def _finished(runner: Runner, step: str) -> dict | None:
+    for s in runner.sf.read().get("steps", []):
+        if s["step"] == step and s.get("finished"):
+            return s
+    return None
+
+
+def _record_step(runner: Runner, rec: dict) -> None:
+    with runner.sf.transaction() as st:
+        steps = st.setdefault("steps", [])
+        for i, s in enumerate(steps):
+            if s["step"] == rec["step"]:
+                steps[i] = rec
+                break
+        else:
+            steps.append(rec)
+
+
+def _open_trial(runner: Runner, step: str) -> dict | None:
+    """A trial of this step that an interruption left unfinished."""
+    for t in runner.sf.read()["trials"]:
+        if t["step"] == step and t["status"] in ("proposed", "applied"):
+            return t
+    return None
+
+
+def guard_anomalies(runner: Runner) -> None:
+    """Seed: a baseline with an invariant anomaly (e.g. prefill slower than decode) blocks steps 2–4:
+    fix the path first — headroom is not a reason to use it now."""
+    b = runner.sf.read().get("baseline") or {}
+    bad = [c for c in b.get("checks", []) if c.get("code") not in (0, None)]
+    if bad:
+        f = sorted({x for c in bad for x in (c.get("findings") or [])})
+        raise Rejected(
+            f"the baseline has invariant anomalies ({', '.join(f)}): fix the serving path before tuning throughput "
+            "(steps 2–4 are blocked; run check_invariants on the baseline runs for the explanation)"
+        )
+
+
+def run_step1(runner: Runner, candidates: list[int], need_len: int, target_concurrency: int,
+              progress: Callable[[str], None]) -> dict:
+    """max-model-len: the smallest candidate >= the business length (plus margin) that starts,
+    has room for the target concurrency and a stable TTFT; then frozen."""
+    done = _finished(runner, "1")
+    if done:
+        return done
+    st = runner.sf.read()
+    frozen = st.get("frozen") or {}
+    if "max_model_len" in frozen:
+        rec = {"step": "1", "name": STEP_NAMES["1"], "finished": now_iso(), "chosen": frozen["max_model_len"],
+               "stop_rule": f"max_model_len already frozen at {frozen['max_model_len']}"}
+        _record_step(runner, rec)
+        return rec
+    cands = sorted(c for c in candidates if c >= need_len)
+    if not cands:
+        raise VkitError(f"no max-model-len candidate is >= the business length {need_len}", ExitCode.USAGE)
+    chosen, notes = None, []
+    for L in cands:
+        t = next((x for x in runner.sf.read()["trials"] if x["step"] == "1" and x["config"].get("max_model_len") == L), None)
+        if t is None:
+            t = runner.new_trial("1", dict(runner.sf.read()["kept"]["config"], max_model_len=L),
+                                 f"max-model-len {L}: starts? KV capacity for {target_concurrency} sequences? TTFT stable?")
+        if t["status"] in ("proposed", "applied"):
+            saved = runner.s.screen_repeats
+            runner.s.screen_repeats = 2
+            try:
+                t = runner.run_trial(t["id"])
+            finally:
+                runner.s.screen_repeats = saved
+        if t["status"] == "start_failed":
+            notes.append(f"{L}: does not start ({(t.get('diagnosis') or {}).get('kind')})")
+            continue
+        su = t.get("startup") or {}
+        cap = su.get("kv_cache_tokens")
+        conc = (cap / L) if cap else None
+        docs = [runner.load(p) for p in t.get("runs") or []]
+        stab = max((d["p95_ttft_ms"] / d["mean_ttft_ms"] for d in docs if d.get("mean_ttft_ms")), default=None)
+        ok = t["status"] == "done" and (conc is None or conc >= target_concurrency)
+        notes.append(f"{L}: starts, KV {cap} tokens = {conc:.1f} full-length sequences, P95/mean TTFT {stab:.2f}" if cap and stab
+                     else f"{L}: {t['status']}")
+        runner.update_trial(t["id"], why=notes[-1])
+        if ok:
+            chosen = L
+            break
+    if chosen is None:
+        raise Rejected("no max-model-len candidate starts with room for the target concurrency: " + "; ".join(notes))
+    kept = runner.sf.read()["kept"]["config"]
+    if kept.get("max_model_len") != chosen:
+        runner.apply(dict(kept, max_model_len=chosen))
+        lc = Lifecycle(runner.sf, runner.tool_name, runner.owner, progress=progress)
+        did = lc.keep(reason=f"step 1: max-model-len {chosen} is the smallest candidate >= {need_len} that starts with room "
+                             f"for {target_concurrency} sequences (a business decision, frozen from now on)", decision="step1")
+        t1 = next(x for x in runner.sf.read()["trials"] if x["step"] == "1" and x["config"].get("max_model_len") == chosen)
+        runner.update_trial(t1["id"], kept=True, decision_id=did)
+    with runner.sf.transaction() as s2:
+        s2.setdefault("frozen", {})["max_model_len"] = chosen
+    rec = {"step": "1", "name": STEP_NAMES["1"], "finished": now_iso(), "chosen": chosen, "notes": notes,
+           "stop_rule": f"smallest candidate >= {need_len} tokens that starts with KV room for {target_concurrency} sequences: {chosen}; frozen"}
+    _record_step(runner, rec)
+    runner.log("freeze", param="max_model_len", value=chosen, notes=notes)
+    progress(f"step 1: max_model_len {chosen} frozen ({'; '.join(notes)})")
+    return rec
+
+
+def run_screening_step(runner: Runner, step: str, proposer: Callable[[list], Any], progress: Callable[[str], None],
+                       budget: int, stop_text: Callable[[list], str]) -> dict:
+    """Propose → trial (APPLY/VERIFY/VALIDATE/GATE-screen) until the proposer is done or the budget is
+    spent; then confirm the best screened candidate (fresh, interleaved) and KEEP it or REVERT."""
+    done = _finished(runner, step)
+    if done:
+        return done
+    n = 0
+    while True:
+        open_t = _open_trial(runner, step)
+        if open_t is not None:
+            runner.run_trial(open_t["id"])
+            n += 1
+            continue
+        hist = observations(runner, (step,))
+        if len(hist) >= budget:
+            stop = f"budget of {budget} trials for step {step} spent"
+            break
+        everything = observations(runner)
+        prop = proposer(everything)
+        if prop is None:
+            stop = stop_text(everything)
+            break
+        t = runner.new_trial(step, prop.config, prop.reason, prop.audit)
+        runner.run_trial(t["id"])
+        n += 1
+    hist = observations(runner, (step,))
+    best = _best_screened(runner, step)
+    rec: dict[str, Any] = {"step": step, "name": STEP_NAMES.get(step, step), "trials": [h.trial_id for h in hist], "stop_rule": stop}
+    if best is None:
+        rec["result"] = "no candidate beat the kept configuration on screening; nothing to confirm"
+    else:
+        k = max(1, len([h for h in hist if h.feasible]))
+        conf = runner.confirm_and_keep(best["id"], selected_from=k)
+        rec["confirmed"] = {"trial_id": best["id"], "decision": conf.get("decision"), "why": conf.get("why")}
+        rec["result"] = (f"kept {best['id']} ({' '.join(to_serve_flags(best['changes']))})" if conf.get("decision") == "kept"
+                         else f"best screened {best['id']} not kept: {conf.get('decision')} — {conf.get('why')}")
+    runner.restore_kept()
+    rec["finished"] = now_iso()
+    _record_step(runner, rec)
+    progress(f"step {step} done: {rec['result']}; stop rule: {stop}")
+    return rec
+
+
+def _best_screened(runner: Runner, step: str) -> dict | None:
+    """The step's candidate with the highest screening throughput among those the screening gate did
+    not reject and that meet the SLO."""
+    slo = runner.s.slo
+    best = None
+    for t in runner.sf.read()["trials"]:
+        if t["step"] != step or t["status"] != "done" or not t.get("valid") or t.get("verdict") not in ("accept", "undecided"):
+            continue
+        m = t["metrics"]
+        if any(m.get(k, math.inf) > v for k, v in slo.items()):
+            continue
+        if best is None or m.get("output_throughput", 0) > best["metrics"].get("output_throughput", 0):
+            best = t
+    return best
+
+
+def staged_proposer(runner: Runner, policy: Policy, step: str) -> tuple[Callable, Callable]:
+    st = runner.sf.read()
+    names = ["max_num_batched_tokens", "max_num_seqs"]
+    space = search.space_from_policy(policy, names, frozen=st.get("frozen") or {})
+    conc = _concurrency(runner.s.workload)
+    plan = search.StagedPlan(space, dict(st["kept"]["config"]), OBJECTIVES, runner.s.slo or None, steps=(step,), load_concurrency=conc)
+    return plan.next, plan.stop_reason
+
+
+def bo_proposer(runner: Runner, policy: Policy, budget: int, seed: int) -> tuple[Callable, Callable]:
+    st = runner.sf.read()
+    space = search.space_from_policy(policy, ["max_num_batched_tokens", "max_num_seqs"], frozen=st.get("frozen") or {})
+    base = dict(st["kept"]["config"])
+
+    def nxt(hist):
+        return search.propose("bo", space, [h for h in hist if h.step == "bo"], base, OBJECTIVES, runner.s.slo or None, budget, seed)
+
+    return nxt, lambda hist: f"Bayesian optimisation finished after {len(hist)} evaluations"
+
+
+def run_step5(runner: Runner, mixed: Workload, progress: Callable[[str], None]) -> dict:
+    """Behaviour flags as a validation on a mixed long/short workload: flipping each production flag
+    must not buy P99 TTFT with a throughput loss; a flip is kept only if the gate accepts it."""
+    done = _finished(runner, "5")
+    if done:
+        return done
+    runner.baseline(workload=mixed, key="baseline_mixed")
+    kept = runner.sf.read()["kept"]["config"]
+    flips = [("enable_chunked_prefill", not kept.get("enable_chunked_prefill", True)),
+             ("enable_prefix_caching", not kept.get("enable_prefix_caching", True)),
+             ("scheduling_policy", "priority" if kept.get("scheduling_policy", "fcfs") == "fcfs" else "fcfs")]
+    primary, guards = "p99_ttft_ms:-", ["output_throughput:+:5%"]
+    for name, value in flips:
+        cfg = dict(runner.sf.read()["kept"]["config"], **{name: value})
+        t = next((x for x in runner.sf.read()["trials"] if x["step"] == "5" and x["config"] == cfg), None)
+        if t is None:
+            t = runner.new_trial("5", cfg, f"validate {name}={value} on the mixed workload: P99 TTFT, throughput loss <= 5%")
+        runner.run_trial(t["id"], baseline_key="baseline_mixed", workload=mixed, primary=primary, guards=guards)
+    trials = [t for t in runner.sf.read()["trials"] if t["step"] == "5"]
+    best = None
+    for t in trials:
+        if t["status"] == "done" and t.get("valid") and t.get("verdict") == "accept":
+            if best is None or t["metrics"].get("p99_ttft_ms", math.inf) < best["metrics"].get("p99_ttft_ms", math.inf):
+                best = t
+    rec: dict[str, Any] = {"step": "5", "name": STEP_NAMES["5"], "trials": [t["id"] for t in trials],
+                           "stop_rule": f"all {len(flips)} behaviour flags validated on the mixed workload"}
+    if best is not None:
+        conf = runner.confirm_and_keep(best["id"], selected_from=len(trials), workload=mixed, primary=primary, guards=guards)
+        rec["confirmed"] = {"trial_id": best["id"], "decision": conf.get("decision"), "why": conf.get("why")}
+        rec["result"] = f"{best['id']} {conf.get('decision')}"
+    else:
+        rec["result"] = "the production defaults hold: no flip improved P99 TTFT without costing throughput"
+    runner.restore_kept()
+    rec["finished"] = now_iso()
+    _record_step(runner, rec)
+    progress(f"step 5 done: {rec['result']}")
+    return rec
+
+
+def deliver(runner: Runner, goal: dict) -> dict:
+    """3–5 Pareto configurations with dominance rates, the knee, the recommendation, the flags."""
+    st = runner.sf.read()
+    hist = [h for h in observations(runner) if h.step in ("2", "3", "4", "bo")]
+    b = st.get("baseline") or {}
+    kept = st["kept"]["config"]
+    # the kept configuration (confirmed) is always a candidate for delivery
+    if b.get("metrics"):
+        hist.append(search.Observation(config=dict(kept), objectives={o.name: b["metrics"].get(o.name) for o in OBJECTIVES},
+                                       repeats=[], feasible=True, slo_ok=None, step="kept", trial_id="kept"))
+    out = search.deliver(hist, OBJECTIVES, goal) if hist else {"front": [], "knee": None, "recommendation": None}
+    confirmed = {c["trial_id"] for c in st.get("confirmations", []) if c.get("decision") == "kept"}
+    launch = st["service"]["launch"].get("argv") or []
+    pareto = []
+    for p in out.get("front", []):
+        cfg = p.get("config") or {}
+        pareto.append(dict(p, metrics=p.get("objectives"), serve_flags=to_serve_flags(cfg),
+                           confirmed=p.get("trial_id") in confirmed or p.get("trial_id") == "kept"))
+    out["pareto"] = pareto
+    # The recommendation is the kept configuration: the only one confirmed on fresh interleaved runs.
+    kept_trial = next((t["id"] for t in reversed(st["trials"]) if t.get("kept") and t["config"] == kept), "kept")
+    searched = out.get("recommendation") or {}
+    rec = {"config": dict(kept), "trial_id": kept_trial, "decision_id": st["kept"].get("decision_id"),
+           "serve_flags": to_serve_flags(kept), "serve_command": shlex.join(serve_argv(st["service"]["launch"], kept)),
+           "why": "the kept configuration: every change in it was accepted by the gate on fresh, interleaved runs "
+                  "against the configuration it replaced",
+           "search_pick": {"trial_id": searched.get("trial_id"), "config": searched.get("config"), "why": searched.get("why")}}
+    out["recommendation"] = rec
+    _ = launch
+    return out
