@@ -132,3 +132,18 @@ def test_tune_needs_confirmation_mode(svc):
     init(svc)
     r = call("tune", "--steps", "2")
     assert r.code == 2 and "--sandbox" in r.err
+
+
+def test_bo_mode_and_replay_of_its_proposals(svc):
+    init(svc, "max_num_seqs=4", "max_num_batched_tokens=2048")
+    r = call("tune", *FAST, "--steps", "2", "--mode", "bo", "--budget", "4", "--json", "--report-dir", str(svc["dir"] / "rep"))
+    assert r.code == 0, r.err[-3000:]
+    st = svc["sf"].read()
+    bo = [t for t in st["trials"] if t["step"] == "bo"]
+    assert 1 <= len(bo) <= 4
+    assert len({json.dumps(t["config"], sort_keys=True) for t in bo}) == len(bo)  # never the same config twice
+    log = os.path.join(os.path.dirname(svc["state"]), "decisions.jsonl")
+    r = call("sweep", "--replay", log)
+    assert r.code == 0, r
+    out = json.loads(r.out)
+    assert out["proposals"] == len(bo) and out["identical"] == len(bo)

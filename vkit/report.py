@@ -23,18 +23,17 @@ Nothing here prints or exits; ``write_report`` raises ``ReportWriteError`` with 
 
 from __future__ import annotations
 
-import contextlib
 import html
 import json
 import math
 import os
 import re
 import shlex
-import tempfile
 import textwrap
 from typing import Any, Iterable, Sequence
 
-from vkit.errors import Unavailable
+from vkit.errors import StateWriteError, Unavailable
+from vkit.state import atomic_write_text
 
 SCHEMA = "vkit.tune/1"
 BANNER = "SIMULATED server: figures are simulated, not measured"
@@ -1327,24 +1326,11 @@ def render_terminal(result: dict, width: int = 78, color: bool = False) -> str:
 
 
 def _atomic_write(path: str, text: str) -> None:
-    d = os.path.dirname(os.path.abspath(path))
-    tmp = None
+    """vkit's one atomic writer (temp file beside it, fsync, replace), with the report's advice."""
     try:
-        fd, tmp = tempfile.mkstemp(dir=d, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
-        os.fchmod(fd, 0o644)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        tmp = None
-    except OSError as e:
-        reason = os.strerror(e.errno) if e.errno else str(e)
-        raise ReportWriteError(f"could not write {path}: {reason}; choose a writable report directory") from e
-    finally:
-        if tmp is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
+        atomic_write_text(path, text)
+    except StateWriteError as e:
+        raise ReportWriteError(f"{e}; choose a writable report directory") from e
 
 
 def write_report(result: dict, out_dir: str) -> dict:

@@ -14,16 +14,15 @@ callback, nothing is printed.
 from __future__ import annotations
 
 import math
+import shlex
 from typing import Any, Callable
 
 from vkit import search
 from vkit.errors import ExitCode, Rejected, VkitError
-from vkit.lifecycle import Lifecycle
-import shlex
-
 from vkit.launcher import serve_argv
+from vkit.lifecycle import Lifecycle
 from vkit.policy import Policy, to_serve_flags
-from vkit.runner import Runner, Workload, aggregate
+from vkit.runner import Runner, Workload
 from vkit.state import now_iso
 
 OBJECTIVES = [search.Objective("output_throughput", "max"), search.Objective("p95_ttft_ms", "min")]
@@ -239,7 +238,11 @@ def bo_proposer(runner: Runner, policy: Policy, budget: int, seed: int) -> tuple
     base = dict(st["kept"]["config"])
 
     def nxt(hist):
-        return search.propose("bo", space, [h for h in hist if h.step == "bo"], base, OBJECTIVES, runner.s.slo or None, budget, seed)
+        mine = [h for h in hist if h.step == "bo"]
+        prop = search.propose("bo", space, mine, base, OBJECTIVES, runner.s.slo or None, budget, seed)
+        if prop is not None:  # the inputs go into the decision log, so `sweep --replay` can re-derive the proposal
+            prop.audit["replay"] = search.log_record("bo", space, mine, base, OBJECTIVES, runner.s.slo or None, budget, seed, prop)
+        return prop
 
     return nxt, lambda hist: f"Bayesian optimisation finished after {len(hist)} evaluations"
 
@@ -313,3 +316,8 @@ def deliver(runner: Runner, goal: dict) -> dict:
     out["recommendation"] = rec
     _ = launch
     return out
+
+
+def _concurrency(w: Workload) -> int | None:
+    a = w.bench_args
+    return int(a[a.index("--max-concurrency") + 1]) if "--max-concurrency" in a else None

@@ -72,19 +72,36 @@ def parent_parser(for_subcommand: bool = False) -> argparse.ArgumentParser:
 
 def add_subcommand(sub, name: str, help: str, description: str | None = None, examples: Iterable[str] = (), exit_codes=None):
     """A subcommand parser that also takes the common flags and lists the exit codes."""
-    epilog = ""
-    ex = list(examples)
-    if ex:
-        epilog += "Examples:\n" + "\n".join(f"  {e}" for e in ex) + "\n\n"
-    epilog += exit_codes_epilog(exit_codes)
     return sub.add_parser(
         name,
         help=help,
         description=description or help,
-        epilog=epilog,
+        epilog=_epilog(examples, exit_codes),
         parents=[parent_parser(for_subcommand=True)],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+
+
+def int_at_least(lo: int) -> Callable[[str], int]:
+    """An argparse type: an integer >= ``lo`` ("invalid int value" as argparse says it)."""
+
+    def conv(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+        if v < lo:
+            raise argparse.ArgumentTypeError(f"must be >= {lo}, got {v}")
+        return v
+
+    conv.__name__ = f"int>={lo}"
+    return conv
+
+
+def _epilog(examples: Iterable[str], codes: Iterable[int] | None) -> str:
+    ex = list(examples)
+    head = ("Examples:\n" + "\n".join(f"  {e}" for e in ex) + "\n\n") if ex else ""
+    return head + exit_codes_epilog(codes)
 
 
 def exit_codes_epilog(codes: Iterable[int] | None = None) -> str:
@@ -104,15 +121,10 @@ def make_parser(
     **kwargs: Any,
 ) -> argparse.ArgumentParser:
     """A parser with the shared flags, an ``Examples:`` epilog and the exit codes."""
-    epilog = ""
-    ex = list(examples)
-    if ex:
-        epilog += "Examples:\n" + "\n".join(f"  {e}" for e in ex) + "\n\n"
-    epilog += exit_codes_epilog(exit_codes)
     return argparse.ArgumentParser(
         prog=prog,
         description=description,
-        epilog=epilog,
+        epilog=_epilog(examples, exit_codes),
         parents=[parent_parser()] if common else [],
         formatter_class=argparse.RawDescriptionHelpFormatter,
         **kwargs,

@@ -18,7 +18,7 @@ import sys
 import threading
 
 from vkit.bench import BenchConfig, run_bench
-from vkit.cli._common import IO, make_parser, run
+from vkit.cli._common import IO, int_at_least, make_parser, run
 from vkit.datasets import arrival_times, jsonl_requests, mixed_requests, random_requests
 from vkit.errors import ExitCode, UsageError
 from vkit.state import StateFile, atomic_write_text
@@ -38,24 +38,8 @@ def _rate(s: str) -> float:
     return v
 
 
-def _pos_int(s: str) -> int:
-    try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid int value: {s!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
-    return v
-
-
-def _nonneg_int(s: str) -> int:
-    try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid int value: {s!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {v}")
-    return v
+_pos_int = int_at_least(1)
+_nonneg_int = int_at_least(0)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import math
 
-from vkit.cli._common import IO, make_parser, run
+from vkit.cli._common import IO, int_at_least, make_parser, run
 from vkit.errors import ExitCode, UsageError
 from vkit.gate import (
     ACCEPT,
@@ -43,14 +43,7 @@ def _fraction(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number or a percentage such as 3%") from None
 
 
-def _pos_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be >= 1")
-    return v
+_pos_int = int_at_least(1)
 
 
 def build_parser() -> argparse.ArgumentParser:

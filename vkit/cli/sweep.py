@@ -96,15 +96,12 @@ def _replay(args: argparse.Namespace, io: IO) -> int:
         raise UsageError(f"no such decision log: {args.replay}") from None
     except json.JSONDecodeError as e:
         raise UsageError(f"{args.replay} is not JSON Lines ({e.msg})") from None
-    logged = [r for r in recs if r.get("event") == "propose" and (r.get("audit") or {}).get("replay")]
-    again = search.replay([r["audit"] for r in logged])
-    diffs = []
-    for rec, prop in zip(logged, again, strict=False):
-        if prop is None or prop.config != rec.get("config"):
-            diffs.append({"trial": rec.get("trial"), "logged": rec.get("config"), "replayed": None if prop is None else prop.config})
-    out = {"proposals": len(logged), "identical": len(logged) - len(diffs), "differences": diffs}
-    io.emit_json(out)
-    return ExitCode.OK if not diffs else ExitCode.REJECTED
+    records = [r["audit"]["replay"] for r in recs if r.get("event") == "propose" and (r.get("audit") or {}).get("replay")]
+    if not records:
+        raise UsageError(f"{args.replay} holds no replayable proposals (Bayesian-search proposals carry their inputs)")
+    bad = search.replay_mismatches(records)
+    io.emit_json({"proposals": len(records), "identical": len(records) - len(bad), "differences": bad})
+    return ExitCode.OK if not bad else ExitCode.REJECTED
 
 
 def main(argv: list[str] | None = None, stdout=None, stderr=None) -> int:

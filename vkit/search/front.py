@@ -197,16 +197,29 @@ def dominance_rate(history: list[Observation], objectives: list[Objective]) -> d
     return {idx[i]: (float(dom[i].sum()) / (n - 1) if n > 1 else 0.0) for i in range(n)}
 
 
+def _log_repeats(o: Observation, metric: str) -> np.ndarray:
+    vals = [r.get(metric) for r in o.repeats]
+    return np.log([v for v in vals if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0])
+
+
 def pooled_log_sigma(history: list[Observation], metric: str) -> tuple[float, int]:
-    """(σ of log repeat values pooled over observations with ≥ 2 repeats, degrees of freedom)."""
-    ss, df = 0.0, 0
+    """(σ of the log repeat values pooled within configurations, degrees of freedom).
+
+    Configurations whose own variance exceeds 10 × the median one (a P95 caught by a tail
+    event; for normal repeats of 3 that happens about once in a thousand) are left out, so
+    one wild configuration does not widen every other's bound; it gets its own, larger
+    spread in :func:`constraint_bound`."""
+    rows = []
     for o in history:
-        vals = [r.get(metric) for r in o.repeats if isinstance(r.get(metric), (int, float)) and r.get(metric) > 0]
-        if len(vals) >= 2:
-            lv = np.log(vals)
-            ss += float(((lv - lv.mean()) ** 2).sum())
-            df += len(vals) - 1
-    return (math.sqrt(ss / df), df) if df else (0.0, 0)
+        lv = _log_repeats(o, metric)
+        if len(lv) >= 2:
+            rows.append((float(((lv - lv.mean()) ** 2).sum()), len(lv) - 1))
+    if not rows:
+        return 0.0, 0
+    med = float(np.median([ss / df for ss, df in rows]))
+    kept = [(ss, df) for ss, df in rows if ss / df <= 10.0 * med] or rows
+    ss, df = sum(r[0] for r in kept), sum(r[1] for r in kept)
+    return math.sqrt(ss / df), int(df)
 
 
 def _n_repeats(o: Observation, metric: str) -> int:
@@ -286,8 +299,8 @@ def _goal(goal: dict | None, objectives: list[Objective]) -> tuple[str, str, lis
 def constraint_bound(history: list[Observation], i: int, metric: str, upper: bool, confidence: float,
                      sigma_default: float = 0.0) -> float | None:
     """One-sided ``confidence`` bound of a config's metric (upper for a ceiling, lower for a
-    floor): log value ± t·σ_pooled/√n, σ pooled over the history's repeats (``sigma_default``
-    when there are none)."""
+    floor): log value ± t·σ/√n with σ the larger of the pooled σ (:func:`pooled_log_sigma`)
+    and the config's own repeat spread; ``sigma_default`` when nothing has repeats."""
     o = history[i]
     v = o.objectives.get(metric)
     if not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
@@ -297,6 +310,9 @@ def constraint_bound(history: list[Observation], i: int, metric: str, upper: boo
         sig, q = sigma_default, _sps.norm.ppf(confidence)
     else:
         q = _sps.t.ppf(confidence, df)
+        own = _log_repeats(o, metric)
+        if len(own) >= 2:
+            sig = max(sig, float(own.std(ddof=1)))
     half = q * sig / math.sqrt(_n_repeats(o, metric)) if confidence > 0.5 else 0.0
     return float(math.exp(math.log(v) + (half if upper else -half)))
 
