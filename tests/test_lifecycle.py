@@ -213,3 +213,47 @@ def test_post_start_verify_checks_and_exit_codes(env):
     assert r.code == 1 and "max_model_len is 4096" in r.out
     r = call("post_start_verify", "--url", "http://127.0.0.1:9", "--model", "sim-8b")
     assert r.code == 4
+
+
+START_HOOK = r"""
+import json, os, subprocess, sys
+flags = open(os.environ["VKIT_SERVE_FLAGS_FILE"]).read().split("\n")[:-1]
+assert flags == json.loads(os.environ["VKIT_SERVE_FLAGS"])
+argv = json.loads(sys.argv[1]) + flags
+p = subprocess.Popen(argv, stdout=open(sys.argv[2] + ".log", "ab"), stderr=subprocess.STDOUT, start_new_session=True)
+open(sys.argv[2], "w").write(str(p.pid))
+"""
+STOP_HOOK = r"""
+import os, signal, sys, time
+try:
+    pid = int(open(sys.argv[1]).read())
+    os.killpg(pid, signal.SIGTERM)
+    for _ in range(50):
+        os.kill(pid, 0); time.sleep(0.1)
+except (OSError, ValueError):
+    pass
+"""
+
+
+def test_hook_mode_like_systemd(tmp_path, monkeypatch):
+    """A start hook that launches the server and returns at once (systemctl start), a stop hook,
+    the flags passed as $VKIT_SERVE_FLAGS and a file: restart, failure and rollback all work."""
+    port = free_port()
+    st = str(tmp_path / "st" / "vkit.json")
+    monkeypatch.setenv("VKIT_STATE", st)
+    monkeypatch.setenv("VKIT_POLICY", make_test_policy(tmp_path))
+    pidfile = str(tmp_path / "server.pid")
+    start = [sys.executable, "-c", START_HOOK, json.dumps(sim_argv(port, "--max-model-len", "4096")), pidfile]
+    stop = [sys.executable, "-c", STOP_HOOK, pidfile]
+    r = call("state", "init", "--url", f"http://127.0.0.1:{port}", "--model", "sim-8b", "--stop-hook", json.dumps(stop), "--", *start)
+    assert r.code == 0, r
+    try:
+        assert rwr("--set", "max_num_seqs=64").code == 0
+        assert "'max_num_seqs': 64" in open(pidfile + ".log").read()
+        r = rwr("--set", "max_num_batched_tokens=1024", "--set", "enable_chunked_prefill=false")
+        assert r.code == 1, r
+        assert call("post_start_verify", "--url", f"http://127.0.0.1:{port}", "--model", "sim-8b").code == 0
+    finally:
+        subprocess.run(stop, timeout=30)
+    r = call("state", "init", "--url", "http://h:1", "--model", "m", "--force", "--stop-hook", "systemctl stop vllm", "--", "x")
+    assert r.code == 2 and "JSON list" in r.err

@@ -91,13 +91,16 @@ class Running:
     argv: list[str]
     started: float
     proc: subprocess.Popen | None = None
+    hook: bool = False  # started by a start hook (systemd, docker): the hook may exit 0 and leave the server running
 
     def as_state(self) -> dict:
-        return {"pid": self.pid, "pgid": self.pgid, "ticks": self.ticks, "log": self.log, "argv": self.argv, "started": self.started}
+        return {"pid": self.pid, "pgid": self.pgid, "ticks": self.ticks, "log": self.log, "argv": self.argv,
+                "started": self.started, "hook": self.hook}
 
     def is_alive(self) -> bool:
         if self.proc is not None:
-            return self.proc.poll() is None
+            rc = self.proc.poll()
+            return rc is None or (self.hook and rc == 0)
         return alive(self.pid, self.ticks)
 
     def exit_code(self) -> int | None:
@@ -146,7 +149,7 @@ def start(launch: dict, config: dict, log_path: str, env_extra: dict | None = No
     finally:
         logf.close()
     return Running(pid=proc.pid, pgid=proc.pid, ticks=proc_start_ticks(proc.pid), log=log_path, argv=argv,
-                   started=time.time(), proc=proc)
+                   started=time.time(), proc=proc, hook=mode == "hooks")
 
 
 def stop(run: dict | Running | None, launch: dict | None = None, grace_s: float = 15.0) -> str:

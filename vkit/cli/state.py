@@ -9,6 +9,7 @@ lease and whether the environment is ABNORMAL. The only two writes a human needs
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import time
 
@@ -56,6 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--set", dest="sets", action="append", default=[], metavar="K=V", help="initial kept configuration (vLLM names), repeatable")
     i.add_argument("--force", action="store_true", help="replace an existing state file (the old one is kept as .bak)")
     i.add_argument("--allow", action="append", default=[], metavar="PARAM", help="override the policy's refusal for PARAM (logged), repeatable")
+    i.add_argument("--stop-hook", metavar="JSON", help="hook mode (systemd, docker): a JSON list, the argv that stops the server; "
+                   "the argv after -- is then the start hook, which receives the flags in $VKIT_SERVE_FLAGS(_FILE)")
     i.add_argument("launch", nargs="*", metavar="-- SERVE ARGV", help="command that starts the server, e.g. -- vllm serve /models/x --port 8000")
     h = add_subcommand(sub, "history", "list the decision log", exit_codes=codes)
     add_subcommand(
@@ -125,6 +128,14 @@ def _init(sf: StateFile, args: argparse.Namespace, io: IO) -> int:
     kept = parse_assignments(args.sets, policy)
     overrides = policy.check_change(kept, allow=args.allow)
     doc = new_state(args.url.rstrip("/"), args.model, args.launch, kept)
+    if args.stop_hook:
+        try:
+            stop = json.loads(args.stop_hook)
+        except ValueError:
+            raise UsageError("--stop-hook takes a JSON list, e.g. '[\"systemctl\", \"stop\", \"vllm\"]'") from None
+        if not (isinstance(stop, list) and stop and all(isinstance(x, str) for x in stop)):
+            raise UsageError("--stop-hook takes a non-empty JSON list of strings (an argv, never a shell string)")
+        doc["service"]["launch"] = {"mode": "hooks", "start_hook": list(args.launch), "stop_hook": stop, "argv": []}
     doc["fingerprint"] = fingerprint(args.model, args.launch)
     did = sf.log.new_id()
     doc["kept"]["decision_id"] = did
