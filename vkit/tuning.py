@@ -232,16 +232,36 @@ def staged_proposer(runner: Runner, policy: Policy, step: str) -> tuple[Callable
     return plan.next, plan.stop_reason
 
 
-def bo_proposer(runner: Runner, policy: Policy, budget: int, seed: int) -> tuple[Callable, Callable]:
+def prior_observations(entries: list[dict]) -> list[search.Observation]:
+    """Observations of earlier runs in the same environment (knowledge base), for a warm start."""
+    out = []
+    for e in entries:
+        for o in e.get("observations") or []:
+            out.append(search.Observation(config=dict(o["config"]), objectives=dict(o.get("objectives") or {}), repeats=[],
+                                          feasible=bool(o.get("feasible")), slo_ok=o.get("slo_ok"), step="kb",
+                                          trial_id=f"{e.get('run_id')}:{o.get('trial_id')}"))
+    return out
+
+
+def kb_observations(runner: Runner) -> list[dict]:
+    return [{"config": h.config, "objectives": h.objectives, "feasible": h.feasible, "slo_ok": h.slo_ok, "trial_id": h.trial_id}
+            for h in observations(runner) if h.step in ("2", "3", "4", "bo")]
+
+
+def bo_proposer(runner: Runner, policy: Policy, budget: int, seed: int,
+                prior: list[search.Observation] | None = None) -> tuple[Callable, Callable]:
     st = runner.sf.read()
     space = search.space_from_policy(policy, ["max_num_batched_tokens", "max_num_seqs"], frozen=st.get("frozen") or {})
     base = dict(st["kept"]["config"])
+    prior = list(prior or [])
 
     def nxt(hist):
-        mine = [h for h in hist if h.step == "bo"]
-        prop = search.propose("bo", space, mine, base, OBJECTIVES, runner.s.slo or None, budget, seed)
+        # warm start: earlier runs of this environment count as evaluated points (never re-proposed)
+        mine = prior + [h for h in hist if h.step == "bo"]
+        total = budget + len(prior)  # the budget counts this run's evaluations; prior ones come on top
+        prop = search.propose("bo", space, mine, base, OBJECTIVES, runner.s.slo or None, total, seed)
         if prop is not None:  # the inputs go into the decision log, so `sweep --replay` can re-derive the proposal
-            prop.audit["replay"] = search.log_record("bo", space, mine, base, OBJECTIVES, runner.s.slo or None, budget, seed, prop)
+            prop.audit["replay"] = search.log_record("bo", space, mine, base, OBJECTIVES, runner.s.slo or None, total, seed, prop)
         return prop
 
     return nxt, lambda hist: f"Bayesian optimisation finished after {len(hist)} evaluations"

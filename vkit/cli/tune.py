@@ -12,6 +12,7 @@ import argparse
 import os
 import time
 
+from vkit import knowledge
 from vkit.cli import _tuneargs as ta
 from vkit.cli._common import IO, make_parser, run
 from vkit.errors import ExitCode, UsageError, VkitError
@@ -108,9 +109,19 @@ def _run(args: argparse.Namespace, io: IO) -> int:
             staged = [x for x in steps if x in ("2", "3", "4")]
             if staged:
                 tuning.guard_anomalies(runner)
+            kb = knowledge.kb_path(sf.dir)
+            kb_key = knowledge.fingerprint_key(sf.read(), _server_info(runner))
+            kb_work = {"bench_args": main.bench_args, "slo": settings.slo}
+            matched, ignored = knowledge.match(kb, kb_key, kb_work)
+            if matched or ignored:
+                io.progress(f"knowledge base {kb}: {len(matched)} earlier run(s) of this environment"
+                            + (" (used to warm-start the Bayesian search)" if args.mode == "bo" else " (shown; staged mode does not warm-start)")
+                            + (f"; {len(ignored)} ignored because the environment changed: " + "; ".join(ignored[:3]) if ignored else ""))
+            with sf.transaction() as s2:
+                s2["tune"]["knowledge"] = {"path": kb, "matched": [e.get("run_id") for e in matched], "ignored": ignored}
             if args.mode == "bo" and staged:
                 _machine(sf, "PROPOSE")
-                nxt, stop = tuning.bo_proposer(runner, policy, args.budget, args.seed)
+                nxt, stop = tuning.bo_proposer(runner, policy, args.budget, args.seed, prior=tuning.prior_observations(matched))
                 tuning.run_screening_step(runner, "bo", nxt, io.progress, args.budget, stop)
                 _drift(runner, io)
             else:
@@ -123,6 +134,10 @@ def _run(args: argparse.Namespace, io: IO) -> int:
                 tuning.run_step5(runner, mixed, io.progress)
             _machine(sf, "CONVERGE")
             result = build_result(runner, args, settings, t0)
+            if not (sf.read().get("tune") or {}).get("kb_recorded"):
+                knowledge.record(kb, kb_key, kb_work, tuning.kb_observations(runner), result.get("recommendation"), run_id)
+                with sf.transaction() as s2:
+                    s2["tune"]["kb_recorded"] = True
         except VkitError as e:
             if e.code == ExitCode.UNAVAILABLE:
                 ab = (sf.read().get("abnormal") or {})
@@ -147,6 +162,14 @@ def _run(args: argparse.Namespace, io: IO) -> int:
     return ExitCode.OK
 
 
+def _server_info(runner) -> dict:
+    b = runner.sf.read().get("baseline") or {}
+    try:
+        return runner.load(b["runs"][0])["vkit"]["server"].get("version_info") or {}
+    except (KeyError, IndexError, OSError, ValueError):
+        return {}
+
+
 def _machine(sf, state: str) -> None:
     with sf.transaction() as st:
         st["machine_state"] = state
@@ -168,11 +191,7 @@ def build_result(runner, args, settings, t0: float) -> dict:
             "text": "max output throughput with " + ", ".join(f"{k} <= {v:g}" for k, v in settings.slo.items())}
     delivered = tuning.deliver(runner, goal)
     b = st.get("baseline") or {}
-    version = None
-    try:
-        version = runner.load(b["runs"][0])["vkit"]["server"].get("version_info") or {}
-    except (KeyError, IndexError, OSError, ValueError):
-        version = {}
+    version = _server_info(runner)
     restarts = sum(1 for e in runner.sf.log.read() if e.get("event") in ("applied", "rolled_back", "start_failed"))
     trials = []
     for t in st["trials"]:
@@ -208,7 +227,8 @@ def build_result(runner, args, settings, t0: float) -> dict:
         "recommendation": delivered.get("recommendation"),
         "stop_rule": "; ".join(f"step {s['step']}: {s.get('stop_rule')}" for s in st.get("steps", [])),
         "drift": [{"after_trial": None, "changed": d.get("changed"), "detail": d.get("why")} for d in st.get("drift_checks", [])],
-        "warnings": warnings,
+        "warnings": warnings + [f"knowledge base: {x}" for x in ((st.get("tune") or {}).get("knowledge") or {}).get("ignored", [])[:3]],
+        "knowledge": (st.get("tune") or {}).get("knowledge"),
         "soak": "recommended before delivery: a long bench_stream (30 min or more) at the recommended configuration, with "
                 "drift detection over its windows (a short benchmark is not production)",
         "timings": {"total_s": round(time.time() - t0, 1), "restarts": restarts},
