@@ -81,7 +81,7 @@ SCENARIOS = {
                   "output_tokens": 128, "requests": 256, "ramp_s": 4.0, "max_model_len": 4096,
                   "gpu_memory_utilization": 0.92, "slo_p95_ttft_ms": 3500.0},
     "h100-long": {"model": "llama-3.1-8b", "gpu": "H100-80G", "concurrency": 96, "prompt_tokens": 3072,
-                  "output_tokens": 192, "requests": 288, "ramp_s": 4.0, "max_model_len": 4096,
+                  "output_tokens": 192, "requests": 192, "ramp_s": 4.0, "max_model_len": 4096,
                   "gpu_memory_utilization": 0.9, "slo_p95_ttft_ms": 5000.0},
 }
 # The policy's ranges narrowed to what a closed loop of ~100 streams can use; candidates are

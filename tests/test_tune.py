@@ -171,3 +171,23 @@ def test_knowledge_base_matches_only_the_same_environment(tmp_path):
     good, bad = knowledge.match(kb, key, work)
     assert [e["run_id"] for e in good] == ["run-1"]
     assert len(bad) == 2 and "server_version changed" in bad[0] and "0.10.0" in bad[0] and "workload" in bad[1]
+
+
+def test_ablate_names_the_switch_that_paid(svc):
+    init(svc, "max_num_seqs=4", "max_num_batched_tokens=2048")
+    r = call("restart_with_rollback", "--sandbox", "--ready-timeout", "30", "--set", "max_num_seqs=32",
+             "--set", "max_num_batched_tokens=4096", "--keep")
+    assert r.code == 0, r
+    r = call("sweep", "--ablate", *FAST)
+    assert r.code == 0, r.err[-3000:]
+    out = json.loads(r.out)
+    rows = {x["param"]: x for x in out["switches"]}
+    assert set(rows) == {"max_num_seqs", "max_num_batched_tokens"}
+    # 4 -> 32 running sequences at 16 in flight is the gain; the token budget alone is not
+    assert rows["max_num_seqs"]["throughput_change"] > 0.5 and rows["max_num_seqs"]["verdict"] == "accept"
+    assert "max_num_seqs" in out["attribution"] and "max_num_batched_tokens" not in out["attribution"]
+    st = svc["sf"].read()
+    assert st["service"]["running"]["config"] == st["kept"]["config"] == {"max_num_seqs": 32, "max_num_batched_tokens": 4096}
+    r = call("sweep", "--ablate", *FAST)  # the same decision again: each switch is a finished trial, nothing re-measured
+    assert r.code == 0
+    assert len([t for t in svc["sf"].read()["trials"] if t["step"] == "ablate"]) == 2

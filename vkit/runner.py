@@ -262,12 +262,13 @@ class Runner:
         return res
 
     # -- BASELINE -------------------------------------------------------------
-    def baseline(self, force: bool = False, workload: Workload | None = None, key: str = "baseline") -> dict:
-        """Measure the kept configuration N times (resumable); σ_baseline into the state."""
+    def baseline(self, force: bool = False, workload: Workload | None = None, key: str = "baseline",
+                 config: dict | None = None) -> dict:
+        """Measure the kept configuration (or ``config``) N times (resumable); σ_baseline into the state."""
         w = workload or self.s.workload
         st = self.sf.read()
         b = st.get(key)
-        kept = st["kept"]["config"]
+        kept = dict(config) if config is not None else st["kept"]["config"]
         if b and not force and b.get("config") == kept and b.get("workload") == w.describe() and len(b.get("runs", [])) >= self.s.baseline_repeats:
             return b
         if force or not b or b.get("config") != kept or b.get("workload") != w.describe():
@@ -275,7 +276,12 @@ class Runner:
             b = {"config": kept, "workload": w.describe(), "runs": [], "checks": [], "generation": gen, "started": now_iso()}
             with self.sf.transaction() as s2:
                 s2[key] = b
-        self.restore_kept(fresh=not b["runs"])
+        if config is None:
+            self.restore_kept(fresh=not b["runs"])
+        else:
+            ok, res = self.apply(kept, fresh=not b["runs"])
+            if not ok:
+                raise VkitError(f"the configuration to measure as {key} does not start: {res.get('message')}", ExitCode.UNAVAILABLE)
         label = f"{key}-g{b['generation']}"
         while len(b["runs"]) < self.s.baseline_repeats:
             k = len(b["runs"]) + 1

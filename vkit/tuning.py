@@ -341,3 +341,46 @@ def deliver(runner: Runner, goal: dict) -> dict:
 def _concurrency(w: Workload) -> int | None:
     a = w.bench_args
     return int(a[a.index("--max-concurrency") + 1]) if "--max-concurrency" in a else None
+
+
+def run_ablation(runner: Runner, progress: Callable[[str], None]) -> dict:
+    """The seed's missing one-switch control: when the last kept change moved several parameters
+    at once, measure each one alone against the configuration it replaced, so the report can say
+    which switch produced the gain."""
+    keeps = [e for e in runner.sf.log.read() if e.get("event") == "keep"]
+    for e in reversed(keeps):
+        prev = (e.get("previous") or {}).get("config") or {}
+        new = e.get("config") or {}
+        variants = search.ablation_configs(prev, new)
+        if variants:
+            break
+    else:
+        raise Rejected("no kept change moved several parameters at once: nothing to ablate")
+    if runner.sf.read()["kept"]["config"] != new:
+        raise Rejected("the configuration kept by that decision is no longer the kept one: ablate right after the keep")
+    key = f"ablate-{e['id']}"
+    runner.baseline(key=key, config=prev)
+    rows = []
+    for param, cfg in variants:
+        t = next((x for x in runner.sf.read()["trials"] if x["step"] == "ablate" and x["config"] == cfg), None)
+        if t is None:
+            t = runner.new_trial("ablate", cfg, f"{param} alone: {prev.get(param)} -> {new.get(param)}, against the configuration before {e['id']}")
+        saved = runner.s.screen_repeats
+        runner.s.screen_repeats = max(saved, 3)  # an attribution needs a verdict, not a screening glance
+        try:
+            t = runner.run_trial(t["id"], baseline_key=key)
+        finally:
+            runner.s.screen_repeats = saved
+        base = runner.sf.read()[key]["metrics"]
+        gain = (t["metrics"].get("output_throughput") or 0) / base["output_throughput"] - 1 if base.get("output_throughput") else None
+        rows.append({"param": param, "from": prev.get(param), "to": new.get(param), "trial_id": t["id"], "verdict": t.get("verdict"),
+                     "throughput_change": gain, "why": t.get("why")})
+        progress(f"ablate {param}: {prev.get(param)} -> {new.get(param)} alone: "
+                 + (f"{gain:+.1%} throughput, " if gain is not None else "") + f"gate {t.get('verdict')}")
+    runner.restore_kept()
+    out = {"decision_id": e["id"], "previous": prev, "kept": new, "switches": rows,
+           "attribution": [r["param"] for r in rows if r["verdict"] == "accept"]}
+    with runner.sf.transaction() as st:
+        st.setdefault("ablations", []).append(dict(out, finished=now_iso()))
+    runner.log("ablation", **out)
+    return out

@@ -29,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
             "sweep --mode bo --budget 12 --sandbox",
             "sweep --deliver                   # Pareto front, knee, recommendation from the trials so far",
             "sweep --replay vkit-state/decisions.jsonl   # re-derive logged proposals and compare",
+            "sweep --ablate --sandbox          # which switch of a multi-parameter change produced the gain",
         ],
         exit_codes=[0, 1, 2, 3, 4, 5, 130],
     )
@@ -38,6 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--step", choices=["2", "3", "4"], help="run one staged step (1 and 5 are run by tune)")
     g.add_argument("--deliver", action="store_true", help="print the Pareto front, knee and recommendation of the trials so far")
     g.add_argument("--replay", metavar="LOG", help="re-run the logged proposals of a decision log and report any that differ")
+    g.add_argument("--ablate", action="store_true",
+                   help="the last kept change moved several parameters: measure each alone against the configuration it replaced")
     s.add_argument("--mode", choices=["staged", "bo"], default="staged", help="staged (default) or bo")
     s.add_argument("--budget", type=int, default=8, metavar="N", help="trials at most (default 8)")
     return p
@@ -59,8 +62,18 @@ def _run(args: argparse.Namespace, io: IO) -> int:
         out = tuning.deliver(runner, {"maximize": "output_throughput", "subject_to": s.slo})
         io.emit_json(out)
         return ExitCode.OK
+    if args.ablate:
+        ta.check_confirmation(args)
+        with ta.held(args, io, TOOL) as (sf, owner):
+            main, _ = ta.workloads(args, sf.read()["service"]["model"])
+            runner = ta.runner_for(sf, ta.settings(args, main), io, TOOL)
+            runner.runs_dir = os.path.join(sf.dir, "runs", "ablate")
+            os.makedirs(runner.runs_dir, exist_ok=True)
+            out = tuning.run_ablation(runner, io.progress)
+        io.emit_json(out)
+        return ExitCode.OK
     if not args.step and args.mode != "bo":
-        raise UsageError("give --step N (2, 3 or 4), --mode bo, --deliver or --replay LOG")
+        raise UsageError("give --step N (2, 3 or 4), --mode bo, --ablate, --deliver or --replay LOG")
     ta.check_confirmation(args)
     with ta.held(args, io, TOOL) as (sf, owner):
         st = sf.read()
