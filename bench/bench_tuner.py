@@ -11,21 +11,24 @@ goodput with P95 TTFT under the scenario's SLO.
 
 Ground truth: every point of the search lattice run once without noise (cached in
 ``bench/results/tuner_truth.json``, keyed by a digest of the scenario, the lattice and the
-simulator's source, so a changed simulator recomputes it). Each (scenario, seed) replicate
+simulator's source, so a changed simulator recomputes it). A noiseless run gives the mean
+goodput of noisy runs (within 1%), but P95 is a tail: noise widens the TTFT distribution and
+the expected measured P95 sits 0–2% above the noiseless one. Points within 6% of the SLO
+therefore get their "meets the SLO" from the mean of 8 noisy runs (``p95_expected``). Each (scenario, seed) replicate
 runs every mode with a 20-evaluation budget on common random numbers (the same config
 measured by two modes in one replicate sees the same noise). Per mode, over seeds:
 
 - ``restarts_to_98pct``: evaluations (= server restarts) until the mode's own recommendation
   (``vkit.search.recommend``: best goodput whose one-sided 95% P95 bound meets the SLO) is a
   config whose *true* goodput is within 98% of the best SLO-feasible lattice point and whose
-  true P95 meets the SLO — i.e. such a config has been evaluated *and would be kept*;
+  expected P95 meets the SLO — i.e. such a config has been evaluated *and would be kept*;
   ``null`` (censored) when it never happens within the budget;
 - ``hv_ratio_at_10`` / ``_20``: hypervolume of the *true* values of the measured front after
   10 / 20 evaluations over the hypervolume of the true lattice front, in log objectives with
   the reference point at the lattice's worst log goodput and worst log P95;
 - ``artefact_share``: of the configurations ``deliver`` calls Pareto-optimal after the
   budget, the share that another evaluated config truly dominates (noise artefacts);
-- ``slo_break_share``: the share of final picks whose true P95 breaks the SLO;
+- ``slo_break_share``: the share of final picks whose expected P95 breaks the SLO;
 - ``regret_at_10`` / ``_20``: 1 − true goodput of the pick / the best SLO-feasible goodput.
 
 Usage: python3 bench/bench_tuner.py [--seeds 8] [--budget 20] [--jobs 2] [--out bench/results/tuner.json]
@@ -75,6 +78,8 @@ TARGET_RESTARTS = 7
 TARGET_HV = 0.95
 CONFIDENCE = DEFAULT_CONFIDENCE  # the library's one-sided confidence for "meets the SLO"
 EPS = 0.01  # "practically dominated": better by more than 1% in some objective, no worse in any
+BOUNDARY = 0.06  # lattice points within 6% of the SLO get their expected P95 from noisy runs
+BOUNDARY_RUNS = 8
 
 SCENARIOS = {
     "h200-chat": {"model": "llama-3.1-8b", "gpu": "H200", "concurrency": 128, "prompt_tokens": 2048,
@@ -144,7 +149,22 @@ def _truth_point(args):
     return list(values), measure(sc, cfg, None)
 
 
+def _boundary_point(args):
+    """Mean P95 of BOUNDARY_RUNS noisy runs: noise widens the TTFT distribution, so the expected
+    measured P95 sits 0–2% above the noiseless one — which decides the SLO near its bound."""
+    name, values = args
+    sc = SCENARIOS[name]
+    cfg = config_of(values, SPACE, base_config(sc))
+    reqs = _requests(sc)
+    runs = [measure(sc, cfg, _noise_seed(name, -1, tuple(values), r), reqs) for r in range(BOUNDARY_RUNS)]
+    runs = [m for m in runs if m is not None]
+    return list(values), (float(np.mean([m["p95_ttft_ms"] for m in runs])) if runs else None)
+
+
 def ground_truth(names: list[str], jobs: int) -> dict:
+    """Per scenario: lattice point → {goodput, p95_ttft_ms (noiseless), p95_expected} or None.
+    ``p95_expected`` is the mean of noisy runs for points within BOUNDARY of the SLO, the
+    noiseless value elsewhere; "meets the SLO" is judged on it."""
     cache = {}
     if os.path.exists(TRUTH):
         with open(TRUTH) as f:
@@ -152,14 +172,23 @@ def ground_truth(names: list[str], jobs: int) -> dict:
     out, dirty = {}, False
     for name in names:
         key = truth_key(name, SCENARIOS[name])
+        slo = SCENARIOS[name]["slo_p95_ttft_ms"]
+        bkey = f"{key}:boundary:{slo:g}"
         if key not in cache:
-            pts = lattice(SPACE)
             with mp.Pool(jobs) as pool:
-                rows = pool.map(_truth_point, [(name, v) for v in pts], chunksize=4)
+                rows = pool.map(_truth_point, [(name, v) for v in lattice(SPACE)], chunksize=4)
             cache = {k: v for k, v in cache.items() if not k.startswith(name + ":")}
             cache[key] = {"points": rows}
             dirty = True
-        out[name] = {tuple(v): m for v, m in cache[key]["points"]}
+        pts = {tuple(v): m for v, m in cache[key]["points"]}
+        if bkey not in cache:
+            near = [list(v) for v, m in pts.items() if m is not None and abs(math.log(m["p95_ttft_ms"] / slo)) < BOUNDARY]
+            with mp.Pool(jobs) as pool:
+                cache[bkey] = {"runs": BOUNDARY_RUNS, "points": pool.map(_boundary_point, [(name, v) for v in near])}
+            dirty = True
+        expected = {tuple(v): e for v, e in cache[bkey]["points"]}
+        out[name] = {k: (None if m is None else {**m, "p95_expected": expected.get(k) or m["p95_ttft_ms"]})
+                     for k, m in pts.items()}
     if dirty:
         os.makedirs(os.path.dirname(TRUTH), exist_ok=True)
         with open(TRUTH + ".tmp", "w") as f:
@@ -172,7 +201,7 @@ def ground_truth(names: list[str], jobs: int) -> dict:
 def truth_summary(name: str, truth: dict) -> dict:
     slo = SCENARIOS[name]["slo_p95_ttft_ms"]
     feas = {k: v for k, v in truth.items() if v is not None}
-    ok = {k: v for k, v in feas.items() if v["p95_ttft_ms"] <= slo}
+    ok = {k: v for k, v in feas.items() if v["p95_expected"] <= slo}
     best_k = max(ok, key=lambda k: ok[k]["goodput"])
     best = ok[best_k]["goodput"]
     good = [k for k, v in ok.items() if v["goodput"] >= 0.98 * best]
@@ -182,7 +211,8 @@ def truth_summary(name: str, truth: dict) -> dict:
     front = pareto_indices(P, ["max", "min"])
     hv = hypervolume_2d(P[front], ["max", "min"], ref)
     return {"best_config": dict(zip([p.name for p in SPACE], best_k, strict=True)), "best_goodput": best,
-            "best_p95_ttft_ms": ok[best_k]["p95_ttft_ms"], "lattice_points": len(truth), "infeasible_points": len(truth) - len(feas),
+            "best_p95_ttft_ms": ok[best_k]["p95_ttft_ms"], "best_p95_expected_ms": ok[best_k]["p95_expected"],
+            "boundary_points": sum(1 for v in feas.values() if v["p95_expected"] != v["p95_ttft_ms"]), "lattice_points": len(truth), "infeasible_points": len(truth) - len(feas),
             "slo_feasible_points": len(ok), "within_98pct_points": len(good), "front_size": len(front),
             "hv_ref_log": ref, "hv_true": hv, "slo_p95_ttft_ms": slo}
 
@@ -260,7 +290,7 @@ def score(hist: list[Observation], truth: dict, summ: dict, goal: dict) -> dict:
         tv = _true(truth, hist[idx])
         if tv is None:
             return idx, 1.0, True
-        return idx, 1.0 - tv["goodput"] / best, tv["p95_ttft_ms"] > slo
+        return idx, 1.0 - tv["goodput"] / best, tv["p95_expected"] > slo
 
     restarts = None
     for t in range(1, len(hist) + 1):
@@ -411,14 +441,16 @@ def main(argv=None) -> int:
         "methods": {k: {"mode": m, "options": o} for k, m_o in METHODS.items() for m, o in [m_o]},
         "definitions": {
             "restarts_to_98pct": "evaluations until the mode's own recommendation is truly within 98% of the best "
-                                 "SLO-feasible goodput and truly meets the SLO (null: not within the budget)",
+                                 "SLO-feasible goodput and its expected P95 meets the SLO (null: not within the budget)",
             "hv_ratio": "HV of the true values of the measured front / HV of the true lattice front, log objectives, "
                         "reference = worst log goodput and worst log P95 of the lattice",
             "artefact_share": "delivered Pareto configs truly dominated by another evaluated config / delivered",
             "artefact_share_after_noise_filter": "the same, leaving out the configs deliver flags likely_noise (P(non-dominated) < 0.5)",
             "artefact_share_practical": "delivered Pareto configs that another evaluated config truly beats by more than 1% in one "
                                         "objective while no worse in the other / delivered",
-            "slo_break_share": "final picks whose true P95 TTFT breaks the SLO / replicates",
+            "slo_break_share": "final picks whose expected P95 TTFT breaks the SLO / replicates",
+            "p95_expected": f"mean P95 of {BOUNDARY_RUNS} noisy runs for lattice points within {BOUNDARY:.0%} of the SLO, "
+                            "the noiseless P95 elsewhere",
             "early_stop": "a mode that ends before the budget (staged) is scored at 20 on what it has evaluated",
         },
         "scenarios": per,

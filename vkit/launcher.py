@@ -328,8 +328,9 @@ def wait_ready(url: str, run: Running, timeout_s: float, poll_s: float = 0.5,
         except requests.RequestException:
             pass
         if el >= timeout_s:
+            last = (tail(run.log, 1) or ["(empty log)"])[0].strip()
             return ReadyResult(False, el, f"/health did not answer 200 within {timeout_s:g} s",
-                               {"kind": "ready_timeout", "quote": (tail(run.log, 1) or ["(empty log)"])[0],
+                               {"kind": "ready_timeout", "quote": f"no error in the server log; its last line: {last[-200:]}",
                                 "advice": "raise --ready-timeout if the model loads slowly, else read the server log"})
         if stop_flag and stop_flag():
             return ReadyResult(False, el, "interrupted")

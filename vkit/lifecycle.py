@@ -127,7 +127,7 @@ class Lifecycle:
             return False, dict(d, why=f"the server exited right after verification: {d['quote']}"), run, facts
         return True, {}, run, facts
 
-    def _mark_abnormal(self, reason: str) -> str:
+    def mark_abnormal(self, reason: str) -> str:
         did = self._log("abnormal", reason=reason)
         with self.sf.transaction() as st:
             st["abnormal"] = {"flag": True, "reason": reason, "since": now_iso(), "decision_id": did}
@@ -211,7 +211,7 @@ class Lifecycle:
                            diag, cand_cfg, kept, facts, fid)
         if n_fail >= 2:
             reason = f"{n_fail} candidate start failures in a row; last: {why}"
-            self._mark_abnormal(reason)
+            self.mark_abnormal(reason)
             return Outcome(False, ExitCode.UNAVAILABLE, "abnormal",
                            f"{why}; rolled back to the kept configuration, and the environment is now ABNORMAL ({reason})",
                            diag, cand_cfg, kept, facts, fid)
@@ -241,7 +241,7 @@ class Lifecycle:
             return Outcome(True, ExitCode.OK, "rolled_back", f"kept configuration restored and verified ({reason})",
                            kept=kept, startup=facts, decision_id=did)
         why = diag.get("why") or diag.get("quote") or "start-up failed"
-        did = self._mark_abnormal(f"rollback to the kept configuration failed: {why} (after: {reason})")
+        did = self.mark_abnormal(f"rollback to the kept configuration failed: {why} (after: {reason})")
         return Outcome(False, ExitCode.UNAVAILABLE, "abnormal", f"rollback failed: {why}", diag, kept=kept, decision_id=did)
 
     def keep(self, reason: str, decision: str = "manual") -> str:

@@ -33,7 +33,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from vkit.errors import ExitCode, Rejected, VkitError
+from vkit.errors import Abnormal, ExitCode, Rejected, VkitError
 from vkit.lifecycle import Lifecycle
 from vkit.policy import to_serve_flags
 from vkit.state import StateFile, default_owner, now_iso
@@ -213,12 +213,36 @@ class Runner:
         generator was saturated is measured once more (logged). Returns (relative path, summary, check)."""
         for attempt in (1, 2):
             path, doc, check = self._measure_once(label, k, workload)
+            if doc.get("failed") and not self._healthy(self.sf.read()["service"]["url"]):
+                path, doc, check = self._server_died(label, k, workload, doc)
             findings = set(check.get("findings") or [])
             if check["code"] != ExitCode.REJECTED or not findings or not findings <= self.TRANSIENT or attempt == 2:
                 return path, doc, check
             self.progress(f"{label} run {k}: {', '.join(sorted(findings))} (the client or the machine was busy); measuring again")
             self.log("remeasure", run=path, findings=sorted(findings))
         return path, doc, check
+
+    def _server_died(self, label: str, k: int, workload: Workload | None, doc: dict) -> tuple[str, dict, dict]:
+        """The server died during a measurement: that run is not a measurement of the configuration.
+        Restart the same configuration and measure again; if it dies again, a candidate's trial is
+        invalid, and the kept configuration's death marks the environment ABNORMAL."""
+        st = self.sf.read()
+        cfg = dict((st["service"].get("running") or {}).get("config") or st["kept"]["config"])
+        errs = "; ".join(f"{n}x {m}" for m, n in sorted((doc.get("vkit") or {}).get("errors", {}).items(), key=lambda kv: -kv[1])[:2])
+        self.progress(f"{label} run {k}: the server died during the measurement ({errs}); restarting it and measuring again")
+        self.log("server_died", label=label, run=k, config=cfg, errors=(doc.get("vkit") or {}).get("errors"))
+        ok, res = self.apply(cfg, fresh=True)
+        if ok:
+            path, doc2, check = self._measure_once(label, k, workload)
+            if not (doc2.get("failed") and not self._healthy(st["service"]["url"])):
+                return path, doc2, check
+        if cfg == st["kept"]["config"]:
+            reason = (f"the server of the kept configuration died during measurements twice ({errs}); "
+                      "read the server log in the logs/ folder beside the state file")
+            Lifecycle(self.sf, self.tool_name, self.owner, progress=self.progress).mark_abnormal(reason)
+            raise Abnormal(reason)
+        path = _rel(os.path.join(self.runs_dir, label, f"rep{k}.json"), self.sf.dir)
+        return path, doc, {"code": ExitCode.INVALID, "verdict": "invalid", "findings": ["server_died"]}
 
     def _measure_once(self, label: str, k: int, workload: Workload | None = None) -> tuple[str, dict, dict]:
         w = workload or self.s.workload

@@ -313,7 +313,7 @@ def deliver(runner: Runner, goal: dict) -> dict:
     b = st.get("baseline") or {}
     kept = st["kept"]["config"]
     # the kept configuration (confirmed) is always a candidate for delivery
-    if b.get("metrics"):
+    if b.get("metrics") and b.get("config") == kept:  # the baseline measured the kept configuration itself
         hist.append(search.Observation(config=dict(kept), objectives={o.name: b["metrics"].get(o.name) for o in OBJECTIVES},
                                        repeats=[], feasible=True, slo_ok=None, step="kept", trial_id="kept"))
     out = search.deliver(hist, OBJECTIVES, goal) if hist else {"front": [], "knee": None, "recommendation": None}

@@ -21,6 +21,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     w.add_argument("--num-prompts", type=int, default=200, metavar="N", help="requests per measurement, >= 100 for a P99 (default 200)")
     w.add_argument("--vocab-size", type=int, default=1000, metavar="N", help="token ids drawn below N; keep under the model's vocabulary (default 1000)")
     w.add_argument("--seed", type=int, default=1, help="dataset seed of repeat 0; repeat k uses seed+k (default 1)")
+    w.add_argument("--stall-timeout", type=float, default=60.0, metavar="S",
+                   help="a stream silent for S seconds is a failed request (bench_stream's flag; default 60)")
     w.add_argument("--mixed-long-len", type=int, default=None, metavar="N", help="long prompts of the step-5 mixed workload (default 4x --input-len)")
     d = p.add_argument_group("decisions")
     d.add_argument("--slo", action="append", default=[], metavar="METRIC=VALUE", help="constraint, e.g. p95_ttft_ms=2000 (default p95_ttft_ms=2000)")
@@ -53,7 +55,8 @@ def workloads(args: argparse.Namespace, model: str) -> tuple[Workload, Workload]
     if args.num_prompts < 1 or args.concurrency < 1 or args.input_len < 1 or args.output_len < 1:
         raise UsageError("--num-prompts, --concurrency, --input-len and --output-len must be >= 1")
     common = ["--model", model, "--random-output-len", str(args.output_len), "--num-prompts", str(args.num_prompts),
-              "--max-concurrency", str(args.concurrency), "--vocab-size", str(args.vocab_size)]
+              "--max-concurrency", str(args.concurrency), "--vocab-size", str(args.vocab_size),
+              "--stall-timeout", f"{args.stall_timeout:g}"]
     main = Workload(["--dataset-name", "random", "--random-input-len", str(args.input_len), *common], seed=args.seed, name="main")
     mixed = Workload(["--dataset-name", "mixed", "--random-input-len", str(args.input_len), "--mixed-long-len",
                       str(mixed_long_len(args)), *common], seed=args.seed, name="mixed")

