@@ -13,7 +13,7 @@ export VKIT_STATE := $(STATE)
 VLLM_VENV ?= .venv-vllm
 export VKIT_VLLM_VENV := $(abspath $(VLLM_VENV))
 TUNE_FLAGS ?= --sandbox
-.PHONY: help install vllm-cpu test test-fast test-vllm lint bench wheelhouse demo demo-broken demo-chain drill tune step1 step2 step3 step4 step5 runbook-table clean
+.PHONY: help install vllm-cpu test test-fast test-vllm lint bench bench-tuner wheelhouse demo demo-broken demo-chain drill tune step1 step2 step3 step4 step5 runbook-table clean
 
 help: ## list the targets with a one-line description (default)
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -48,6 +48,9 @@ lint: install ## check the code with ruff
 
 bench: install ## run the speed benchmarks; results as JSON in bench/results/
 	@set -e; for f in bench/bench_*.py; do echo "== $$f" >&2; $(PY) $$f; done
+
+bench-tuner: install ## the tuner benchmark on simulator scenarios (staged, bo, random, grid) → bench/results/tuner.json
+	$(PY) bench/bench_tuner.py
 
 wheelhouse: ## download wheels of vkit and its dependencies into WHEELHOUSE (default ./wheelhouse) for an air-gapped machine
 	$(PYTHON) -m pip download -q -d "$(or $(WHEELHOUSE),wheelhouse)" setuptools wheel

@@ -41,7 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--replay", metavar="LOG", help="re-run the logged proposals of a decision log and report any that differ")
     g.add_argument("--ablate", action="store_true",
                    help="the last kept change moved several parameters: measure each alone against the configuration it replaced")
-    s.add_argument("--mode", choices=["staged", "bo"], default="staged", help="staged (default) or bo")
+    s.add_argument("--mode", choices=["staged", "bo"], default="staged", help="staged (default: on the simulator scenarios of bench/results/tuner.json, staged with the load's concurrency "
+                        "reached 98%% of the optimum in 5-7 restarts) or bo (for an unknown load or more knobs)")
     s.add_argument("--budget", type=int, default=8, metavar="N", help="trials at most (default 8)")
     return p
 
