@@ -11,6 +11,7 @@ timeout), and still returns records and a summary marked ``partial``.
 from __future__ import annotations
 
 import datetime as _dt
+import gc
 import math
 import queue
 import resource
@@ -324,21 +325,33 @@ def run_bench(cfg: BenchConfig, progress: Callable[[dict], None] | None = None, 
             stop.set()
 
     before = server.metrics()
-    scraper = _Scraper(server, cfg.scrape_interval_s)
-    lag = _LagSampler()
-    accel = Sampler()
-    cpu0, wall0 = _cpu_s(), time.perf_counter()
-    scraper.start()
-    lag.start()
-    accel.start()
-    results: list[Result] = []
-    t0 = t_end = time.perf_counter()
-    interrupted = stop.is_set()
-    if not interrupted:
-        results, t0, t_end, interrupted = _run_phase(
-            client, cfg, model, cfg.requests, cfg.arrivals, n_workers, cfg.duration_s, stop, progress
-        )
-    cpu_s, wall_s = _cpu_s() - cpu0, time.perf_counter() - wall0
+    # No cyclic garbage collection while measuring: in a large process (the tune driver, a test
+    # runner) a full collection stalls every thread for tens to hundreds of milliseconds, and the
+    # stall lands in the latencies. Reference counting still frees what the run drops.
+    gc_was_enabled = gc.isenabled()
+    gc.collect()
+    gc.freeze()
+    gc.disable()
+    try:
+        scraper = _Scraper(server, cfg.scrape_interval_s)
+        lag = _LagSampler()
+        accel = Sampler()
+        cpu0, wall0 = _cpu_s(), time.perf_counter()
+        scraper.start()
+        lag.start()
+        accel.start()
+        results: list[Result] = []
+        t0 = t_end = time.perf_counter()
+        interrupted = stop.is_set()
+        if not interrupted:
+            results, t0, t_end, interrupted = _run_phase(
+                client, cfg, model, cfg.requests, cfg.arrivals, n_workers, cfg.duration_s, stop, progress
+            )
+        cpu_s, wall_s = _cpu_s() - cpu0, time.perf_counter() - wall0
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+        gc.unfreeze()
     peaks = scraper.stop()
     lag_stats = lag.stop()
     accel_stats = accel.stop()
