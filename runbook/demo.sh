@@ -21,17 +21,8 @@ rm -rf "$DIR" && mkdir -p "$DIR" || exit 2
 
 say() { printf '\n\033[1m== %s\033[0m\n' "$*" >&2; }
 fail() { printf 'demo: %s\n' "$*" >&2; exit 1; }
-cleanup() {
-    "$PY" - "$VKIT_STATE" <<'PYEOF' >/dev/null 2>&1
-import sys
-from vkit import launcher
-from vkit.state import StateFile
-try:
-    launcher.stop(StateFile(sys.argv[1]).read()["service"].get("running"), grace_s=5)
-except Exception:
-    pass
-PYEOF
-}
+. "$(dirname "$0")/lib.sh"
+cleanup() { stop_recorded_server "$VKIT_STATE"; }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 

@@ -15,17 +15,8 @@ export VKIT_STATE=$DIR/vkit.json
 B=bin
 say() { printf '\n== %s\n' "$*" >&2; }
 fail() { printf 'demo-broken: %s\n' "$*" >&2; exit 1; }
-cleanup() {
-    "$PY" - "$VKIT_STATE" <<'PYEOF' >/dev/null 2>&1
-import sys
-from vkit import launcher
-from vkit.state import StateFile
-try:
-    launcher.stop(StateFile(sys.argv[1]).read()["service"].get("running"), grace_s=5)
-except Exception:
-    pass
-PYEOF
-}
+. "$(dirname "$0")/lib.sh"
+cleanup() { stop_recorded_server "$VKIT_STATE"; }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 rm -rf "$DIR" && mkdir -p "$DIR" || exit 2

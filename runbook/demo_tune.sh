@@ -13,17 +13,8 @@ MODEL=${MODEL:-}
 export VKIT_STATE=$DIR/vkit.json
 B=bin
 
-cleanup() {
-    "$PY" - "$VKIT_STATE" <<'PYEOF' >/dev/null 2>&1
-import sys
-from vkit import launcher
-from vkit.state import StateFile
-try:
-    launcher.stop(StateFile(sys.argv[1]).read()["service"].get("running"), grace_s=10)
-except Exception:
-    pass
-PYEOF
-}
+. "$(dirname "$0")/lib.sh"
+cleanup() { stop_recorded_server "$VKIT_STATE"; }
 
 if [ -n "$URL" ]; then
     [ -n "$SERVE" ] && [ -n "$MODEL" ] || { echo "demo: with URL=... give MODEL=... and SERVE=\"vllm serve ...\" too" >&2; exit 2; }
