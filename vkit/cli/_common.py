@@ -165,10 +165,15 @@ class IO:
         self.err.flush()
 
     def is_tty(self) -> bool:
-        try:
-            return self.out.isatty()
-        except (AttributeError, ValueError):
-            return False
+        return isatty(self.out)
+
+
+def isatty(stream) -> bool:
+    """True for a terminal; False for pipes, files, StringIO and closed streams."""
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False
 
 
 def _one_line(msg: str) -> str:

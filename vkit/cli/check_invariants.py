@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from vkit.cli._common import IO, make_parser, run
+from vkit.cli._common import IO, isatty, make_parser, run
 from vkit.errors import ExitCode, UsageError
 from vkit.formats import FORMATS, load_report
 from vkit.invariants import Thresholds, evaluate, parse_expected_config, render_table, worst
@@ -103,7 +103,7 @@ def _run(args: argparse.Namespace, io: IO) -> int:
         raise UsageError("stdin (-) can be read only once")
     if args.records and len(reports) > 1:
         raise UsageError("--records belongs to one REPORT; check the reports one at a time")
-    if "-" in reports and sys.stdin is not None and _isatty(sys.stdin):
+    if "-" in reports and sys.stdin is not None and isatty(sys.stdin):
         raise UsageError("no REPORT given and stdin is a terminal; pass a report file or pipe one in (bench_stream ... | check_invariants)")
     th = _thresholds(args)
     expect = parse_expected_config(args.expect_config)
@@ -123,13 +123,6 @@ def _run(args: argparse.Namespace, io: IO) -> int:
             for r in results:
                 io.err.write(render_table(r))
     return EXIT[verdict]
-
-
-def _isatty(stream) -> bool:
-    try:
-        return stream.isatty()
-    except (AttributeError, ValueError):
-        return False
 
 
 def main(argv: list[str] | None = None, stdout=None, stderr=None) -> int:

@@ -18,7 +18,7 @@ import math
 import os
 import sys
 
-from vkit.cli._common import IO, make_parser, run
+from vkit.cli._common import IO, isatty, make_parser, run
 from vkit.drift import DEFAULT_DETECTOR, DETECTORS, detect
 from vkit.errors import ExitCode, InvalidData, UsageError
 from vkit.gate import Run, check_same_gauge, load_summary, parse_date, sigma_from_state
@@ -182,7 +182,7 @@ def _run(args: argparse.Namespace, io: IO) -> int:
         if args.record:
             raise UsageError("--record needs --kept (it writes the result into the state file)")
         inputs = args.inputs or ["-"]
-        if "-" in inputs and sys.stdin is not None and _isatty(sys.stdin):
+        if "-" in inputs and sys.stdin is not None and isatty(sys.stdin):
             raise UsageError("no FILE given and stdin is a terminal; pass summary files, a JSON Lines file, or --kept")
         items = _read_items(inputs, io)
     values, labels, dates, warns = _series(items, args.metric, not args.no_sort)
@@ -216,13 +216,6 @@ def _run(args: argparse.Namespace, io: IO) -> int:
     if res.get("verdict") in ("too_short", "no_spread"):
         return ExitCode.UNDECIDED
     return ExitCode.OK
-
-
-def _isatty(stream) -> bool:
-    try:
-        return stream.isatty()
-    except (AttributeError, ValueError):
-        return False
 
 
 def main(argv: list[str] | None = None, stdout=None, stderr=None) -> int:
