@@ -318,7 +318,6 @@ def deliver(runner: Runner, goal: dict) -> dict:
                                        repeats=[], feasible=True, slo_ok=None, step="kept", trial_id="kept"))
     out = search.deliver(hist, OBJECTIVES, goal) if hist else {"front": [], "knee": None, "recommendation": None}
     confirmed = {c["trial_id"] for c in st.get("confirmations", []) if c.get("decision") == "kept"}
-    launch = st["service"]["launch"].get("argv") or []
     pareto = []
     for p in out.get("front", []):
         cfg = p.get("config") or {}
@@ -334,7 +333,6 @@ def deliver(runner: Runner, goal: dict) -> dict:
                   "against the configuration it replaced",
            "search_pick": {"trial_id": searched.get("trial_id"), "config": searched.get("config"), "why": searched.get("why")}}
     out["recommendation"] = rec
-    _ = launch
     return out
 
 

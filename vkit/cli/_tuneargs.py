@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 from typing import Iterator
 
 from vkit.cli._common import IO
@@ -104,8 +105,13 @@ def record_settings(sf: StateFile, key: str, value: dict, force: bool) -> None:
         st[key] = value
 
 
-def runner_for(sf: StateFile, s: Settings, io: IO, tool: str) -> Runner:
-    return Runner(sf, s, io.progress, tool_name=tool)
+def runner_for(sf: StateFile, s: Settings, io: IO, tool: str, run_id: str | None = None) -> Runner:
+    """A runner whose measurements go to runs/<run_id>/ beside the state (when given)."""
+    r = Runner(sf, s, io.progress, tool_name=tool)
+    if run_id:
+        r.runs_dir = os.path.join(sf.dir, "runs", run_id)
+        os.makedirs(r.runs_dir, exist_ok=True)
+    return r
 
 
 def dumps(obj) -> str:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 
 from vkit.cli import _tuneargs as ta
 from vkit.cli._common import IO, make_parser, run
@@ -49,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _run(args: argparse.Namespace, io: IO) -> int:
-    from vkit import search, tuning
+    from vkit import tuning
 
     if args.replay:
         return _replay(args, io)
@@ -59,18 +58,16 @@ def _run(args: argparse.Namespace, io: IO) -> int:
         sf = StateFile(args.state)
         st = sf.read()
         main, _ = ta.workloads(args, st["service"]["model"])
-        runner = ta.runner_for(sf, ta.settings(args, main), io, TOOL)
-        s = ta.settings(args, main)
-        out = tuning.deliver(runner, {"maximize": "output_throughput", "subject_to": s.slo})
+        settings = ta.settings(args, main)
+        runner = ta.runner_for(sf, settings, io, TOOL)
+        out = tuning.deliver(runner, {"maximize": "output_throughput", "subject_to": settings.slo})
         io.emit_json(out)
         return ExitCode.OK
     if args.ablate:
         ta.check_confirmation(args)
         with ta.held(args, io, TOOL) as (sf, owner):
             main, _ = ta.workloads(args, sf.read()["service"]["model"])
-            runner = ta.runner_for(sf, ta.settings(args, main), io, TOOL)
-            runner.runs_dir = os.path.join(sf.dir, "runs", "ablate")
-            os.makedirs(runner.runs_dir, exist_ok=True)
+            runner = ta.runner_for(sf, ta.settings(args, main), io, TOOL, run_id="ablate")
             out = tuning.run_ablation(runner, io.progress)
         io.emit_json(out)
         return ExitCode.OK
@@ -81,10 +78,7 @@ def _run(args: argparse.Namespace, io: IO) -> int:
         st = sf.read()
         main, _ = ta.workloads(args, st["service"]["model"])
         settings = ta.settings(args, main)
-        runner = ta.runner_for(sf, settings, io, TOOL)
-        run_id = (st.get("tune") or {}).get("run_id") or "sweep"
-        runner.runs_dir = os.path.join(sf.dir, "runs", run_id)
-        os.makedirs(runner.runs_dir, exist_ok=True)
+        runner = ta.runner_for(sf, settings, io, TOOL, run_id=(st.get("tune") or {}).get("run_id") or "sweep")
         runner.baseline()
         tuning.guard_anomalies(runner)
         policy = Policy.load()
@@ -97,7 +91,6 @@ def _run(args: argparse.Namespace, io: IO) -> int:
     step = rec["step"]
     trials = [t for t in sf.read()["trials"] if t["step"] == step]
     io.emit_json({"step": rec, "trials": trials, "kept": sf.read()["kept"]})
-    _ = search
     return ExitCode.OK
 
 

@@ -94,9 +94,7 @@ def _run(args: argparse.Namespace, io: IO) -> int:
                                  "with the same flags, or pass --restart")
             io.progress(f"resuming tuning run {prev.get('run_id')} ({len(st['trials'])} trials recorded)")
         run_id = sf.read()["tune"]["run_id"]
-        runner = ta.runner_for(sf, settings, io, TOOL)
-        runner.runs_dir = os.path.join(sf.dir, "runs", run_id)
-        os.makedirs(runner.runs_dir, exist_ok=True)
+        runner = ta.runner_for(sf, settings, io, TOOL, run_id=run_id)
         policy = Policy.load()
         try:
             _machine(sf, "LEASE")
