@@ -9,7 +9,9 @@ distort what it measures.
    so import time does not count) and the server's TPOT from its /metrics while each client
    drives it, as ratios vkit / vllm.
 
-Writes bench/results/client.json. Run: python3 bench/bench_client.py   (about 4 minutes)
+Both transports (--transport loop, the default, and threads) are measured side by side.
+
+Writes bench/results/client.json. Run: python3 bench/bench_client.py   (about 6 minutes)
 """
 
 from __future__ import annotations
@@ -87,20 +89,53 @@ def delta_mean_ms(after, before) -> float | None:
     return None if h.count <= 0 else h.sum / h.count * 1000
 
 
-def run_vkit(url: str, c: int, n: int, in_len: int, out_len: int, seed: int) -> tuple[dict, float]:
+def run_vkit(url: str, c: int, n: int, in_len: int, out_len: int, seed: int, transport: str) -> tuple[dict, float, list]:
     t = children_cpu()
-    p = subprocess.run([sys.executable, os.path.join(REPO, "bin", "bench_stream"), "--url", url, "--num-prompts", str(n),
-                        "--max-concurrency", str(c), "--random-input-len", str(in_len), "--random-output-len", str(out_len),
-                        "--seed", str(seed), "-q", "--scrape-interval", "0"], capture_output=True, text=True, timeout=900)
-    if p.returncode != 0:
-        raise RuntimeError(p.stderr[-500:])
-    return json.loads(p.stdout), children_cpu() - t
+    with tempfile.TemporaryDirectory() as d:
+        rec = os.path.join(d, "r.jsonl")
+        p = subprocess.run([sys.executable, os.path.join(REPO, "bin", "bench_stream"), "--url", url, "--num-prompts", str(n),
+                            "--max-concurrency", str(c), "--random-input-len", str(in_len), "--random-output-len", str(out_len),
+                            "--seed", str(seed), "-q", "--scrape-interval", "0", "--transport", transport, "--records", rec],
+                           capture_output=True, text=True, timeout=900)
+        if p.returncode != 0:
+            raise RuntimeError(p.stderr[-500:])
+        with open(rec) as f:
+            records = [json.loads(x) for x in f]
+    return json.loads(p.stdout), children_cpu() - t, records
 
 
-def run_vkit_watched(url: str, c: int, n: int, in_len: int, out_len: int, seed: int) -> tuple[dict, float]:
+def _q(xs: list, p: float) -> float:
+    return xs[min(len(xs) - 1, int(p * (len(xs) - 1) + 0.5))]
+
+
+def per_request_overhead(summary: dict, records: list, sim_requests: list) -> dict:
+    """Client TTFT minus the server's TTFT (first-token write - arrival), request by request, ms,
+    split in two on the shared monotonic clock: send = server arrival - client send (includes the
+    server's own time to read and parse the request), receive = client receipt - server write."""
+    t0 = summary["vkit"]["client"]["t0_monotonic_s"]
+    srv = {x["id"]: x for x in sim_requests}
+    total, send, recv = [], [], []
+    for r in records:
+        x = srv.get(r["id"]) if r["ok"] and not r["warmup"] else None
+        if x is None:
+            continue
+        start = t0 + r["start_s"]
+        total.append(r["ttft_ms"] - (x["first"] - x["arrival"]) * 1000)
+        send.append((x["arrival"] - start) * 1000)
+        recv.append((start + r["ttft_ms"] / 1000 - x["first"]) * 1000)
+    if not total:
+        return {"n": 0}
+    out: dict = {"n": len(total)}
+    for name, xs in (("total", total), ("send", send), ("receive", recv)):
+        xs.sort()
+        out[name] = {"mean_ms": sum(xs) / len(xs), "p50_ms": _q(xs, 0.5), "p90_ms": _q(xs, 0.9), "p99_ms": _q(xs, 0.99), "max_ms": xs[-1]}
+    return out
+
+
+def run_vkit_watched(url: str, c: int, n: int, in_len: int, out_len: int, seed: int, transport: str = "loop") -> tuple[dict, float]:
     p, cpu = run_watched([sys.executable, os.path.join(REPO, "bin", "bench_stream"), "--url", url, "--num-prompts", str(n),
                           "--max-concurrency", str(c), "--random-input-len", str(in_len), "--random-output-len", str(out_len),
-                          "--seed", str(seed), "-q", "--scrape-interval", "0"], url)
+                          "--seed", str(seed), "-q", "--scrape-interval", "0", "--transport", transport], url)
     if p.returncode != 0:
         raise RuntimeError(p.stderr[-500:])
     return json.loads(p.stdout), cpu
@@ -138,32 +173,49 @@ def main() -> int:
                         "loadavg_1m_before": os.getloadavg()[0]}, "overhead": [], "vs_vllm_bench": None}
         for c in (16, 64, 256):
             n = min(4 * c, 512)
-            requests.get(url + "/sim/stats?reset=1", timeout=10)
-            s, cpu = run_vkit(url, c, n, 256, 128, seed=c)
-            stats = requests.get(url + "/sim/stats", timeout=10).json()
-            d = s["vkit"]["server"]["delta"]["ttft"]
-            row = {
-                "streams": c, "requests": n, "output_tokens": s["total_output_tokens"],
-                "client_ttft_mean_ms": s["mean_ttft_ms"], "server_ttft_mean_ms": d["mean_ms"],
-                "overhead_mean_ms": s["mean_ttft_ms"] - d["mean_ms"],
-                "client_ttft_p50_ms": s["median_ttft_ms"], "server_ttft_p50_ms_hist": d["p50_ms"],
-                "client_cpu_s_per_1k_output_tokens": s["vkit"]["client"]["cpu_s_per_1k_output_tokens"],
-                "client_cpu_frac_of_one_core": s["vkit"]["client"]["cpu_frac_of_one_core"],
-                "client_sched_lag_ms": s["vkit"]["client"]["sched_lag"],
-                "events_per_s": s["total_output_tokens"] / s["duration"],
-                "process_cpu_s": cpu, "sim_emission_lag_ms": stats["lag_ms"], "sim_cpu_s": stats["cpu_s"],
+            for transport in ("loop", "threads"):
+                requests.get(url + "/sim/stats?reset=1", timeout=10)
+                s, cpu, records = run_vkit(url, c, n, 256, 128, seed=c, transport=transport)
+                stats = requests.get(url + "/sim/stats?requests=1", timeout=30).json()
+                d = s["vkit"]["server"]["delta"]["ttft"]
+                row = {
+                    "streams": c, "transport": transport, "requests": n, "output_tokens": s["total_output_tokens"],
+                    "client_ttft_mean_ms": s["mean_ttft_ms"], "server_ttft_mean_ms": d["mean_ms"],
+                    "overhead_mean_ms": s["mean_ttft_ms"] - d["mean_ms"],
+                    "overhead_per_request_ms": per_request_overhead(s, records, stats.pop("requests")),
+                    "client_ttft_p50_ms": s["median_ttft_ms"], "server_ttft_p50_ms_hist": d["p50_ms"],
+                    "client_cpu_s_per_1k_output_tokens": s["vkit"]["client"]["cpu_s_per_1k_output_tokens"],
+                    "client_cpu_frac_of_one_core": s["vkit"]["client"]["cpu_frac_of_one_core"],
+                    "client_sched_lag_ms": s["vkit"]["client"]["sched_lag"],
+                    "events_per_s": s["total_output_tokens"] / s["duration"],
+                    "process_cpu_s": cpu, "sim_emission_lag_ms": stats["lag_ms"], "sim_cpu_s": stats["cpu_s"],
+                }
+                result["overhead"].append(row)
+                o = row["overhead_per_request_ms"]
+                print(f"{c:4d} streams {transport:7s}: client-server TTFT p50 {o['total']['p50_ms']:+.2f} "
+                      f"p99 {o['total']['p99_ms']:+.2f} ms (receive side p99 {o['receive']['p99_ms']:+.2f} ms), "
+                      f"{row['client_cpu_s_per_1k_output_tokens']:.3f} CPU-s/1k tokens, {row['events_per_s']:.0f} events/s, "
+                      f"sim lag p99 {stats['lag_ms']['p99']:.2f} ms", file=sys.stderr)
+        for c in (16, 64, 256):
+            lo = next(r for r in result["overhead"] if r["streams"] == c and r["transport"] == "loop")
+            th = next(r for r in result["overhead"] if r["streams"] == c and r["transport"] == "threads")
+            result.setdefault("loop_over_threads", {})[str(c)] = {
+                "cpu_per_1k_tokens": lo["client_cpu_s_per_1k_output_tokens"] / th["client_cpu_s_per_1k_output_tokens"],
+                "overhead_p99_total_ms": {"loop": lo["overhead_per_request_ms"]["total"]["p99_ms"],
+                                          "threads": th["overhead_per_request_ms"]["total"]["p99_ms"]},
+                "overhead_p99_receive_ms": {"loop": lo["overhead_per_request_ms"]["receive"]["p99_ms"],
+                                            "threads": th["overhead_per_request_ms"]["receive"]["p99_ms"]},
             }
-            result["overhead"].append(row)
-            print(f"{c:4d} streams: client-server TTFT {row['overhead_mean_ms']:+.2f} ms (mean), "
-                  f"{row['client_cpu_s_per_1k_output_tokens']:.3f} CPU-s/1k tokens, {row['events_per_s']:.0f} events/s, "
-                  f"sim lag p99 {stats['lag_ms']['p99']:.2f} ms", file=sys.stderr)
         if os.path.exists(VLLM) and os.path.exists(TOKENIZER):
             rows = []
             for c in (8, 32):
                 for rep in range(2):
-                    for tool in ("vkit", "vllm"):
+                    for tool in ("vkit", "vllm", "vkit-threads"):
                         b = server_hist(url)
-                        s, cpu = (run_vkit_watched if tool == "vkit" else run_vllm)(url, c, 128, 128, 64, seed=rep + 1)
+                        if tool == "vllm":
+                            s, cpu = run_vllm(url, c, 128, 128, 64, seed=rep + 1)
+                        else:
+                            s, cpu = run_vkit_watched(url, c, 128, 128, 64, seed=rep + 1, transport="threads" if tool == "vkit-threads" else "loop")
                         a = server_hist(url)
                         rows.append({"tool": tool, "streams": c, "rep": rep, "client_cpu_s": cpu,
                                      "server_tpot_ms": delta_mean_ms(a["tpot"], b["tpot"]), "server_ttft_ms": delta_mean_ms(a["ttft"], b["ttft"]),
@@ -175,9 +227,12 @@ def main() -> int:
             for c in (8, 32):
                 v = [r for r in rows if r["streams"] == c and r["tool"] == "vkit"]
                 w = [r for r in rows if r["streams"] == c and r["tool"] == "vllm"]
+                t = [r for r in rows if r["streams"] == c and r["tool"] == "vkit-threads"]
                 ratios[str(c)] = {
                     "client_cpu_vkit_over_vllm": sum(r["client_cpu_s"] for r in v) / sum(r["client_cpu_s"] for r in w),
                     "server_tpot_vkit_over_vllm": sum(r["server_tpot_ms"] for r in v) / sum(r["server_tpot_ms"] for r in w),
+                    "client_cpu_vkit_threads_over_vllm": sum(r["client_cpu_s"] for r in t) / sum(r["client_cpu_s"] for r in w),
+                    "server_tpot_vkit_threads_over_vllm": sum(r["server_tpot_ms"] for r in t) / sum(r["server_tpot_ms"] for r in w),
                 }
             result["vs_vllm_bench"] = {"cpu_definition": "client process CPU while the server had requests running (polled every 20 ms)",
                                        "runs": rows, "ratios": ratios,

@@ -40,11 +40,13 @@ def test_summary_keys_are_exactly_vllm_bench_serve_plus_vkit():
     assert d["vkit"]["stream"] is True and d["vkit"]["partial"] is False
 
 
-def test_faults_are_counted_and_kept_out_of_latency_stats(tmp_path):
+@pytest.mark.parametrize("transport", ["loop", "threads"])
+def test_faults_are_counted_and_kept_out_of_latency_stats(tmp_path, transport):
     rec = tmp_path / "r.jsonl"
     # request 1 is the preflight; 3 malformed SSE, 4 cut before [DONE], 5 HTTP 500
     with FakeServer(modes={3: "malformed", 4: "cut", 5: "500"}) as s:
-        r = call("bench_stream", "--url", s.url, "--num-prompts", "8", "--max-concurrency", "1", "--records", str(rec), *SMALL[:-1])
+        r = call("bench_stream", "--url", s.url, "--num-prompts", "8", "--max-concurrency", "1", "--records", str(rec),
+                 "--transport", transport, *SMALL[:-1])
     assert r.code == 0, r
     d = json.loads(r.out)
     assert d["completed"] == 5 and d["failed"] == 3
@@ -56,6 +58,8 @@ def test_faults_are_counted_and_kept_out_of_latency_stats(tmp_path):
     assert d["mean_ttft_ms"] == pytest.approx(float(np.mean(ok_ttft)))
     assert d["total_output_tokens"] == 25  # failed requests' tokens are not counted
     assert "failed requests" in r.err
+    assert d["vkit"]["client"]["transport"] == transport
+    assert all(x["id"] == "cmpl-1" for x in rows if x["ok"])  # the response id, for joining with server logs
 
 
 def test_first_request_rejected_is_usage_error_with_server_message():
@@ -94,12 +98,13 @@ def test_no_stream_is_recorded_loudly_and_ttft_equals_e2el():
     assert d["mean_ttft_ms"] == pytest.approx(d["mean_e2el_ms"])
 
 
-def test_sigint_writes_partial_summary_and_records(tmp_path):
+@pytest.mark.parametrize("transport", ["loop", "threads"])
+def test_sigint_writes_partial_summary_and_records(tmp_path, transport):
     rec = tmp_path / "r.jsonl"
     with FakeServer(token_delay=0.05) as s:
         p = subprocess.Popen(
             [sys.executable, "bin/bench_stream", "--url", s.url, "--num-prompts", "200", "--max-concurrency", "2",
-             "--random-input-len", "8", "--random-output-len", "20", "--records", str(rec)],
+             "--random-input-len", "8", "--random-output-len", "20", "--records", str(rec), "--transport", transport],
             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
         time.sleep(2.5)

@@ -191,3 +191,14 @@ def test_ablate_names_the_switch_that_paid(svc):
     r = call("sweep", "--ablate", *FAST)  # the same decision again: each switch is a finished trial, nothing re-measured
     assert r.code == 0
     assert len([t for t in svc["sf"].read()["trials"] if t["step"] == "ablate"]) == 2
+
+
+def test_only_a_busy_client_earns_a_remeasure():
+    from vkit.runner import Runner
+
+    assert Runner.transient({"client_saturation"})
+    assert Runner.transient({"client_saturation", "littles_law", "phase_order", "client_server_ttft_gap"})  # seen in CI
+    assert not Runner.transient({"phase_order"})  # prefill slower than decode with a healthy client: the server's
+    assert not Runner.transient({"littles_law", "client_server_ttft_gap"})
+    assert not Runner.transient({"client_saturation", "tokens_vs_requested"})  # token counts do not depend on the client's speed
+    assert not Runner.transient(set())

@@ -39,7 +39,7 @@ ENV = {
     "TRANSFORMERS_OFFLINE": "1",
 }
 READY = "240"
-CHECK = ["--min-samples-p99", "0", "--sched-lag-max-ms", "50"]
+CHECK = ["--min-samples-p99", "0", "--sched-lag-max-ms", "50"]  # 50 = SATURATED_MS
 BENCH = ["--dataset-name", "random", "--random-input-len", "128", "--random-output-len", "64", "--num-prompts", "48",
          "--max-concurrency", "4", "--seed", "7", "--vocab-size", "2000"]
 
@@ -87,14 +87,29 @@ def test_post_start_verify_on_real_vllm(server):
     assert r.code == 1 and "not 'not-this-model'" in r.out
 
 
+SATURATED_MS = 50  # the --sched-lag-max-ms given to check_invariants below
+
+
 def _bench(server, *extra: str) -> dict:
-    # bench_stream as its own process, as a field engineer runs it. Run inside this test process
-    # it measured a p99 scheduling lag of 237-410 ms against real vLLM (client TTFT 96-219 ms vs
-    # the server's 6-8 ms), while the same call in a fresh process measured < 1 ms: see the note.
-    p = subprocess.run([sys.executable, os.path.join(REPO, "bin", "bench_stream"), "--url", server["url"], "--model", MODEL,
-                        *BENCH, "-q", *extra], capture_output=True, text=True, timeout=600)
-    assert p.returncode == 0, p.stderr[-2000:]
-    return json.loads(p.stdout)
+    """bench_stream as its own process, as a field engineer runs it. Run inside this test process
+    it measured a p99 scheduling lag of 237-410 ms against real vLLM (client TTFT 96-219 ms vs
+    the server's 6-8 ms), while the same call in a fresh process measured < 1 ms: see the note.
+
+    A run whose own client was saturated (p99 scheduling lag over SATURATED_MS: a busy machine,
+    seen once in CI at 233 ms) is no measurement: it is run again, up to three times in all, as
+    tune's runner re-measures a run that check_invariants calls saturated. Every attempt's lag is
+    kept in server["saturated_runs"] and printed."""
+    for attempt in range(3):
+        p = subprocess.run([sys.executable, os.path.join(REPO, "bin", "bench_stream"), "--url", server["url"], "--model", MODEL,
+                            *BENCH, "-q", *extra], capture_output=True, text=True, timeout=600)
+        assert p.returncode == 0, p.stderr[-2000:]
+        s = json.loads(p.stdout)
+        lag = ((s["vkit"]["client"].get("sched_lag") or {}).get("p99_ms")) or 0.0
+        if lag <= SATURATED_MS:
+            return s
+        server.setdefault("saturated_runs", []).append(lag)
+        print(f"\nbench_stream attempt {attempt + 1}: client p99 scheduling lag {lag:.1f} ms > {SATURATED_MS} ms: measuring again")
+    return s
 
 
 def _vllm_bench(server, out_dir) -> dict:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import gc
+import json
 import math
 import queue
 import resource
@@ -29,6 +30,7 @@ from vkit.client import Result, StreamClient, request_body
 from vkit.datasets import Request
 from vkit.errors import Unavailable, UsageError
 from vkit.fingerprint import fingerprint
+from vkit.loopclient import LoopClient
 from vkit.metrics import (
     describe_ms,
     dist,
@@ -58,6 +60,7 @@ class BenchConfig:
     stream: bool = True
     goodput_slo_ms: dict | None = None
     api_key: str | None = None
+    transport: str = "auto"  # "loop" (one thread, selectors), "threads" (one per stream); auto = loop for http
     stall_timeout_s: float = 60.0
     scrape_interval_s: float = 1.0
     drain_timeout_s: float = 60.0
@@ -128,6 +131,18 @@ class _Scraper:
         if self._t.is_alive():
             self._t.join(timeout=5)
         return {"scrapes": self.n, **{f"{k}_max": v for k, v in self.peaks.items()}}
+
+
+def _fd_budget() -> int:
+    """How many sockets the loop transport may open: the soft file limit, raised to the hard one."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard > soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else max(soft, 65536), hard))
+            soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        except (ValueError, OSError):
+            pass
+    return max(1, soft - 64)
 
 
 def _cpu_s() -> float:
@@ -278,6 +293,94 @@ def _run_phase(
     return got, t0, t_end, interrupted
 
 
+def _run_phase_loop(
+    cfg: BenchConfig,
+    model: str,
+    reqs: list[Request],
+    offsets: np.ndarray | None,
+    conc: int,
+    duration_s: float | None,
+    stop: threading.Event,
+    progress: Callable[[dict], None] | None,
+) -> tuple[list[Result], float, float, bool]:
+    """``_run_phase`` on the one-thread transport: the dispatch schedule and the streams share
+    one loop. Returns results, t0, t_end, interrupted."""
+    chat = cfg.endpoint == "chat"
+    path = "/v1/chat/completions" if chat else "/v1/completions"
+    lc = LoopClient(cfg.url, api_key=cfg.api_key, stall_timeout=cfg.stall_timeout_s)
+    results: list[Result] = []
+    pending: dict[int, Request] = {}
+    pc = time.perf_counter
+    interrupted = False
+    t0 = pc()
+    total = len(reqs) if duration_s is None else None
+    last_report = t0
+    sent = tokens = errors = 0
+    i = 0
+    drain_until = None
+
+    def collect(done: list[Result]) -> None:
+        nonlocal tokens, errors
+        for r in done:
+            r.request = pending.pop(r.index, None)  # type: ignore[attr-defined]
+            results.append(r)
+            tokens += r.completion_tokens or 0
+            errors += 0 if r.ok else 1
+
+    try:
+        while True:
+            try:
+                now = pc()
+                sending = drain_until is None and not stop.is_set()
+                if sending and duration_s is None and i >= len(reqs):
+                    sending = False
+                if sending and duration_s is not None and now - t0 >= duration_s:
+                    sending = False
+                wait = 0.1
+                while sending and lc.in_flight < conc:
+                    target = t0 + (float(offsets[i]) if offsets is not None and i < len(offsets) else 0.0)
+                    if target > now:
+                        wait = min(wait, target - now)
+                        break
+                    req = reqs[i % len(reqs)]
+                    pending[i] = req
+                    r = lc.start(path, json.dumps(request_body(req, model, chat, cfg.stream)).encode(), cfg.stream, chat, index=i)
+                    r.dispatch_lag = max(0.0, now - target)  # type: ignore[attr-defined]
+                    sent += 1
+                    i += 1
+                    if duration_s is None and i >= len(reqs):
+                        break
+                    now = pc()
+                if not sending and lc.in_flight == 0:
+                    collect(lc.poll(0))
+                    break
+                if stop.is_set() and drain_until is None:
+                    drain_until = pc() + cfg.drain_timeout_s
+                    interrupted = True
+                if drain_until is not None and pc() >= drain_until:
+                    break
+                collect(lc.poll(wait))
+                now = pc()
+                if progress and now - last_report >= 2.0:
+                    last_report = now
+                    el = now - t0
+                    progress({"done": len(results), "sent": sent, "total": total, "elapsed_s": el,
+                              "output_tok_s": tokens / el if el > 0 else 0.0, "errors": errors})
+            except KeyboardInterrupt:
+                if drain_until is not None:
+                    break  # a second Ctrl-C: stop waiting
+                stop.set()
+    finally:
+        t_end = pc()
+        collect(lc.abort_all("interrupted before the response ended"))
+        lc.close()
+    if progress:
+        el = t_end - t0
+        progress({"done": len(results), "sent": sent, "total": total, "elapsed_s": el,
+                  "output_tok_s": tokens / el if el > 0 else 0.0, "errors": errors})
+    return results, t0, t_end, interrupted or stop.is_set()
+
+
 def _preflight_request(first: Request) -> Request:
     """The first request's shape with other token ids, so the preflight does not put the
     measured prompt into the server's prefix cache (text prompts are sent as they are)."""
@@ -314,13 +417,27 @@ def run_bench(cfg: BenchConfig, progress: Callable[[dict], None] | None = None, 
     client.close()
 
     conc = cfg.max_concurrency
-    n_workers = min(conc or len(cfg.requests), MAX_THREADS)
     if cfg.duration_s is not None and conc is None and math.isinf(cfg.request_rate):
         raise UsageError("--duration with --request-rate inf needs --max-concurrency")
+    transport = cfg.transport
+    if transport == "auto":
+        transport = "threads" if cfg.url.startswith("https:") else "loop"
+    if transport == "loop" and cfg.url.startswith("https:"):
+        raise UsageError("--transport loop speaks plain http only; use --transport threads for https")
+    if transport == "loop":
+        n_workers = min(conc or len(cfg.requests), _fd_budget())
+
+        def phase(reqs, offsets, workers, duration_s, stop_, progress_):
+            return _run_phase_loop(cfg, model, reqs, offsets, workers, duration_s, stop_, progress_)
+    else:
+        n_workers = min(conc or len(cfg.requests), MAX_THREADS)
+
+        def phase(reqs, offsets, workers, duration_s, stop_, progress_):
+            return _run_phase(client, cfg, model, reqs, offsets, workers, duration_s, stop_, progress_)
 
     warm_results: list[Result] = []
     if cfg.warmups:
-        warm_results, _, _, intr = _run_phase(client, cfg, model, cfg.warmups, None, min(n_workers, len(cfg.warmups)), None, stop, None)
+        warm_results, _, _, intr = phase(cfg.warmups, None, min(n_workers, len(cfg.warmups)), None, stop, None)
         if intr:
             stop.set()
 
@@ -344,9 +461,7 @@ def run_bench(cfg: BenchConfig, progress: Callable[[dict], None] | None = None, 
         t0 = t_end = time.perf_counter()
         interrupted = stop.is_set()
         if not interrupted:
-            results, t0, t_end, interrupted = _run_phase(
-                client, cfg, model, cfg.requests, cfg.arrivals, n_workers, cfg.duration_s, stop, progress
-            )
+            results, t0, t_end, interrupted = phase(cfg.requests, cfg.arrivals, n_workers, cfg.duration_s, stop, progress)
         cpu_s, wall_s = _cpu_s() - cpu0, time.perf_counter() - wall0
     finally:
         if gc_was_enabled:
@@ -378,9 +493,13 @@ def run_bench(cfg: BenchConfig, progress: Callable[[dict], None] | None = None, 
                 "name": "vkit bench_stream",
                 "version": __version__,
                 "python": sys.version.split()[0],
-                "transport": "http.client, one keep-alive connection per thread",
-                "threads": n_workers,
+                "transport": transport,
+                "transport_detail": ("one thread, non-blocking sockets in a selectors loop, keep-alive" if transport == "loop"
+                                     else "http.client, one keep-alive connection per thread"),
+                "threads": 1 if transport == "loop" else n_workers,
+                "max_streams": n_workers,
                 "cpu_s": cpu_s,
+                "t0_monotonic_s": t0,  # perf_counter (CLOCK_MONOTONIC) at the run's start: records' start_s are offsets from it
                 "wall_s": wall_s,
                 "cpu_frac_of_one_core": cpu_s / wall_s if wall_s > 0 else None,
                 "sched_lag": lag_stats,
@@ -458,6 +577,7 @@ def summarize(
         tp = tpot_of(r.latency, r.ttft, r.completion_tokens) if r.ok else None
         rec = {
             "i": r.index,
+            "id": r.rid,
             "warmup": r in warm,
             "ok": r.ok,
             "status": r.status,

@@ -43,6 +43,7 @@ class Result:
     completion_tokens: int | None = None
     finish_reason: str | None = None
     event_times: list = field(default_factory=list)  # offsets from start of each token event
+    rid: str | None = None  # the response's id (first event), to join with server-side logs
 
 
 def error_message(body: bytes) -> str:
@@ -151,7 +152,116 @@ class StreamClient:
     @staticmethod
     def _read_whole(resp, r: Result) -> None:
         body = resp.read()
-        t = time.perf_counter() - r.start
+        SSEState.whole(r, body, time.perf_counter())
+
+    @staticmethod
+    def _read_stream(resp, r: Result, chat: bool) -> None:
+        st = SSEState(r, chat)
+        pc = time.perf_counter
+        readline = resp.readline
+        while True:
+            line = readline()
+            if not line:
+                break
+            if st.line(line, pc()):
+                if st.done:
+                    resp.read()  # drain the terminating chunk so the connection can be reused
+                break
+        st.finish()
+
+
+class SSEState:
+    """One response's server-sent events, read into its :class:`Result`; both transports use it.
+
+    Every SSE message with ``choices`` is a token event for completions; for chat only
+    deltas with content count (as ``vllm bench serve``). An error event is recorded and
+    reading goes on to ``[DONE]`` (vLLM sends one after the error); a malformed event ends
+    the response (``fatal``).
+    """
+
+    __slots__ = ("r", "chat", "tail", "last", "done", "fatal")
+
+    def __init__(self, r: Result, chat: bool):
+        self.r, self.chat = r, chat
+        self.tail = b""
+        self.last: float | None = None
+        self.done = False
+        self.fatal = False
+
+    def feed(self, data: bytes, t: float) -> bool:
+        """Bytes that arrived by time ``t``; True once the stream is over ([DONE] or fatal)."""
+        if self.tail:
+            data = self.tail + data
+        lines = data.split(b"\n")
+        self.tail = lines.pop()
+        for line in lines:
+            if self.line(line, t):
+                return True
+        return False
+
+    def line(self, line: bytes, t: float) -> bool:
+        """One SSE line read at time ``t``; True once the stream is over."""
+        if not line.startswith(b"data:"):
+            return False  # blank separators, comments, event:/id: fields
+        data = line[5:].strip()
+        r = self.r
+        if data == b"[DONE]":
+            r.done = t - r.start
+            self.done = True
+            return True
+        try:
+            obj = json.loads(data)
+        except ValueError:
+            r.error = f"malformed SSE event: {data[:80]!r}"
+            self.fatal = True
+            return True
+        if "error" in obj:
+            err = obj["error"]
+            r.error = "error event: " + (err.get("message", str(err)) if isinstance(err, dict) else str(err))
+            return False  # vLLM sends [DONE] after an error event; read on to it
+        choices = obj.get("choices")
+        if choices:
+            c0 = choices[0]
+            if self.chat:
+                d = c0.get("delta") or {}
+                counted = bool(d.get("content") or d.get("reasoning_content"))
+            else:
+                counted = True
+            if counted:
+                last = self.last
+                if last is None:
+                    r.ttft = t - r.start
+                    r.rid = obj.get("id")
+                else:
+                    r.itl.append(t - last)
+                r.event_times.append(t - r.start)
+                r.events += 1
+                self.last = t
+            if c0.get("finish_reason"):
+                r.finish_reason = c0["finish_reason"]
+        usage = obj.get("usage")
+        if usage:
+            r.prompt_tokens = usage.get("prompt_tokens")
+            r.completion_tokens = usage.get("completion_tokens")
+        return False
+
+    def finish(self) -> None:
+        """The body ended: decide whether the request succeeded."""
+        r = self.r
+        if r.error is not None:
+            return
+        if not self.done:
+            r.error = "stream ended before [DONE]"
+        elif self.last is None:
+            r.error = "no token event before [DONE]"
+        else:
+            r.latency = self.last - r.start
+            r.ok = True
+
+    @staticmethod
+    def whole(r: Result, body: bytes, t: float) -> None:
+        """A non-streamed response read completely at time ``t``."""
+        t -= r.start
         try:
             obj = json.loads(body)
         except ValueError:
@@ -159,70 +269,13 @@ class StreamClient:
             return
         # Without streaming there are only two time points: first token and last are the same.
         r.ttft = r.latency = r.done = t
+        r.rid = obj.get("id")
         usage = obj.get("usage") or {}
         r.prompt_tokens = usage.get("prompt_tokens")
         r.completion_tokens = usage.get("completion_tokens")
         ch = obj.get("choices") or [{}]
         r.finish_reason = ch[0].get("finish_reason")
         r.events = 1
-        r.ok = True
-
-    @staticmethod
-    def _read_stream(resp, r: Result, chat: bool) -> None:
-        start = r.start
-        last = None
-        pc = time.perf_counter
-        readline = resp.readline
-        while True:
-            line = readline()
-            if not line:
-                r.error = "stream ended before [DONE]"
-                return
-            if not line.startswith(b"data:"):
-                continue  # blank separators, comments, event:/id: fields
-            data = line[5:].strip()
-            if data == b"[DONE]":
-                r.done = pc() - start
-                resp.read()  # drain the terminating chunk so the connection can be reused
-                break
-            t = pc()
-            try:
-                obj = json.loads(data)
-            except ValueError:
-                r.error = f"malformed SSE event: {data[:80]!r}"
-                return
-            if "error" in obj:
-                err = obj["error"]
-                r.error = "error event: " + (err.get("message", str(err)) if isinstance(err, dict) else str(err))
-                continue  # vLLM sends [DONE] after an error event; read on to it
-            choices = obj.get("choices")
-            if choices:
-                c0 = choices[0]
-                if chat:
-                    d = c0.get("delta") or {}
-                    counted = bool(d.get("content") or d.get("reasoning_content"))
-                else:
-                    counted = True
-                if counted:
-                    if last is None:
-                        r.ttft = t - start
-                    else:
-                        r.itl.append(t - last)
-                    r.event_times.append(t - start)
-                    r.events += 1
-                    last = t
-                if c0.get("finish_reason"):
-                    r.finish_reason = c0["finish_reason"]
-            usage = obj.get("usage")
-            if usage:
-                r.prompt_tokens = usage.get("prompt_tokens")
-                r.completion_tokens = usage.get("completion_tokens")
-        if r.error:
-            return
-        if last is None:
-            r.error = "no token event before [DONE]"
-            return
-        r.latency = last - start
         r.ok = True
 
 

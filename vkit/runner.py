@@ -207,6 +207,17 @@ class Runner:
 
     # Anomalies that say the *client or machine* was busy, not that the server misbehaved: worth one re-measure.
     TRANSIENT = {"client_saturation", "warmup_outliers", "client_server_ttft_gap"}
+    # With a saturated client these follow from it (latencies inflated, the loop not kept full), so
+    # they do not stop the re-measure either; without client_saturation they are the server's.
+    SATURATION_EFFECTS = {"littles_law", "phase_order"}
+
+    @classmethod
+    def transient(cls, findings: set) -> bool:
+        """True when a run's findings are all explained by a busy client or machine."""
+        if not findings:
+            return False
+        allowed = cls.TRANSIENT | (cls.SATURATION_EFFECTS if "client_saturation" in findings else set())
+        return findings <= allowed
 
     def measure(self, label: str, k: int, workload: Workload | None = None) -> tuple[str, dict, dict]:
         """One bench_stream run (seed + k), validated. A run whose only findings say the load
@@ -216,7 +227,7 @@ class Runner:
             if doc.get("failed") and not self._healthy(self.sf.read()["service"]["url"]):
                 path, doc, check = self._server_died(label, k, workload, doc)
             findings = set(check.get("findings") or [])
-            if check["code"] != ExitCode.REJECTED or not findings or not findings <= self.TRANSIENT or attempt == 2:
+            if check["code"] != ExitCode.REJECTED or not self.transient(findings) or attempt == 2:
                 return path, doc, check
             self.progress(f"{label} run {k}: {', '.join(sorted(findings))} (the client or the machine was busy); measuring again")
             self.log("remeasure", run=path, findings=sorted(findings))

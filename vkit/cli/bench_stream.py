@@ -80,6 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
     ld.add_argument("--num-warmups", type=_nonneg_int, default=0, metavar="N", help="unmeasured requests first (default 0)")
     ld.add_argument("--stall-timeout", type=float, default=60.0, metavar="S", help="a stream silent for S seconds is a failed request (default 60)")
     ld.add_argument("--drain-timeout", type=float, default=60.0, metavar="S", help="after Ctrl-C, wait up to S seconds for in-flight requests (default 60)")
+    ld.add_argument("--transport", choices=["auto", "loop", "threads"], default="auto",
+                    help="client transport: loop = every stream on one thread (selectors), threads = one thread and "
+                         "connection per stream; auto = loop for http, threads for https (default auto)")
     ld.add_argument("--scrape-interval", type=float, default=1.0, metavar="S", help="/metrics scrape period during the run, 0 = only before/after (default 1)")
     o = p.add_argument_group("output")
     o.add_argument("--goodput", nargs="+", metavar="KEY:MS", help="SLOs for request_goodput, e.g. ttft:500 tpot:50 e2el:10000")
@@ -163,6 +166,7 @@ def build_config(args: argparse.Namespace, argv: list[str]) -> BenchConfig:
         api_key=api_key,
         stall_timeout_s=args.stall_timeout,
         scrape_interval_s=args.scrape_interval,
+        transport=args.transport,
         drain_timeout_s=args.drain_timeout,
         meta={"dataset": dataset, "seed": args.seed, "command": [TOOL] + list(argv), "command_line": shlex.join([TOOL] + list(argv))},
     )
