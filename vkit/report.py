@@ -172,6 +172,26 @@ def config_text(cfg: Any) -> str:
     return _s(cfg) or "–"
 
 
+CONFIRMATION_NOTE = ("confirmed: kept = the kept configuration; confirmed on M = the gate accepted its advantage in "
+                     "metric M over the kept configuration on fresh interleaved runs; undecided = more runs needed; "
+                     "screening only = never re-confirmed (its numbers carry the winner's curse).")
+
+
+def confirmation_text(p: dict) -> str:
+    """How a delivered configuration was confirmed, in a few words."""
+    c = p.get("confirmation") if isinstance(p.get("confirmation"), dict) else {}
+    d = c.get("decision")
+    if d == "kept" or (p.get("confirmed") is True and not c):
+        return "kept"
+    if d == "accept":
+        return f"confirmed on {metric_label(_s(c.get('claim')).split(':')[0])}"
+    if d == "undecided":
+        return "undecided"
+    if d is None and "confirmed" in p:
+        return "screening only"
+    return _s(d) if d else "–"
+
+
 def _flags_text(flags: Any) -> str:
     if isinstance(flags, list) and flags:
         return shlex.join(_s(f) for f in flags)
@@ -199,6 +219,7 @@ class _View:
         self.steps = [s for s in _l(r.get("steps")) if isinstance(s, dict)]
         self.knee = _d(r.get("knee"))
         self.pareto = [p for p in _l(r.get("pareto")) if isinstance(p, dict)]
+        self.dropped = [p for p in _l(r.get("not_confirmed")) if isinstance(p, dict)]
         self.rec = _d(r.get("recommendation"))
         self.stop_rule = _s(r.get("stop_rule"))
         self.drift = [x for x in _l(r.get("drift")) if isinstance(x, dict)]
@@ -863,12 +884,16 @@ def render_markdown(result: dict) -> str:
             tid = _s(p.get("trial_id"))
             m = v.metrics_of(tid, p)
             note = ", ".join(n for n, ok in (("knee", tid == v.knee_id), ("recommended", tid == v.rec_id)) if ok)
-            conf = p.get("confirmed")
             rows.append([_md_code(tid), _md_code(config_text(p.get("config"))), fmt_num(m.get(v.y_key)),
-                         fmt_num(m.get(X_KEY)), fmt_pct(p.get("dominance_rate")),
-                         "yes" if conf is True else "no" if conf is False else "–",
+                         fmt_num(m.get(X_KEY)), fmt_pct(p.get("dominance_rate")), _md(confirmation_text(p)),
                          _md_code(_flags_text(p.get("serve_flags"))), note or "–"])
         L += _md_table(head, rows) + [""]
+        L += [_md(CONFIRMATION_NOTE), ""]
+    for d in v.dropped:
+        L += [f"- Dropped on re-confirmation: {_md_code(_s(d.get('trial_id')))} ({_md_code(config_text(d.get('config')))}), "
+              f"claim {_md(_s(d.get('claim')))}: {_md(_s(d.get('decision')))} — {_md(_s(d.get('why')))}"]
+    if v.dropped:
+        L.append("")
     else:
         L += [v.empty_pareto_text(), ""]
 
@@ -1047,13 +1072,16 @@ def render_html(result: dict) -> str:
             tid = _s(p.get("trial_id"))
             m = v.metrics_of(tid, p)
             note = ", ".join(n for n, ok in (("knee", tid == v.knee_id), ("recommended", tid == v.rec_id)) if ok)
-            conf = p.get("confirmed")
             rows.append(("hl" if note else "", [_h_code(tid), _h_code(config_text(p.get("config"))),
                                                _e(fmt_num(m.get(v.y_key))), _e(fmt_num(m.get(X_KEY))),
-                                               _e(fmt_pct(p.get("dominance_rate"))),
-                                               "yes" if conf is True else "no" if conf is False else "–",
+                                               _e(fmt_pct(p.get("dominance_rate"))), _e(confirmation_text(p)),
                                                _h_flags(p.get("serve_flags")), _e(note) or "–"]))
         H.append(_h_table(head, rows, (2, 3, 4), table_id="pareto-table"))
+        H.append(f"<p>{_e(CONFIRMATION_NOTE)}</p>")
+    if v.dropped:
+        H.append('<ul id="dropped">' + "".join(
+            f"<li>Dropped on re-confirmation: {_h_code(_s(d.get('trial_id')))} ({_h_code(config_text(d.get('config')))}), "
+            f"claim {_e(_s(d.get('claim')))}: {_e(_s(d.get('decision')))} — {_e(_s(d.get('why')))}</li>" for d in v.dropped) + "</ul>")
     else:
         H.append(f"<p>{_e(v.empty_pareto_text())}</p>")
     H.append(f'<figure id="plot-pareto">{plot_pareto_svg(v)}<figcaption>Figure 3. The Pareto configurations joined '
@@ -1285,11 +1313,14 @@ def render_terminal(result: dict, width: int = 78, color: bool = False) -> str:
             tid = _s(p.get("trial_id"))
             m = v.metrics_of(tid, p)
             tag = "".join(x for x, ok in ((" [knee]", tid == v.knee_id), (" [recommended]", tid == v.rec_id)) if ok)
-            conf = "confirmed" if p.get("confirmed") is True else "not confirmed" if p.get("confirmed") is False else ""
+            conf = confirmation_text(p)
             s = (f"{tid}{tag}: {fmt_metric(m.get(v.y_key), v.y_key)}, {metric_label(X_KEY)} "
                  f"{fmt_metric(m.get(X_KEY), X_KEY)}, dominance rate {fmt_pct(p.get('dominance_rate'))}"
-                 + (f", {conf}" if conf else "") + f"; {config_text(p.get('config'))}")
+                 + (f", {conf}" if conf != "–" else "") + f"; {config_text(p.get('config'))}")
             L += _wrap(s, width, "      ", "  ")
+        for d in v.dropped:
+            L += _wrap(f"dropped on re-confirmation: {_s(d.get('trial_id'))} (claim {_s(d.get('claim'))}): "
+                       f"{_s(d.get('decision'))}; {config_text(d.get('config'))}", width, "      ", "  ")
     else:
         L.append(v.empty_pareto_text())
     L.append("")

@@ -418,18 +418,55 @@ class Runner:
         """Fresh interleaved runs of trial ``tid``'s configuration against the kept one (B A A B blocks),
         gated with --fresh --selected-from K; an accept is kept (a gate decision, logged)."""
         t = self.trial(tid)
+        conf = self._confirm(tid, "confirmations", selected_from, workload, primary, guards)
+        if conf.get("decision") == "kept":
+            return conf
+        if conf.get("decision") != "accept":
+            self.progress(f"REVERT: {tid} not kept ({conf.get('decision')}): {conf.get('why')}")
+            return conf
+        ok, _ = self.apply(t["config"])
+        if not ok:
+            conf["decision"] = "start_failed"
+            self.save_conf(conf)
+            return conf
+        lc = Lifecycle(self.sf, self.tool_name, self.owner, progress=self.progress)
+        did = lc.keep(reason=f"gate accepted {tid} on fresh interleaved runs: {conf.get('why')}", decision="gate")
+        conf["decision"] = "kept"
+        conf["decision_id"] = did
+        self.save_conf(conf)
+        self.update_trial(tid, kept=True, decision_id=did)
+        self.progress(f"KEEP {tid}: {' '.join(to_serve_flags(t['changes']))} ({did})")
+        return conf
+
+    def confirm_point(self, tid: str, selected_from: int, primary: str, guards: list[str] | None = None) -> dict:
+        """A delivered (Pareto) configuration re-confirmed on its own claim — ``primary``, the objective
+        it screened better on — against the kept one, on fresh interleaved runs; nothing is kept.
+        Decision: accept (confirmed), reject (the claim was noise) or undecided. The server is left
+        on the kept configuration."""
+        conf = self._confirm(tid, "delivery_confirmations", selected_from, None, primary, guards or [])
+        self.restore_kept()
+        return conf
+
+    def _confirm(self, tid: str, list_key: str, selected_from: int, workload: Workload | None,
+                 primary: str | None, guards: list[str] | None) -> dict:
+        """B A A B blocks of trial ``tid`` (B) against the kept configuration (A), gated after each
+        block until a decision or ``confirm_blocks``; resumable from the record in ``list_key``."""
+        t = self.trial(tid)
         st = self.sf.read()
-        conf = next((c for c in st.get("confirmations", []) if c["trial_id"] == tid), None)
+        kept_cfg = dict(st["kept"]["config"])
+        conf = next((c for c in st.get(list_key, []) if c["trial_id"] == tid), None)
+        if conf is not None and conf.get("against", kept_cfg) != kept_cfg:
+            conf = None  # confirmed against an earlier kept configuration: that verdict no longer applies
         if conf is None:
             conf = {"trial_id": tid, "step": t["step"], "config": t["config"], "selected_from": selected_from,
-                    "a_runs": [], "b_runs": [], "decision": None, "started": now_iso(), "sequence": []}
-            with self.sf.transaction() as s2:
-                s2.setdefault("confirmations", []).append(conf)
-        if conf.get("decision") in ("accept", "reject", "kept", "start_failed"):
+                    "primary": primary, "against": kept_cfg, "a_runs": [], "b_runs": [], "decision": None,
+                    "started": now_iso(), "sequence": []}
+            self.save_conf(conf, list_key)
+        if conf.get("decision") in ("accept", "reject", "kept", "start_failed", "invalid") or \
+                (conf.get("decision") == "undecided" and conf.get("finished")):
             return conf
-        kept_cfg = dict(st["kept"]["config"])
         pattern = ["B", "A", "A", "B"]
-        label = f"confirm-{tid}"
+        label = f"confirm-{tid}" if list_key == "confirmations" else f"deliver-{tid}"
         decision = None
         g: dict = {}
         for block in range(self.s.confirm_blocks):
@@ -441,18 +478,18 @@ class Runner:
                 ok, res = self.apply(cfg, fresh=prev != arm)
                 if not ok:
                     conf["decision"] = "start_failed"
-                    self._save_conf(conf)
+                    self.save_conf(conf, list_key)
                     return conf
                 k = len(conf["b_runs" if arm == "B" else "a_runs"]) + 1
                 path, doc, check = self.measure(f"{label}-{arm}", k, workload)
                 if check["code"] == ExitCode.INVALID:
                     conf["decision"] = "invalid"
                     conf["why"] = f"invalid confirmation run {path}"
-                    self._save_conf(conf)
+                    self.save_conf(conf, list_key)
                     return conf
                 conf["b_runs" if arm == "B" else "a_runs"].append(path)
                 conf["sequence"].append(arm)
-                self._save_conf(conf)
+                self.save_conf(conf, list_key)
                 self.progress(f"confirm {tid} {arm}{k}: {doc['output_throughput']:.0f} out tok/s, P95 TTFT {doc['p95_ttft_ms']:.0f} ms")
             g = self.gate(conf["a_runs"], conf["b_runs"], fresh=True, selected_from=selected_from, primary=primary, guards=guards)
             decision = g.get("decision")
@@ -462,27 +499,13 @@ class Runner:
         conf["decision"] = decision
         conf["gate"] = {k: g.get(k) for k in ("decision", "why", "primary", "guards", "more_runs", "warnings", "design", "exit_code")}
         conf["why"] = g.get("why")
-        self._save_conf(conf)
-        if decision == "accept":
-            ok, _ = self.apply(t["config"])
-            if not ok:
-                conf["decision"] = "start_failed"
-                self._save_conf(conf)
-                return conf
-            lc = Lifecycle(self.sf, self.tool_name, self.owner, progress=self.progress)
-            did = lc.keep(reason=f"gate accepted {tid} on fresh interleaved runs: {g.get('why')}", decision="gate")
-            conf["decision"] = "kept"
-            conf["decision_id"] = did
-            self._save_conf(conf)
-            self.update_trial(tid, kept=True, decision_id=did)
-            self.progress(f"KEEP {tid}: {' '.join(to_serve_flags(t['changes']))} ({did})")
-        else:
-            self.progress(f"REVERT: {tid} not kept ({decision}): {g.get('why')}")
+        conf["finished"] = now_iso()
+        self.save_conf(conf, list_key)
         return conf
 
-    def _save_conf(self, conf: dict) -> None:
+    def save_conf(self, conf: dict, list_key: str = "confirmations") -> None:
         with self.sf.transaction() as st:
-            lst = st.setdefault("confirmations", [])
+            lst = st.setdefault(list_key, [])
             for i, c in enumerate(lst):
                 if c["trial_id"] == conf["trial_id"]:
                     lst[i] = conf

@@ -306,10 +306,12 @@ def run_step5(runner: Runner, mixed: Workload, progress: Callable[[str], None]) 
     return rec
 
 
-def deliver(runner: Runner, goal: dict) -> dict:
-    """3–5 Pareto configurations with dominance rates, the knee, the recommendation, the flags."""
+def _front(runner: Runner, goal: dict) -> tuple[dict, list[search.Observation]]:
+    """The search's delivery over every screened configuration plus the kept one."""
     st = runner.sf.read()
-    hist = [h for h in observations(runner) if h.step in ("2", "3", "4", "bo")]
+    # a member whose claim the gate rejected on fresh runs was a screening artefact: out of the front
+    gone = {c["trial_id"] for c in _current_checks(st) if c.get("decision") in _NOT_CONFIRMED}
+    hist = [h for h in observations(runner) if h.step in ("2", "3", "4", "bo") and h.trial_id not in gone]
     b = st.get("baseline") or {}
     kept = st["kept"]["config"]
     # the kept configuration (confirmed) is always a candidate for delivery
@@ -317,13 +319,113 @@ def deliver(runner: Runner, goal: dict) -> dict:
         hist.append(search.Observation(config=dict(kept), objectives={o.name: b["metrics"].get(o.name) for o in OBJECTIVES},
                                        repeats=[], feasible=True, slo_ok=None, step="kept", trial_id="kept"))
     out = search.deliver(hist, OBJECTIVES, goal) if hist else {"front": [], "knee": None, "recommendation": None}
+    return out, hist
+
+
+_NOT_CONFIRMED = ("reject", "invalid", "start_failed")
+
+
+def _current_checks(st: dict) -> list[dict]:
+    """Delivery confirmations made against the configuration kept now (older ones no longer apply)."""
+    kept = st["kept"]["config"]
+    return [c for c in st.get("delivery_confirmations", []) if c.get("against", kept) == kept]
+
+
+def _claim(point: dict, kept_obj: dict) -> tuple[str, float]:
+    """The objective a front member screened best on relative to the kept configuration, as a gate
+    primary spec, and that relative advantage (in the objective's good direction)."""
+    best, gain = None, -math.inf
+    for o in OBJECTIVES:
+        a, b = kept_obj.get(o.name), (point.get("objectives") or {}).get(o.name)
+        if not isinstance(a, (int, float)) or not isinstance(b, (int, float)) or a == 0:
+            continue
+        rel = (b - a) / abs(a) * (1 if o.direction == "max" else -1)
+        if rel > gain:
+            best, gain = o, rel
+    best = best or OBJECTIVES[0]
+    return f"{best.name}:{'+' if best.direction == 'max' else '-'}", gain
+
+
+def confirm_front(runner: Runner, goal: dict, limit: int, progress: Callable[[str], None]) -> list[dict]:
+    """Re-confirm (measure) up to ``limit`` delivered configurations that are not the kept one, each on its own
+    claim (the objective it screened better on) against the kept configuration, on fresh interleaved
+    runs with the gate (the winner's curse: a screening mean is biased up). Resumable; the
+    decisions go into the state file (``delivery_confirmations``) for :func:`deliver`."""
+    done: list[dict] = []
+    tried: set = set()
+    measured = 0
+    while measured < limit:
+        # the front is recomputed after every rejection: a member that was a noise artefact leaves it,
+        # and whatever takes its place is confirmed in turn
+        out, hist = _front(runner, goal)
+        st = runner.sf.read()
+        kept_ids = {c["trial_id"] for c in st.get("confirmations", []) if c.get("decision") == "kept"}
+        kept_cfg = st["kept"]["config"]
+        # the kept configuration's own numbers: its baseline, else the screening of the trial that became it
+        kept_obj = next((h.objectives for h in hist if h.trial_id == "kept"), None) or \
+            next((h.objectives for h in hist if h.trial_id in kept_ids and h.config == kept_cfg), None)
+        if not kept_obj:
+            break
+        finished = {c["trial_id"] for c in _current_checks(st) if c.get("finished") or c.get("decision")}
+        todo = [p for p in out.get("front", []) if p.get("trial_id") not in (None, "kept")
+                and p["trial_id"] not in kept_ids and p["trial_id"] not in finished and p["trial_id"] not in tried]
+        if not todo:
+            break
+        p = todo[0]
+        tid = p["trial_id"]
+        tried.add(tid)
+        primary, gain = _claim(p, kept_obj)
+        if gain <= 0:  # on the front only through the pooled means: no claim over the kept configuration to test
+            conf = {"trial_id": tid, "step": p.get("step"), "config": p.get("config"), "primary": primary,
+                    "against": dict(kept_cfg), "a_runs": [], "b_runs": [], "sequence": [], "decision": "reject",
+                    "why": f"no advantage over the kept configuration on screening (best: {primary} {gain:+.1%}); not measured again",
+                    "started": now_iso(), "finished": now_iso()}
+            runner.save_conf(conf, "delivery_confirmations")
+            progress(f"deliver: {tid} dropped: {conf['why']}")
+            done.append(conf)
+            continue
+        progress(f"deliver: confirming {tid} ({' '.join(to_serve_flags(p.get('config') or {}))}) on its claim {primary} "
+                 f"({gain:+.1%} on screening) against the kept configuration")
+        conf = runner.confirm_point(tid, selected_from=max(1, len(hist)), primary=primary)
+        measured += 1
+        progress(f"deliver: {tid} {'confirmed' if conf.get('decision') == 'accept' else conf.get('decision')}: {conf.get('why')}")
+        done.append(conf)
+    return done
+
+
+def deliver(runner: Runner, goal: dict) -> dict:
+    """3–5 Pareto configurations with dominance rates, the knee, the recommendation, the flags.
+    Reads the state only: a member is ``confirmed`` when it is the kept configuration or the gate
+    accepted its claim on fresh interleaved runs (:func:`confirm_front`); one whose claim the gate
+    rejected is moved to ``not_confirmed`` and no longer offered as better."""
+    st = runner.sf.read()
+    out, _ = _front(runner, goal)
+    kept = st["kept"]["config"]
     confirmed = {c["trial_id"] for c in st.get("confirmations", []) if c.get("decision") == "kept"}
+    checks = {c["trial_id"]: c for c in _current_checks(st)}
     pareto = []
     for p in out.get("front", []):
         cfg = p.get("config") or {}
-        pareto.append(dict(p, metrics=p.get("objectives"), serve_flags=to_serve_flags(cfg),
-                           confirmed=p.get("trial_id") in confirmed or p.get("trial_id") == "kept"))
+        tid = p.get("trial_id")
+        row = dict(p, metrics=p.get("objectives"), serve_flags=to_serve_flags(cfg),
+                   confirmed=tid in confirmed or tid == "kept")
+        c = checks.get(tid)
+        if row["confirmed"]:
+            row["confirmation"] = {"decision": "kept", "why": "the kept configuration"}
+        elif c is not None:
+            row["confirmation"] = {"claim": c.get("primary"), "decision": c.get("decision"), "why": c.get("why"),
+                                   "pairs": len(c.get("b_runs") or [])}
+            row["confirmed"] = c.get("decision") == "accept"
+        else:
+            row["confirmation"] = {"decision": None, "why": "screening only: not re-confirmed on fresh runs"}
+        pareto.append(row)
+    trials = {t["id"]: t for t in st["trials"]}
+    dropped = [{"trial_id": c["trial_id"], "config": c.get("config"), "serve_flags": to_serve_flags(c.get("config") or {}),
+                "screening": (trials.get(c["trial_id"]) or {}).get("metrics"), "claim": c.get("primary"),
+                "decision": c.get("decision"), "why": c.get("why")}
+               for c in _current_checks(st) if c.get("decision") in _NOT_CONFIRMED]
     out["pareto"] = pareto
+    out["not_confirmed"] = dropped
     # The recommendation is the kept configuration: the only one confirmed on fresh interleaved runs.
     kept_trial = next((t["id"] for t in reversed(st["trials"]) if t.get("kept") and t["config"] == kept), "kept")
     searched = out.get("recommendation") or {}

@@ -30,6 +30,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     d.add_argument("--baseline-repeats", type=int, default=4, metavar="N", help="runs of the kept configuration for σ (default 4)")
     d.add_argument("--screen-repeats", type=int, default=2, metavar="N", help="runs per screened candidate (default 2)")
     d.add_argument("--confirm-blocks", type=int, default=3, metavar="N", help="B A A B confirmation blocks at most (default 3)")
+    d.add_argument("--confirm-front", type=int, default=4, metavar="N",
+                   help="delivered Pareto configurations (other than the kept one) re-confirmed on fresh interleaved runs "
+                        "against the kept one before delivery; 0 = none, they are then marked screening-only (default 4)")
     d.add_argument("--guard", action="append", default=None, metavar="SPEC", help="gate guard, e.g. p95_ttft_ms:-:15%% (default that one)")
     r = p.add_argument_group("server")
     r.add_argument("--ready-timeout", type=float, default=600.0, metavar="S", help="seconds to wait for a restarted server (default 600)")

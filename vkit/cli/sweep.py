@@ -27,6 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
             "sweep --step 3 --sandbox          # max-num-seqs at the best budget, knee detection",
             "sweep --mode bo --budget 12 --sandbox",
             "sweep --deliver                   # Pareto front, knee, recommendation from the trials so far",
+            "sweep --deliver --sandbox         # ... after re-confirming the front on fresh interleaved runs",
             "sweep --replay vkit-state/decisions.jsonl   # re-derive logged proposals and compare",
             "sweep --ablate --sandbox          # which switch of a multi-parameter change produced the gain",
         ],
@@ -36,7 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = p.add_argument_group("search")
     g = s.add_mutually_exclusive_group()
     g.add_argument("--step", choices=["2", "3", "4"], help="run one staged step (1 and 5 are run by tune)")
-    g.add_argument("--deliver", action="store_true", help="print the Pareto front, knee and recommendation of the trials so far")
+    g.add_argument("--deliver", action="store_true", help="print the Pareto front, knee and recommendation of the trials so far; with --yes or "
+                   "--sandbox, first re-confirm up to --confirm-front of its members against the kept configuration")
     g.add_argument("--replay", metavar="LOG", help="re-run the logged proposals of a decision log and report any that differ")
     g.add_argument("--ablate", action="store_true",
                    help="the last kept change moved several parameters: measure each alone against the configuration it replaced")
@@ -53,14 +55,24 @@ def _run(args: argparse.Namespace, io: IO) -> int:
     if args.replay:
         return _replay(args, io)
     if args.deliver:
-        from vkit.state import StateFile
+        if (args.yes or args.sandbox) and args.confirm_front > 0:
+            # re-confirming the front restarts the server: under the lease, like any trial
+            with ta.held(args, io, TOOL) as (sf, owner):
+                main, _ = ta.workloads(args, sf.read()["service"]["model"])
+                settings = ta.settings(args, main)
+                runner = ta.runner_for(sf, settings, io, TOOL, run_id="deliver")
+                goal = {"maximize": "output_throughput", "subject_to": settings.slo}
+                tuning.confirm_front(runner, goal, args.confirm_front, io.progress)
+                out = tuning.deliver(runner, goal)
+        else:
+            from vkit.state import StateFile
 
-        sf = StateFile(args.state)
-        st = sf.read()
-        main, _ = ta.workloads(args, st["service"]["model"])
-        settings = ta.settings(args, main)
-        runner = ta.runner_for(sf, settings, io, TOOL)
-        out = tuning.deliver(runner, {"maximize": "output_throughput", "subject_to": settings.slo})
+            sf = StateFile(args.state)
+            st = sf.read()
+            main, _ = ta.workloads(args, st["service"]["model"])
+            settings = ta.settings(args, main)
+            runner = ta.runner_for(sf, settings, io, TOOL)
+            out = tuning.deliver(runner, {"maximize": "output_throughput", "subject_to": settings.slo})
         io.emit_json(out)
         return ExitCode.OK
     if args.ablate:

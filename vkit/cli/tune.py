@@ -133,6 +133,8 @@ def _run(args: argparse.Namespace, io: IO) -> int:
             if "5" in steps:
                 tuning.run_step5(runner, mixed, io.progress)
             _machine(sf, "CONVERGE")
+            if args.confirm_front > 0:
+                tuning.confirm_front(runner, _goal(settings), args.confirm_front, io.progress)
             result = build_result(runner, args, settings, t0)
             if not (sf.read().get("tune") or {}).get("kb_recorded"):
                 knowledge.record(kb, kb_key, kb_work, tuning.kb_observations(runner), result.get("recommendation"), run_id)
@@ -162,6 +164,11 @@ def _run(args: argparse.Namespace, io: IO) -> int:
     return ExitCode.OK
 
 
+def _goal(settings) -> dict:
+    return {"maximize": "output_throughput", "subject_to": settings.slo,
+            "text": "max output throughput with " + ", ".join(f"{k} <= {v:g}" for k, v in settings.slo.items())}
+
+
 def _server_info(runner) -> dict:
     b = runner.sf.read().get("baseline") or {}
     try:
@@ -187,8 +194,7 @@ def build_result(runner, args, settings, t0: float) -> dict:
 
     st = runner.sf.read()
     svc = st["service"]
-    goal = {"maximize": "output_throughput", "subject_to": settings.slo,
-            "text": "max output throughput with " + ", ".join(f"{k} <= {v:g}" for k, v in settings.slo.items())}
+    goal = _goal(settings)
     delivered = tuning.deliver(runner, goal)
     b = st.get("baseline") or {}
     version = _server_info(runner)
@@ -224,6 +230,7 @@ def build_result(runner, args, settings, t0: float) -> dict:
                   for s in st.get("steps", [])],
         "knee": delivered.get("knee"),
         "pareto": delivered.get("pareto"),
+        "not_confirmed": delivered.get("not_confirmed") or [],
         "recommendation": delivered.get("recommendation"),
         "stop_rule": "; ".join(f"step {s['step']}: {s.get('stop_rule')}" for s in st.get("steps", [])),
         "drift": [{"after_trial": None, "changed": d.get("changed"), "detail": d.get("why")} for d in st.get("drift_checks", [])],
