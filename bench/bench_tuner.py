@@ -100,6 +100,8 @@ OBJECTIVES = [Objective("goodput", "max"), Objective("p95_ttft_ms", "min")]
 METHODS = {
     "staged": ("staged", {}),
     "staged_load": ("staged", {"load_concurrency": "{load}", "tokens_candidates": "octaves", "seqs_candidates": "octaves"}),
+    # the policy's candidate lists with max_num_seqs above the load in step 2: staged_load without the octaves
+    "staged_load_policy": ("staged", {"load_concurrency": "{load}"}),
     "bo": ("bo", {}),
     "bo_ehvi": ("bo", {"acquisition": "ehvi"}),
     "random": ("random", {}),

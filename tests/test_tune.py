@@ -218,3 +218,14 @@ def test_only_a_busy_client_earns_a_remeasure():
     assert not Runner.transient({"littles_law", "client_server_ttft_gap"})
     assert not Runner.transient({"client_saturation", "tokens_vs_requested"})  # token counts do not depend on the client's speed
     assert not Runner.transient(set())
+
+
+def test_sweep_step2_with_octave_candidates(svc):
+    init(svc, "max_num_seqs=32", "max_num_batched_tokens=8192")
+    r = call("sweep", "--step", "2", "--staged-candidates", "octaves", "--budget", "2", *FAST)
+    assert r.code == 0, r.err[-2000:]
+    budgets = [t["config"]["max_num_batched_tokens"] for t in svc["sf"].read()["trials"]]
+    # every power of two in 256..32768, from the bottom: values the policy's list (4096..32768) does not hold
+    assert budgets == [256, 512], budgets
+    r = call("sweep", "--step", "2", "--staged-candidates", "sometimes", *FAST)
+    assert r.code == 2 and "--staged-candidates" in r.err

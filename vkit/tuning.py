@@ -223,12 +223,19 @@ def _best_screened(runner: Runner, step: str) -> dict | None:
     return best
 
 
-def staged_proposer(runner: Runner, policy: Policy, step: str) -> tuple[Callable, Callable]:
+# --staged-candidates octaves: the bounds bench/bench_tuner.py measured it in
+OCTAVE_BOUNDS = {"max_num_batched_tokens": (256, 32768), "max_num_seqs": (8, 512)}
+
+
+def staged_proposer(runner: Runner, policy: Policy, step: str, candidates: str = "policy") -> tuple[Callable, Callable]:
     st = runner.sf.read()
     names = ["max_num_batched_tokens", "max_num_seqs"]
-    space = search.space_from_policy(policy, names, frozen=st.get("frozen") or {})
+    octaves = candidates == "octaves"
+    space = search.space_from_policy(policy, names, frozen=st.get("frozen") or {}, bounds=OCTAVE_BOUNDS if octaves else None)
     conc = _concurrency(runner.s.workload)
-    plan = search.StagedPlan(space, dict(st["kept"]["config"]), OBJECTIVES, runner.s.slo or None, steps=(step,), load_concurrency=conc)
+    opts = {"tokens_candidates": "octaves", "seqs_candidates": "octaves"} if octaves else {}
+    plan = search.StagedPlan(space, dict(st["kept"]["config"]), OBJECTIVES, runner.s.slo or None, steps=(step,),
+                             load_concurrency=conc, **opts)
     return plan.next, plan.stop_reason
 
 

@@ -42,9 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--replay", metavar="LOG", help="re-run the logged proposals of a decision log and report any that differ")
     g.add_argument("--ablate", action="store_true",
                    help="the last kept change moved several parameters: measure each alone against the configuration it replaced")
-    s.add_argument("--mode", choices=["staged", "bo"], default="staged", help="staged (default; seed 000's order over the policy's candidates) or bo. Measured on the simulator "
-                        "(bench/results/tuner.json): staged with octave candidates around the load 6 median restarts to 98%% "
-                        "of the optimum, bo 7-7.5, staged over seed 000's fixed lists 14.5")
+    s.add_argument("--mode", choices=["staged", "bo"], default="staged", help=ta.MODE_HELP)
     s.add_argument("--budget", type=int, default=8, metavar="N", help="trials at most (default 8)")
     return p
 
@@ -98,7 +96,7 @@ def _run(args: argparse.Namespace, io: IO) -> int:
             nxt, stop = tuning.bo_proposer(runner, policy, args.budget, args.seed)
             rec = tuning.run_screening_step(runner, "bo", nxt, io.progress, args.budget, stop)
         else:
-            nxt, stop = tuning.staged_proposer(runner, policy, args.step)
+            nxt, stop = tuning.staged_proposer(runner, policy, args.step, args.staged_candidates)
             rec = tuning.run_screening_step(runner, args.step, nxt, io.progress, args.budget, stop)
     step = rec["step"]
     trials = [t for t in sf.read()["trials"] if t["step"] == step]

@@ -37,10 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ta.add_args(p)
     s = p.add_argument_group("search")
-    s.add_argument("--mode", choices=["staged", "bo"], default="staged",
-                   help="staged (default; seed 000's order over the policy's candidates) or bo (Gaussian-process search over steps 2-4). "
-                        "Measured on the simulator (bench/results/tuner.json): staged with octave candidates around the load 6 median "
-                        "restarts to 98%% of the optimum, bo 7-7.5, staged over seed 000's fixed lists 14.5")
+    s.add_argument("--mode", choices=["staged", "bo"], default="staged", help=ta.MODE_HELP)
     s.add_argument("--steps", default="1,2,3,4,5", help="steps to run, comma-separated (default 1,2,3,4,5)")
     s.add_argument("--budget", type=int, default=8, metavar="N", help="trials per step (staged) or in all (bo) at most (default 8)")
     s.add_argument("--business-len", type=int, default=None, metavar="N",
@@ -127,7 +124,7 @@ def _run(args: argparse.Namespace, io: IO) -> int:
             else:
                 for step in staged:
                     _machine(sf, "PROPOSE")
-                    nxt, stop = tuning.staged_proposer(runner, policy, step)
+                    nxt, stop = tuning.staged_proposer(runner, policy, step, args.staged_candidates)
                     tuning.run_screening_step(runner, step, nxt, io.progress, args.budget, stop)
                     _drift(runner, io)
             if "5" in steps:
