@@ -22,6 +22,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -141,7 +142,7 @@ def start(launch: dict, config: dict, log_path: str, env_extra: dict | None = No
     logf = open(log_path, "ab", buffering=0)
     try:
         proc = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, env=env, close_fds=True)
+                                env=env, close_fds=True, **_OWN_GROUP)
     except FileNotFoundError:
         raise UsageError(f"cannot start the server: {argv[0]}: command not found") from None
     except PermissionError:
@@ -184,6 +185,14 @@ def stop(run: dict | Running | None, launch: dict | None = None, grace_s: float 
             break
         time.sleep(0.1)
     return f"killed pid {pid} with SIGKILL after {grace_s:g} s"
+
+
+# The server gets its own process group (stop = signal to the group; Ctrl-C at the terminal does not
+# reach it) but stays in the caller's session. A new session (setsid) would also put it in its own
+# scheduler autogroup, where `nice` no longer ranks it below the load generator: measured against
+# real vLLM on 2 cores, bench_stream's p99 scheduling lag was 107-452 ms (max 974 ms) with the
+# server in its own session and 0.4-1.0 ms in the same session, `nice -n 10` in both.
+_OWN_GROUP: dict = {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
 
 
 def _reap(proc: subprocess.Popen | None) -> None:

@@ -890,7 +890,7 @@ def render_markdown(result: dict) -> str:
         L += _md_table(head, rows) + [""]
         L += [_md(CONFIRMATION_NOTE), ""]
     for d in v.dropped:
-        L += [f"- Dropped on re-confirmation: {_md_code(_s(d.get('trial_id')))} ({_md_code(config_text(d.get('config')))}), "
+        L += [f"- Dropped from the front: {_md_code(_s(d.get('trial_id')))} ({_md_code(config_text(d.get('config')))}), "
               f"claim {_md(_s(d.get('claim')))}: {_md(_s(d.get('decision')))} — {_md(_s(d.get('why')))}"]
     if v.dropped:
         L.append("")
@@ -1080,7 +1080,7 @@ def render_html(result: dict) -> str:
         H.append(f"<p>{_e(CONFIRMATION_NOTE)}</p>")
     if v.dropped:
         H.append('<ul id="dropped">' + "".join(
-            f"<li>Dropped on re-confirmation: {_h_code(_s(d.get('trial_id')))} ({_h_code(config_text(d.get('config')))}), "
+            f"<li>Dropped from the front: {_h_code(_s(d.get('trial_id')))} ({_h_code(config_text(d.get('config')))}), "
             f"claim {_e(_s(d.get('claim')))}: {_e(_s(d.get('decision')))} — {_e(_s(d.get('why')))}</li>" for d in v.dropped) + "</ul>")
     else:
         H.append(f"<p>{_e(v.empty_pareto_text())}</p>")
@@ -1267,7 +1267,7 @@ def render_terminal(result: dict, width: int = 78, color: bool = False) -> str:
     if bm:
         parts = [f"{metric_label(k)} {fmt_metric(m.get('mean'), k)} σ {fmt_pct(m.get('sigma_rel'))}" for k, m in bm]
         rep = f", {v.baseline['repeats']} repeats" if v.baseline.get("repeats") is not None else ""
-        L += _wrap(f"Baseline ({config_text(v.baseline.get('config'))}{rep}): " + "; ".join(parts), width, "  ")
+        L += _wrap(f"Baseline ({config_text(v.baseline.get('config')).strip('()')}{rep}): " + "; ".join(parts), width, "  ")
     else:
         L.append("Baseline: none in the result")
     L.append("")
@@ -1319,8 +1319,8 @@ def render_terminal(result: dict, width: int = 78, color: bool = False) -> str:
                  + (f", {conf}" if conf != "–" else "") + f"; {config_text(p.get('config'))}")
             L += _wrap(s, width, "      ", "  ")
         for d in v.dropped:
-            L += _wrap(f"dropped on re-confirmation: {_s(d.get('trial_id'))} (claim {_s(d.get('claim'))}): "
-                       f"{_s(d.get('decision'))}; {config_text(d.get('config'))}", width, "      ", "  ")
+            L += _wrap(f"dropped from the front: {_s(d.get('trial_id'))} ({config_text(d.get('config'))}), claim "
+                       f"{_s(d.get('claim'))}: {_s(d.get('decision'))} — {_s(d.get('why'))}", width, "      ", "  ")
     else:
         L.append(v.empty_pareto_text())
     L.append("")
