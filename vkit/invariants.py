@@ -571,7 +571,9 @@ def check_client_saturation(rep: dict, th: Thresholds, ctx: dict) -> dict:
     if bad:
         return _res(cid, title, FAIL, ANOMALY,
                     f"{' and '.join(bad)}: the load generator was saturated, so latency figures include its own delays. Run it "
-                    "on a less loaded machine or with less concurrency per process.", **ev)
+                    "on a less loaded machine or with less concurrency per process; a server on the same machine runs "
+                    "better niced in the client's session, or with its autogroup lowered (echo 10 > /proc/PID/autogroup).",
+                    **ev)
     return _res(cid, title, PASS, INFO, f"client CPU {cpu:.0%} of a core, p99 scheduling lag {_f(lag)} ms." if cpu is not None and lag is not None
                 else "client CPU and scheduling lag within limits.", **ev)
 
