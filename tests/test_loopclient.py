@@ -178,3 +178,28 @@ def test_unreachable_and_stalled():
 def test_https_is_refused_with_a_clear_message():
     with pytest.raises(ValueError, match="plain http"):
         LoopClient("https://example.invalid")
+
+
+def test_sse_fast_path_agrees_with_the_full_parse():
+    from vkit.client import Result, SSEState
+
+    def stream(sep: tuple) -> bytes:
+        out = b""
+        texts = [" a", ' \\"finish_reason\\":null \\"usage\\": {', " c", " d"]  # escaped patterns inside the text
+        for k, text in enumerate(texts):
+            fin = '"length"' if k == len(texts) - 1 else "null"
+            ev = '{"id":"cmpl-9","object":"text_completion","choices":[{"index":0,"text":"%s","logprobs":null,"finish_reason":%s}]}' % (text, fin)
+            out += b"data: " + json.dumps(json.loads(ev), separators=sep).encode() + b"\n\n"
+        out += b'data: {"id":"cmpl-9","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":4}}\n\n'
+        return out + b"data: [DONE]\n\n"
+
+    got = []
+    for sep in ((",", ":"), (", ", ": ")):  # vLLM's compact form takes the fast path; the spaced one is parsed
+        r = Result(index=0, start=1.0)
+        st = SSEState(r, chat=False)
+        for i, line in enumerate(stream(sep).split(b"\n")):
+            st.line(line, 2.0 + i)
+        st.finish()
+        got.append((r.ok, r.events, r.itl, r.event_times, r.ttft, r.latency, r.completion_tokens, r.finish_reason, r.rid))
+    assert got[0] == got[1]
+    assert got[0][0] is True and got[0][1] == 4 and got[0][6] == 4 and got[0][7] == "length"
