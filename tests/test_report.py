@@ -402,3 +402,14 @@ def test_full_bench_summaries_show_the_key_metrics_only(sample):
     md = report.render_markdown(doc)
     assert "P99 itl" not in md and "itl" not in md and "completed" not in md
     assert "output throughput (tok/s)" in md and "P95 TTFT (ms)" in md
+
+
+def test_confirmation_text_says_how_each_member_was_confirmed():
+    from vkit.report import confirmation_text
+
+    acc = {"confirmed": True, "confirmation": {"decision": "accept", "claim": "p95_ttft_ms:-",
+                                               "vs_kept": {"output_throughput": -0.004, "p95_ttft_ms": -0.126}}}
+    assert confirmation_text(acc) == "confirmed on P95 TTFT (P95 TTFT -12.6%, output throughput -0.4% vs kept)"
+    assert confirmation_text({"confirmed": True, "confirmation": {"decision": "kept"}}) == "kept"
+    assert confirmation_text({"confirmed": False, "confirmation": {"decision": "undecided"}}) == "undecided"
+    assert confirmation_text({"confirmed": False, "confirmation": {"decision": None}}) == "screening only"

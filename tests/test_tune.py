@@ -83,6 +83,10 @@ def test_staged_tune_end_to_end_with_report(svc):
     for p in res["pareto"]:
         if p["confirmation"]["decision"] == "accept":
             assert p["confirmed"] is True and p["trial_id"] in {c["trial_id"] for c in checks}
+            claim = p["confirmation"]["claim"].split(":")[0]
+            assert set(p["confirmation"]["vs_kept"]) == {"output_throughput", "p95_ttft_ms"}
+            # the gate accepted the claim: on the same runs the claimed metric moved the claimed way
+            assert p["confirmation"]["vs_kept"][claim] * (1 if p["confirmation"]["claim"].endswith("+") else -1) > 0
     # the report renders; the HTML parses as XML and holds the measured trials
     html = open(svc["dir"] / "rep" / "report.html", encoding="utf-8").read()
     ET.fromstring(html.split("<!DOCTYPE html>")[-1].strip()) if "<!DOCTYPE" in html else ET.fromstring(html)

@@ -173,7 +173,8 @@ def config_text(cfg: Any) -> str:
 
 
 CONFIRMATION_NOTE = ("confirmed: kept = the kept configuration; confirmed on M = the gate accepted its advantage in "
-                     "metric M over the kept configuration on fresh interleaved runs; undecided = more runs needed; "
+                     "metric M over the kept configuration on fresh interleaved runs (each objective's change on those "
+                     "runs in brackets); undecided = more runs needed; "
                      "screening only = never re-confirmed (its numbers carry the winner's curse).")
 
 
@@ -184,7 +185,11 @@ def confirmation_text(p: dict) -> str:
     if d == "kept" or (p.get("confirmed") is True and not c):
         return "kept"
     if d == "accept":
-        return f"confirmed on {metric_label(_s(c.get('claim')).split(':')[0])}"
+        claim = _s(c.get("claim")).split(":")[0]
+        vs = c.get("vs_kept") if isinstance(c.get("vs_kept"), dict) else {}
+        parts = [f"{metric_label(k)} {v:+.1%}" for k, v in sorted(vs.items(), key=lambda kv: kv[0] != claim)
+                 if isinstance(v, (int, float))]
+        return f"confirmed on {metric_label(claim)}" + (f" ({', '.join(parts)} vs kept)" if parts else "")
     if d == "undecided":
         return "undecided"
     if d is None and "confirmed" in p:

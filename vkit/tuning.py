@@ -400,6 +400,23 @@ def confirm_front(runner: Runner, goal: dict, limit: int, progress: Callable[[st
     return done
 
 
+def _vs_kept(runner: Runner, conf: dict) -> dict:
+    """Each objective's relative difference, candidate vs kept, over a confirmation's fresh runs (the
+    claim is the gate's; the others are shown so a trade-off's price is seen on the same runs)."""
+    out: dict = {}
+    try:
+        a = [runner.load(p) for p in conf.get("a_runs") or []]
+        b = [runner.load(p) for p in conf.get("b_runs") or []]
+    except (OSError, ValueError):
+        return out
+    for o in OBJECTIVES:
+        va = [d[o.name] for d in a if isinstance(d.get(o.name), (int, float))]
+        vb = [d[o.name] for d in b if isinstance(d.get(o.name), (int, float))]
+        if va and vb and sum(va):
+            out[o.name] = (sum(vb) / len(vb)) / (sum(va) / len(va)) - 1
+    return out
+
+
 def deliver(runner: Runner, goal: dict) -> dict:
     """3–5 Pareto configurations with dominance rates, the knee, the recommendation, the flags.
     Reads the state only: a member is ``confirmed`` when it is the kept configuration or the gate
@@ -421,7 +438,7 @@ def deliver(runner: Runner, goal: dict) -> dict:
             row["confirmation"] = {"decision": "kept", "why": "the kept configuration"}
         elif c is not None:
             row["confirmation"] = {"claim": c.get("primary"), "decision": c.get("decision"), "why": c.get("why"),
-                                   "pairs": len(c.get("b_runs") or [])}
+                                   "pairs": len(c.get("b_runs") or []), "vs_kept": _vs_kept(runner, c)}
             row["confirmed"] = c.get("decision") == "accept"
         else:
             row["confirmation"] = {"decision": None, "why": "screening only: not re-confirmed on fresh runs"}
