@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import shutil
 import socket
 import subprocess
 import sys
@@ -89,11 +90,13 @@ def delta_mean_ms(after, before) -> float | None:
     return None if h.count <= 0 else h.sum / h.count * 1000
 
 
-def run_vkit(url: str, c: int, n: int, in_len: int, out_len: int, seed: int, transport: str) -> tuple[dict, float, list]:
+def run_vkit(url: str, c: int, n: int, in_len: int, out_len: int, seed: int, transport: str,
+             cpu: int | None = None) -> tuple[dict, float, list]:
     t = children_cpu()
     with tempfile.TemporaryDirectory() as d:
         rec = os.path.join(d, "r.jsonl")
-        p = subprocess.run([sys.executable, os.path.join(REPO, "bin", "bench_stream"), "--url", url, "--num-prompts", str(n),
+        pin = ["taskset", "-c", str(cpu)] if cpu is not None else []
+        p = subprocess.run([*pin, sys.executable, os.path.join(REPO, "bin", "bench_stream"), "--url", url, "--num-prompts", str(n),
                             "--max-concurrency", str(c), "--random-input-len", str(in_len), "--random-output-len", str(out_len),
                             "--seed", str(seed), "-q", "--scrape-interval", "0", "--transport", transport, "--records", rec],
                            capture_output=True, text=True, timeout=900)
@@ -288,6 +291,25 @@ def main() -> int:
                 "overhead_p99_receive_ms": {"loop": lo["overhead_per_request_ms"]["receive"]["p99_ms"],
                                             "threads": th["overhead_per_request_ms"]["receive"]["p99_ms"]},
             }
+        # The same 64-stream loop run with the simulator and the client each on a core of their own: what is
+        # left of the receive side is the client's own, not the OS moving two busy processes between 2 cores.
+        if len(os.sched_getaffinity(0)) >= 2 and shutil.which("taskset"):
+            cpus = sorted(os.sched_getaffinity(0))
+            whole = set(cpus)
+            pinned = []
+            try:
+                os.sched_setaffinity(sim.pid, {cpus[0]})
+                for rep in range(3):
+                    requests.get(url + "/sim/stats?reset=1", timeout=10)
+                    s, _, records = run_vkit(url, 64, 256, 256, 128, seed=64 + rep, transport="loop", cpu=cpus[-1])
+                    stats = requests.get(url + "/sim/stats?requests=1", timeout=30).json()
+                    o = per_request_overhead(s, records, stats.pop("requests"))
+                    pinned.append({"rep": rep, "overhead_per_request_ms": o})
+                    print(f"  64 streams loop, pinned: receive side p99 {o['receive']['p99_ms']:+.2f} ms, "
+                          f"total p99 {o['total']['p99_ms']:+.2f} ms", file=sys.stderr)
+            finally:
+                os.sched_setaffinity(sim.pid, whole)
+            result["pinned_64"] = {"sim_cpu": cpus[0], "client_cpu": cpus[-1], "runs": pinned}
         if os.path.exists(VLLM) and os.path.exists(TOKENIZER):
             rows = []
             for c in (8, 32):
