@@ -231,5 +231,20 @@ def test_sweep_step2_with_octave_candidates(svc):
     budgets = [t["config"]["max_num_batched_tokens"] for t in svc["sf"].read()["trials"]]
     # every power of two in 256..32768, from the bottom: values the policy's list (4096..32768) does not hold
     assert budgets == [256, 512], budgets
+    # --deliver alone only reads: nothing is measured, nothing is written
+    before = svc["sf"].read()
+    r = call("sweep", "--deliver", *[a for a in FAST if a != "--sandbox"])
+    assert r.code == 0, r.err[-2000:]
+    out = json.loads(r.out)
+    assert svc["sf"].read() == before
+    assert all(p["confirmation"]["decision"] in ("kept", None) for p in out["pareto"])
+    # with --sandbox it re-confirms (or drops) the front's other members under the lease, and records why
+    r = call("sweep", "--deliver", "--confirm-front", "1", *FAST)
+    assert r.code == 0, r.err[-2000:]
+    st = svc["sf"].read()
+    checks = st.get("delivery_confirmations", [])
+    assert checks and all(c["against"] == st["kept"]["config"] and c["decision"] for c in checks)
+    assert sum(1 for c in checks if c["a_runs"]) <= 1  # --confirm-front 1: at most one measured confirmation
+    assert st.get("lease") is None  # taken for the confirmations, released after
     r = call("sweep", "--step", "2", "--staged-candidates", "sometimes", *FAST)
     assert r.code == 2 and "--staged-candidates" in r.err

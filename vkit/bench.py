@@ -134,6 +134,17 @@ class _Scraper:
         return {"scrapes": self.n, **{f"{k}_max": v for k, v in self.peaks.items()}}
 
 
+def _endpoint(cfg: BenchConfig) -> tuple[bool, str]:
+    """(chat?, path) of the API the run calls."""
+    chat = cfg.endpoint == "chat"
+    return chat, "/v1/chat/completions" if chat else "/v1/completions"
+
+
+def _progress_row(done: int, sent: int, total: int | None, el: float, tokens: int, errors: int) -> dict:
+    return {"done": done, "sent": sent, "total": total, "elapsed_s": el,
+            "output_tok_s": tokens / el if el > 0 else 0.0, "errors": errors}
+
+
 def _fd_budget() -> int:
     """How many sockets the loop transport may open: the soft file limit, raised to the hard one."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -166,8 +177,7 @@ class _Pool:
             t.start()
 
     def _work(self) -> None:
-        chat = self.cfg.endpoint == "chat"
-        path = "/v1/chat/completions" if chat else "/v1/completions"
+        chat, path = _endpoint(self.cfg)
         while True:
             item = self.q.get()
             if item is None:
@@ -234,8 +244,7 @@ def _run_phase(
         if progress and (force or now - last_report >= 2.0):
             last_report = now
             el = now - t0
-            progress({"done": state["done"], "sent": state["sent"], "total": total, "elapsed_s": el,
-                      "output_tok_s": state["tokens"] / el if el > 0 else 0.0, "errors": state["errors"]})
+            progress(_progress_row(state["done"], state["sent"], total, el, state["tokens"], state["errors"]))
 
     try:
         i = 0
@@ -306,13 +315,11 @@ def _run_phase_loop(
 ) -> tuple[list[Result], float, float, bool]:
     """``_run_phase`` on the one-thread transport: the dispatch schedule and the streams share
     one loop. Returns results, t0, t_end, interrupted."""
-    chat = cfg.endpoint == "chat"
-    path = "/v1/chat/completions" if chat else "/v1/completions"
+    chat, path = _endpoint(cfg)
     lc = LoopClient(cfg.url, api_key=cfg.api_key, stall_timeout=cfg.stall_timeout_s)
     results: list[Result] = []
     pending: dict[int, Request] = {}
     pc = time.perf_counter
-    interrupted = False
     t0 = pc()
     total = len(reqs) if duration_s is None else None
     last_report = t0
@@ -368,7 +375,6 @@ def _run_phase_loop(
                     break
                 if stop.is_set() and drain_until is None:
                     drain_until = pc() + cfg.drain_timeout_s
-                    interrupted = True
                 if drain_until is not None and pc() >= drain_until:
                     break
                 collect(lc.poll(wait))
@@ -376,8 +382,7 @@ def _run_phase_loop(
                 if progress and now - last_report >= 2.0:
                     last_report = now
                     el = now - t0
-                    progress({"done": len(results), "sent": sent, "total": total, "elapsed_s": el,
-                              "output_tok_s": tokens / el if el > 0 else 0.0, "errors": errors})
+                    progress(_progress_row(len(results), sent, total, el, tokens, errors))
             except KeyboardInterrupt:
                 if drain_until is not None:
                     break  # a second Ctrl-C: stop waiting
@@ -390,9 +395,8 @@ def _run_phase_loop(
         lc.close()
     if progress:
         el = t_end - t0
-        progress({"done": len(results), "sent": sent, "total": total, "elapsed_s": el,
-                  "output_tok_s": tokens / el if el > 0 else 0.0, "errors": errors})
-    return results, t0, t_end, interrupted or stop.is_set()
+        progress(_progress_row(len(results), sent, total, el, tokens, errors))
+    return results, t0, t_end, stop.is_set()
 
 
 def _preflight_request(first: Request) -> Request:
@@ -419,8 +423,7 @@ def run_bench(cfg: BenchConfig, progress: Callable[[dict], None] | None = None, 
         raise UsageError("no requests to send (--num-prompts 0?)")
 
     # Preflight: the first request alone, one token. A rejection here is a usage error with the server's words.
-    chat = cfg.endpoint == "chat"
-    path = "/v1/chat/completions" if chat else "/v1/completions"
+    chat, path = _endpoint(cfg)
     pre = client.post(path, request_body(_preflight_request(cfg.requests[0]), model, chat, cfg.stream, max_tokens=1), cfg.stream, chat)
     if pre.status is None:
         raise Unavailable(f"cannot send to {cfg.url}: {pre.error}")

@@ -103,22 +103,7 @@ class LoopClient:
         """Begin one request; the result is returned by :meth:`poll` when it ends."""
         r = Result(index=index)
         head = b"POST %s HTTP/1.1\r\n%sContent-Length: %d\r\n\r\n" % ((self.prefix + path).encode(), self._head, len(payload))
-        msg = head + payload
-        c = self.idle.pop() if self.idle else None
-        if c is None:
-            c = self._connect(r)
-            if c is None:
-                self._finished.append(r)
-                return r
-        c.begin(r, msg, stream, chat)
-        self.busy[c.fd] = c
-        if c.connected:
-            r.start = time.perf_counter()
-            c.t_io = r.start
-            self._send(c, msg)
-        else:
-            c.t_io = time.perf_counter()
-            self.sel.modify(c.sock, _READ | _WRITE, c)
+        self._launch(self.idle.pop() if self.idle else None, r, head + payload, stream, chat)
         return r
 
     def poll(self, timeout: float) -> list[Result]:
@@ -171,6 +156,23 @@ class LoopClient:
         self.sel.close()
 
     # -- connections ------------------------------------------------------------------------------
+    def _launch(self, c: _Conn | None, r: Result, msg: bytes, stream: bool, chat: bool) -> None:
+        """Send ``msg`` for ``r`` on ``c`` (an idle kept-alive connection) or on a new connection;
+        the clock starts just before the first byte goes out (after a pending connect)."""
+        if c is None:
+            c = self._connect(r)
+            if c is None:
+                self._finished.append(r)
+                return
+        c.begin(r, msg, stream, chat)
+        self.busy[c.fd] = c
+        c.t_io = time.perf_counter()
+        if c.connected:
+            r.start = c.t_io
+            self._send(c, msg)
+        else:
+            self.sel.modify(c.sock, _READ | _WRITE, c)
+
 
     def _connect(self, r: Result) -> _Conn | None:
         if self._addr is None:
@@ -189,7 +191,7 @@ class LoopClient:
             c.connected = True
         elif err not in (errno.EINPROGRESS, errno.EWOULDBLOCK, errno.EAGAIN):
             s.close()
-            r.error = f"cannot connect to {self.host}:{self.port}: {errno.errorcode.get(err, err)} {errno_text(err)}"
+            r.error = f"cannot connect to {self.host}:{self.port}: {errno.errorcode.get(err, err)} {os.strerror(err)}"
             return None
         self.sel.register(s, _READ, c)
         return c
@@ -200,7 +202,7 @@ class LoopClient:
         if not c.connected:
             err = c.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
             if err:
-                self._fail(c, f"cannot connect to {self.host}:{self.port}: {errno_text(err)}")
+                self._fail(c, f"cannot connect to {self.host}:{self.port}: {os.strerror(err)}")
                 return
             c.connected = True
             c.r.start = time.perf_counter()
@@ -243,18 +245,7 @@ class LoopClient:
         if c.reused and not c.got_bytes:
             r, payload, stream, chat = c.r, c.payload, c.stream, c.chat
             self._close(c)
-            n = self._connect(r)
-            if n is None:
-                self._finished.append(r)
-                return
-            n.begin(r, payload, stream, chat)
-            self.busy[n.fd] = n
-            n.t_io = time.perf_counter()
-            if n.connected:
-                r.start = n.t_io
-                self._send(n, payload)
-            else:
-                self.sel.modify(n.sock, _READ | _WRITE, n)
+            self._launch(None, r, payload, stream, chat)
             return
         self._fail(c, msg)
 
@@ -392,9 +383,8 @@ class LoopClient:
         if not data:
             return
         if c.sse is not None and c.status == 200:
-            if c.sse.feed(data, t):  # [DONE] seen (or an unrecoverable event)
-                if c.r.error is not None and c.sse.fatal:
-                    self._fail(c, c.r.error)
+            if c.sse.feed(data, t) and c.sse.fatal:  # a malformed event: the response is abandoned
+                self._fail(c, c.r.error)
         else:
             c.body.append(data)
 
@@ -417,7 +407,3 @@ class LoopClient:
             self.idle.append(c)
         else:
             self._close(c)
-
-
-def errno_text(err: int) -> str:
-    return os.strerror(err)

@@ -264,6 +264,10 @@ class _View:
         name = self.step_names.get(step)
         return f"step {step}: {name}" if name else f"step {step}"
 
+    def roles_of(self, trial_id: str) -> list[str]:
+        """"knee" and/or "recommended", for a Pareto row's note."""
+        return [n for n, ok in (("knee", trial_id == self.knee_id), ("recommended", trial_id == self.rec_id)) if ok]
+
     def metrics_of(self, trial_id: str, entry: dict | None = None) -> dict:
         """Metrics of a Pareto/knee entry, falling back on the trial's own."""
         m = dict(_d(self.by_id.get(trial_id, {}).get("metrics")))
@@ -888,7 +892,7 @@ def render_markdown(result: dict) -> str:
         for p in v.pareto:
             tid = _s(p.get("trial_id"))
             m = v.metrics_of(tid, p)
-            note = ", ".join(n for n, ok in (("knee", tid == v.knee_id), ("recommended", tid == v.rec_id)) if ok)
+            note = ", ".join(v.roles_of(tid))
             rows.append([_md_code(tid), _md_code(config_text(p.get("config"))), fmt_num(m.get(v.y_key)),
                          fmt_num(m.get(X_KEY)), fmt_pct(p.get("dominance_rate")), _md(confirmation_text(p)),
                          _md_code(_flags_text(p.get("serve_flags"))), note or "–"])
@@ -1076,7 +1080,7 @@ def render_html(result: dict) -> str:
         for p in v.pareto:
             tid = _s(p.get("trial_id"))
             m = v.metrics_of(tid, p)
-            note = ", ".join(n for n, ok in (("knee", tid == v.knee_id), ("recommended", tid == v.rec_id)) if ok)
+            note = ", ".join(v.roles_of(tid))
             rows.append(("hl" if note else "", [_h_code(tid), _h_code(config_text(p.get("config"))),
                                                _e(fmt_num(m.get(v.y_key))), _e(fmt_num(m.get(X_KEY))),
                                                _e(fmt_pct(p.get("dominance_rate"))), _e(confirmation_text(p)),
@@ -1317,7 +1321,7 @@ def render_terminal(result: dict, width: int = 78, color: bool = False) -> str:
         for p in v.pareto:
             tid = _s(p.get("trial_id"))
             m = v.metrics_of(tid, p)
-            tag = "".join(x for x, ok in ((" [knee]", tid == v.knee_id), (" [recommended]", tid == v.rec_id)) if ok)
+            tag = "".join(f" [{n}]" for n in v.roles_of(tid))
             conf = confirmation_text(p)
             s = (f"{tid}{tag}: {fmt_metric(m.get(v.y_key), v.y_key)}, {metric_label(X_KEY)} "
                  f"{fmt_metric(m.get(X_KEY), X_KEY)}, dominance rate {fmt_pct(p.get('dominance_rate'))}"

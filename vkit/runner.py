@@ -36,7 +36,7 @@ import numpy as np
 from vkit.errors import Abnormal, ExitCode, Rejected, VkitError
 from vkit.lifecycle import Lifecycle
 from vkit.policy import to_serve_flags
-from vkit.state import StateFile, default_owner, now_iso
+from vkit.state import StateFile, default_owner, now_iso, upsert
 
 KEY_METRICS = ("output_throughput", "request_throughput", "request_goodput", "p95_ttft_ms", "p99_ttft_ms", "mean_ttft_ms",
                "mean_tpot_ms", "p95_tpot_ms", "mean_e2el_ms", "p95_e2el_ms")
@@ -442,10 +442,9 @@ class Runner:
         """A delivered (Pareto) configuration re-confirmed on its own claim — ``primary``, the objective
         it screened better on — against the kept one, on fresh interleaved runs; nothing is kept.
         Decision: accept (confirmed), reject (the claim was noise) or undecided. The server is left
-        on the kept configuration."""
-        conf = self._confirm(tid, "delivery_confirmations", selected_from, None, primary, guards or [])
-        self.restore_kept()
-        return conf
+        on the candidate (the last arm of B A A B): the caller restores the kept configuration once,
+        after its last confirmation, rather than restarting it between two candidates."""
+        return self._confirm(tid, "delivery_confirmations", selected_from, None, primary, guards or [])
 
     def _confirm(self, tid: str, list_key: str, selected_from: int, workload: Workload | None,
                  primary: str | None, guards: list[str] | None) -> dict:
@@ -458,9 +457,7 @@ class Runner:
         if conf is not None and conf.get("against", kept_cfg) != kept_cfg:
             conf = None  # confirmed against an earlier kept configuration: that verdict no longer applies
         if conf is None:
-            conf = {"trial_id": tid, "step": t["step"], "config": t["config"], "selected_from": selected_from,
-                    "primary": primary, "against": kept_cfg, "a_runs": [], "b_runs": [], "decision": None,
-                    "started": now_iso(), "sequence": []}
+            conf = self._new_conf(tid, selected_from, primary, kept_cfg)
             self.save_conf(conf, list_key)
         if conf.get("decision") in ("accept", "reject", "kept", "start_failed", "invalid") or \
                 (conf.get("decision") == "undecided" and conf.get("finished")):
@@ -505,13 +502,21 @@ class Runner:
 
     def save_conf(self, conf: dict, list_key: str = "confirmations") -> None:
         with self.sf.transaction() as st:
-            lst = st.setdefault(list_key, [])
-            for i, c in enumerate(lst):
-                if c["trial_id"] == conf["trial_id"]:
-                    lst[i] = conf
-                    break
-            else:
-                lst.append(conf)
+            upsert(st.setdefault(list_key, []), conf, "trial_id")
+
+    def _new_conf(self, tid: str, selected_from: int, primary: str | None, against: dict) -> dict:
+        t = self.trial(tid)
+        return {"trial_id": tid, "step": t["step"], "config": t["config"], "selected_from": selected_from,
+                "primary": primary, "against": dict(against), "a_runs": [], "b_runs": [], "decision": None,
+                "started": now_iso(), "sequence": []}
+
+    def drop_point(self, tid: str, selected_from: int, primary: str, why: str) -> dict:
+        """A delivered configuration dropped without measuring (it claims nothing over the kept one),
+        recorded as a rejected delivery confirmation."""
+        conf = self._new_conf(tid, selected_from, primary, self.sf.read()["kept"]["config"])
+        conf.update(decision="reject", why=why, finished=now_iso())
+        self.save_conf(conf, "delivery_confirmations")
+        return conf
 
     # -- drift sentinel -----------------------------------------------------------
     def sentinel(self) -> dict:

@@ -38,6 +38,15 @@ def now_iso(t: float | None = None) -> str:
     return _dt.datetime.fromtimestamp(time.time() if t is None else t, _dt.timezone.utc).isoformat(timespec="seconds")
 
 
+def upsert(items: list, item: dict, key: str) -> None:
+    """Replace the entry of ``items`` whose ``key`` equals ``item``'s, else append ``item``."""
+    for i, x in enumerate(items):
+        if x[key] == item[key]:
+            items[i] = item
+            return
+    items.append(item)
+
+
 def new_state(url: str, model: str, launch_argv: list[str], kept_config: dict | None = None) -> dict:
     """A fresh state document for one service."""
     return {

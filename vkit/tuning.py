@@ -23,7 +23,7 @@ from vkit.launcher import serve_argv
 from vkit.lifecycle import Lifecycle
 from vkit.policy import Policy, to_serve_flags
 from vkit.runner import Runner, Workload
-from vkit.state import now_iso
+from vkit.state import now_iso, upsert
 
 OBJECTIVES = [search.Objective("output_throughput", "max"), search.Objective("p95_ttft_ms", "min")]
 STEP_NAMES = {"1": "max-model-len", "2": "max-num-batched-tokens", "3": "max-num-seqs", "4": "grid around the knee",
@@ -68,13 +68,7 @@ def _finished(runner: Runner, step: str) -> dict | None:
 
 def _record_step(runner: Runner, rec: dict) -> None:
     with runner.sf.transaction() as st:
-        steps = st.setdefault("steps", [])
-        for i, s in enumerate(steps):
-            if s["step"] == rec["step"]:
-                steps[i] = rec
-                break
-        else:
-            steps.append(rec)
+        upsert(st.setdefault("steps", []), rec, "step")
 
 
 def _open_trial(runner: Runner, step: str) -> dict | None:
@@ -332,6 +326,11 @@ def _front(runner: Runner, goal: dict) -> tuple[dict, list[search.Observation]]:
 _NOT_CONFIRMED = ("reject", "invalid", "start_failed")
 
 
+def _kept_ids(st: dict) -> set:
+    """Trials whose confirmation ended in a keep."""
+    return {c["trial_id"] for c in st.get("confirmations", []) if c.get("decision") == "kept"}
+
+
 def _current_checks(st: dict) -> list[dict]:
     """Delivery confirmations made against the configuration kept now (older ones no longer apply)."""
     kept = st["kept"]["config"]
@@ -366,7 +365,7 @@ def confirm_front(runner: Runner, goal: dict, limit: int, progress: Callable[[st
         # and whatever takes its place is confirmed in turn
         out, hist = _front(runner, goal)
         st = runner.sf.read()
-        kept_ids = {c["trial_id"] for c in st.get("confirmations", []) if c.get("decision") == "kept"}
+        kept_ids = _kept_ids(st)
         kept_cfg = st["kept"]["config"]
         # the kept configuration's own numbers: its baseline, else the screening of the trial that became it
         kept_obj = next((h.objectives for h in hist if h.trial_id == "kept"), None) or \
@@ -383,11 +382,9 @@ def confirm_front(runner: Runner, goal: dict, limit: int, progress: Callable[[st
         tried.add(tid)
         primary, gain = _claim(p, kept_obj)
         if gain <= 0:  # on the front only through the pooled means: no claim over the kept configuration to test
-            conf = {"trial_id": tid, "step": p.get("step"), "config": p.get("config"), "primary": primary,
-                    "against": dict(kept_cfg), "a_runs": [], "b_runs": [], "sequence": [], "decision": "reject",
-                    "why": f"no advantage over the kept configuration on screening (best: {primary} {gain:+.1%}); not measured again",
-                    "started": now_iso(), "finished": now_iso()}
-            runner.save_conf(conf, "delivery_confirmations")
+            conf = runner.drop_point(tid, max(1, len(hist)), primary,
+                                     f"no advantage over the kept configuration on screening (best: {primary} {gain:+.1%}); "
+                                     "not measured again")
             progress(f"deliver: {tid} dropped: {conf['why']}")
             done.append(conf)
             continue
@@ -397,6 +394,9 @@ def confirm_front(runner: Runner, goal: dict, limit: int, progress: Callable[[st
         measured += 1
         progress(f"deliver: {tid} {'confirmed' if conf.get('decision') == 'accept' else conf.get('decision')}: {conf.get('why')}")
         done.append(conf)
+    st = runner.sf.read()
+    if measured or (st["service"].get("running") or {}).get("config") not in (None, st["kept"]["config"]):
+        runner.restore_kept()  # once, after the last candidate (or one left running by an interrupted run)
     return done
 
 
@@ -425,7 +425,7 @@ def deliver(runner: Runner, goal: dict) -> dict:
     st = runner.sf.read()
     out, _ = _front(runner, goal)
     kept = st["kept"]["config"]
-    confirmed = {c["trial_id"] for c in st.get("confirmations", []) if c.get("decision") == "kept"}
+    confirmed = _kept_ids(st)
     checks = {c["trial_id"]: c for c in _current_checks(st)}
     pareto = []
     for p in out.get("front", []):

@@ -89,6 +89,12 @@ def settings(args: argparse.Namespace, main: Workload) -> Settings:
                     ready_timeout_s=args.ready_timeout, sandbox=not args.yes)
 
 
+def goal(s: Settings) -> dict:
+    """The tuning goal: max output throughput subject to the SLO."""
+    return {"maximize": "output_throughput", "subject_to": s.slo,
+            "text": "max output throughput with " + ", ".join(f"{k} <= {v:g}" for k, v in s.slo.items())}
+
+
 def check_confirmation(args: argparse.Namespace) -> None:
     if not (args.yes or args.sandbox):
         raise UsageError("a tuning run restarts the server many times: pass --yes (production) or --sandbox (offline sandbox)")

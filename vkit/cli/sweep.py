@@ -8,12 +8,14 @@ following the runbook. Resumable: rerun the same command after an interruption.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 
 from vkit.cli import _tuneargs as ta
 from vkit.cli._common import IO, make_parser, run
 from vkit.errors import ExitCode, UsageError
 from vkit.policy import Policy
+from vkit.state import StateFile
 
 TOOL = "sweep"
 
@@ -53,24 +55,15 @@ def _run(args: argparse.Namespace, io: IO) -> int:
     if args.replay:
         return _replay(args, io)
     if args.deliver:
-        if (args.yes or args.sandbox) and args.confirm_front > 0:
-            # re-confirming the front restarts the server: under the lease, like any trial
-            with ta.held(args, io, TOOL) as (sf, owner):
-                main, _ = ta.workloads(args, sf.read()["service"]["model"])
-                settings = ta.settings(args, main)
-                runner = ta.runner_for(sf, settings, io, TOOL, run_id="deliver")
-                goal = {"maximize": "output_throughput", "subject_to": settings.slo}
-                tuning.confirm_front(runner, goal, args.confirm_front, io.progress)
-                out = tuning.deliver(runner, goal)
-        else:
-            from vkit.state import StateFile
-
-            sf = StateFile(args.state)
-            st = sf.read()
-            main, _ = ta.workloads(args, st["service"]["model"])
+        confirm = (args.yes or args.sandbox) and args.confirm_front > 0
+        # re-confirming the front restarts the server: under the lease, like any trial; reading needs none
+        with (ta.held(args, io, TOOL) if confirm else contextlib.nullcontext((StateFile(args.state), None))) as (sf, owner):
+            main, _ = ta.workloads(args, sf.read()["service"]["model"])
             settings = ta.settings(args, main)
-            runner = ta.runner_for(sf, settings, io, TOOL)
-            out = tuning.deliver(runner, {"maximize": "output_throughput", "subject_to": settings.slo})
+            runner = ta.runner_for(sf, settings, io, TOOL, run_id="deliver" if confirm else None)
+            if confirm:
+                tuning.confirm_front(runner, ta.goal(settings), args.confirm_front, io.progress)
+            out = tuning.deliver(runner, ta.goal(settings))
         io.emit_json(out)
         return ExitCode.OK
     if args.ablate:

@@ -131,7 +131,7 @@ def _run(args: argparse.Namespace, io: IO) -> int:
                 tuning.run_step5(runner, mixed, io.progress)
             _machine(sf, "CONVERGE")
             if args.confirm_front > 0:
-                tuning.confirm_front(runner, _goal(settings), args.confirm_front, io.progress)
+                tuning.confirm_front(runner, ta.goal(settings), args.confirm_front, io.progress)
             result = build_result(runner, args, settings, t0)
             if not (sf.read().get("tune") or {}).get("kb_recorded"):
                 knowledge.record(kb, kb_key, kb_work, tuning.kb_observations(runner), result.get("recommendation"), run_id)
@@ -161,11 +161,6 @@ def _run(args: argparse.Namespace, io: IO) -> int:
     return ExitCode.OK
 
 
-def _goal(settings) -> dict:
-    return {"maximize": "output_throughput", "subject_to": settings.slo,
-            "text": "max output throughput with " + ", ".join(f"{k} <= {v:g}" for k, v in settings.slo.items())}
-
-
 def _server_info(runner) -> dict:
     b = runner.sf.read().get("baseline") or {}
     try:
@@ -191,7 +186,7 @@ def build_result(runner, args, settings, t0: float) -> dict:
 
     st = runner.sf.read()
     svc = st["service"]
-    goal = _goal(settings)
+    goal = ta.goal(settings)
     delivered = tuning.deliver(runner, goal)
     b = st.get("baseline") or {}
     version = _server_info(runner)
