@@ -191,3 +191,8 @@ def test_real_script_pipes_json(tmp_path):
         )
     assert p.returncode == 0 and p.stdout.strip() == "3", p.stderr
     assert os.path.exists(os.path.join(REPO, "runbook", "bench_stream.md"))
+
+
+def test_loop_transport_on_https_is_a_usage_error_before_any_connection():
+    r = call("bench_stream", "--url", "https://127.0.0.1:9", "--transport", "loop", "--num-prompts", "3", *SMALL)
+    assert r.code == 2 and "--transport threads" in r.err and len(r.err.strip().splitlines()) == 1

@@ -411,6 +411,11 @@ def _preflight_request(first: Request) -> Request:
 
 def run_bench(cfg: BenchConfig, progress: Callable[[dict], None] | None = None, stop: threading.Event | None = None) -> Outcome:
     stop = stop or threading.Event()
+    transport = cfg.transport
+    if transport == "auto":
+        transport = "threads" if cfg.url.startswith("https:") else "loop"
+    if transport == "loop" and cfg.url.startswith("https:"):
+        raise UsageError("--transport loop speaks plain http only; use --transport threads for https")
     server = Server(cfg.url, api_key=cfg.api_key)
     models = server.models()  # raises Unavailable naming the URL
     if not models:
@@ -436,11 +441,6 @@ def run_bench(cfg: BenchConfig, progress: Callable[[dict], None] | None = None, 
     conc = cfg.max_concurrency
     if cfg.duration_s is not None and conc is None and math.isinf(cfg.request_rate):
         raise UsageError("--duration with --request-rate inf needs --max-concurrency")
-    transport = cfg.transport
-    if transport == "auto":
-        transport = "threads" if cfg.url.startswith("https:") else "loop"
-    if transport == "loop" and cfg.url.startswith("https:"):
-        raise UsageError("--transport loop speaks plain http only; use --transport threads for https")
     if transport == "loop":
         n_workers = min(conc or len(cfg.requests), _fd_budget())
 

@@ -8,7 +8,7 @@ import json
 import os
 from typing import Iterator
 
-from vkit.cli._common import IO
+from vkit.cli._common import IO, int_at_least
 from vkit.errors import UsageError
 from vkit.runner import Runner, Settings, Workload, lease_env
 from vkit.state import StateFile, default_owner
@@ -36,7 +36,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
                         "(bench/results/tuner.json, 2 scenarios x 8 seeds): policy lists reach 98%% of the optimum in a median "
                         "1 / 3 restarts but their front covers 92 / 97.5%% of the true hypervolume; octaves take 5 / 7 "
                         "restarts for 97.4 / 97.5%%")
-    d.add_argument("--confirm-front", type=int, default=4, metavar="N",
+    d.add_argument("--confirm-front", type=int_at_least(0), default=4, metavar="N",
                    help="delivered Pareto configurations (other than the kept one) re-confirmed on fresh interleaved runs "
                         "against the kept one before delivery; 0 = none, they are then marked screening-only (default 4)")
     d.add_argument("--guard", action="append", default=None, metavar="SPEC", help="gate guard, e.g. p95_ttft_ms:-:15%% (default that one)")
