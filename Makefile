@@ -13,7 +13,7 @@ export VKIT_STATE := $(STATE)
 VLLM_VENV ?= .venv-vllm
 export VKIT_VLLM_VENV := $(abspath $(VLLM_VENV))
 TUNE_FLAGS ?= --sandbox
-.PHONY: help install vllm-cpu test test-fast test-vllm lint bench bench-tuner wheelhouse demo demo-broken demo-chain drill tune step1 step2 step3 step4 step5 runbook-table clean
+.PHONY: help install vllm-cpu test test-fast test-vllm lint bench bench-tuner wheelhouse demo demo-broken demo-chain drill soak tune step1 step2 step3 step4 step5 runbook-table clean
 
 help: ## list the targets with a one-line description (default)
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -60,7 +60,7 @@ wheelhouse: ## download wheels of vkit and its dependencies into WHEELHOUSE (def
 demo: install ## the main job: tune the embedded simulated vLLM server end to end and print the result (URL=... SERVE="..." for a real one)
 	@PY=$(PY) URL="$(URL)" SERVE="$(SERVE)" MODEL="$(MODEL)" bash runbook/demo_tune.sh
 
-demo-broken: install ## the seeds' story on the simulated NPU: streaming off refused, prefill < decode flagged, the fix verified
+demo-broken: install ## the seeds' story on the simulated NPU: streaming off refused and its "prefill < decode" explained, the fix verified
 	@PY=$(PY) bash runbook/demo_broken.sh
 
 drill: install ## fault drill on the simulator: start failure, crash mid-benchmark, stalled stream, health hang, kill -9, lease
@@ -68,6 +68,11 @@ drill: install ## fault drill on the simulator: start failure, crash mid-benchma
 
 demo-chain: install ## the single tools one by one on the simulator: gauge, validate, apply with rollback, gate
 	@PY=$(PY) bash runbook/demo.sh
+
+WINDOWS ?= 12
+WINDOW_S ?= 150
+soak: install ## soak before delivery: WINDOWS bench_stream windows of WINDOW_S s at the kept configuration, validated, then drift (0 stable, 1 drifted)
+	@PY=$(PY) URL="$(URL)" WINDOWS="$(WINDOWS)" WINDOW_S="$(WINDOW_S)" bash runbook/soak.sh $(SOAK_FLAGS)
 
 tune: install ## tune the service in STATE end to end (resumes after an interruption); TUNE_FLAGS="--yes ..." for production
 	$(PY) bin/tune $(TUNE_FLAGS)

@@ -42,6 +42,10 @@ CASES = [
     ("aisbench_few_samples", ["aisbench_few_samples.json"], A, ["percentile_samples"]),
     ("aisbench_failed_in_stats", ["aisbench_failed_in_stats.json"], A, ["failed_in_latency_stats"]),
     ("aisbench_little", ["aisbench_little.json", "--closed-loop", "16"], A, ["littles_law"]),
+    ("aisbench_partial", ["aisbench_partial.json", "--closed-loop", "16"], A, ["complete_run"]),
+    # duration includes 8% idle time: E2EL -7% but throughput flat; Little's law alone stays inside its 10%
+    ("aisbench_compare_inconsistent", ["aisbench_after_inconsistent.json", "--compare", "aisbench_healthy.json",
+                                       "--closed-loop", "16"], A, ["throughput_latency_consistency"]),
     # vkit bench_stream
     ("vkit_healthy", ["vkit_healthy.json"], V, []),
     ("vkit_stream_off", ["vkit_stream_off.json"], I, STREAM_OFF),
@@ -75,6 +79,11 @@ CASES = [
     ("vllm_bench_failed_in_stats", ["vllm_bench_failed_in_stats.json"], A, ["failed_in_latency_stats", "littles_law"]),
     ("vllm_bench_compare_inconsistent", ["vllm_bench_after_inconsistent.json", "--compare", "vllm_bench_healthy.json"], A,
      ["littles_law", "throughput_latency_consistency"]),
+    ("vllm_bench_compare_consistent", ["vllm_bench_after_consistent.json", "--compare", "vllm_bench_healthy.json"], V, []),
+    ("vllm_bench_warmup", ["vllm_bench_warmup.json"], A, ["warmup_outliers"]),  # --save-detailed start_times
+    ("vllm_bench_partial", ["vllm_bench_partial.json"], A, ["complete_run"]),
+    # the same report without its "failed" key: 80 requests unaccounted for are still flagged
+    ("vllm_bench_no_failed_count", ["vllm_bench_no_failed_count.json"], A, ["complete_run"]),
     # evalscope perf (directories with benchmark_summary/percentile/args.json)
     ("evalscope_healthy", ["evalscope_healthy/benchmark_summary.json"], V, []),
     ("evalscope_percentile_file", ["evalscope_healthy/benchmark_percentile.json"], V, []),
@@ -82,6 +91,13 @@ CASES = [
     ("evalscope_errors", ["evalscope_errors/benchmark_summary.json"], A, ["error_rate"]),
     ("evalscope_few_samples", ["evalscope_few_samples/benchmark_summary.json"], A, ["percentile_samples"]),
     ("evalscope_tokens_short", ["evalscope_tokens_short/benchmark_summary.json"], A, ["tokens_vs_requested"]),
+    ("evalscope_little", ["evalscope_little/benchmark_summary.json"], A, ["littles_law"]),
+    ("evalscope_prefill_slow", ["evalscope_prefill_slow/benchmark_summary.json"], A, ["phase_order"]),
+    ("evalscope_partial", ["evalscope_partial/benchmark_summary.json"], A, ["complete_run"]),
+    ("evalscope_compare_consistent", ["evalscope_after_consistent/benchmark_summary.json", "--compare",
+                                      "evalscope_healthy/benchmark_summary.json"], V, []),
+    ("evalscope_compare_inconsistent", ["evalscope_after_inconsistent/benchmark_summary.json", "--compare",
+                                        "evalscope_healthy/benchmark_summary.json"], A, ["throughput_latency_consistency"]),
     # GuideLLM
     ("guidellm_healthy", ["guidellm_healthy.json"], V, []),
     ("guidellm_nonstream", ["guidellm_nonstream.json"], I, IDENTITY),
@@ -89,7 +105,22 @@ CASES = [
     ("guidellm_few_samples", ["guidellm_few_samples.json"], A, ["percentile_samples"]),
     ("guidellm_little", ["guidellm_little.json"], A, ["littles_law"]),
     ("guidellm_failed_in_stats", ["guidellm_failed_in_stats.json"], A, ["error_rate", "failed_in_latency_stats"]),
+    ("guidellm_prefill_slow", ["guidellm_prefill_slow.json"], A, ["phase_order"]),
+    ("guidellm_compare_consistent", ["guidellm_after_consistent.json", "--compare", "guidellm_healthy.json"], V, []),
+    ("guidellm_compare_inconsistent", ["guidellm_after_inconsistent.json", "--compare", "guidellm_healthy.json"], A,
+     ["throughput_latency_consistency"]),
 ]
+
+# (format, check): evaluated by a healthy golden of that format, yet no report in that format can fail it.
+# test_every_applicable_check_fails_in_its_own_format requires exactly these to stay uncovered.
+CANNOT_FAIL = {
+    ("evalscope", "failed_in_latency_stats"):
+        "evalscope gives no per-statistic sample counts (the normaliser sets every count to the succeeded requests) and "
+        "no per-request records; it computes latency over successful requests only, so the check passes by definition",
+    ("guidellm", "complete_run"):
+        "GuideLLM's request_totals.total = successful + incomplete + errored and the normaliser counts incomplete "
+        "(cancelled when the run stopped) as failed, so completed + failed = total always",
+}
 
 
 @pytest.fixture
@@ -109,6 +140,11 @@ def test_golden(golden_dir, name, argv, code, findings):
     r, out = run_json(*argv)
     assert r.code == code, r
     assert out["findings"] == findings
+    by_id = {c["id"]: c for c in out["checks"]}
+    for f in findings:  # each finding is a failed check; an anomaly exit carries anomalies only
+        assert by_id[f]["status"] == "fail" and by_id[f]["severity"] == ("anomaly" if code == A else by_id[f]["severity"])
+    if code == I:
+        assert any(by_id[f]["severity"] == "invalid" for f in findings)
     assert out["verdict"] == {V: "valid", A: "anomaly", I: "invalid"}[code]
     assert out["valid"] is (code == V)
     assert [c["id"] for c in out["checks"]] == [cid for cid, _ in CHECKS]
@@ -128,6 +164,32 @@ def test_golden(golden_dir, name, argv, code, findings):
 def test_every_check_fails_somewhere_in_the_golden_set():
     failed = {f for _, _, _, findings in CASES for f in findings}
     assert failed == {cid for cid, _ in CHECKS}
+
+
+def test_every_applicable_check_fails_in_its_own_format(golden_dir):
+    """Per format: every check that a healthy golden (exit 0, no finding) evaluates fails in some golden of the
+    same format, apart from the CANNOT_FAIL pairs, each of which must really stay uncovered."""
+    applicable: dict[str, set] = {}
+    failed: dict[str, set] = {}
+    for _name, argv, code, findings in CASES:
+        _, out = run_json(*argv)
+        fmt = out["format"]
+        failed.setdefault(fmt, set()).update(c["id"] for c in out["checks"]
+                                             if c["status"] == "fail" and c["severity"] in ("invalid", "anomaly"))
+        if code == V and not findings:
+            applicable.setdefault(fmt, set()).update(c["id"] for c in out["checks"] if c["status"] != "not_applicable")
+    assert set(applicable) == {"vkit", "vllm-bench", "aisbench", "evalscope", "guidellm"}
+    for fmt, checks in sorted(applicable.items()):
+        uncovered = checks - failed[fmt]
+        assert uncovered == {cid for f, cid in CANNOT_FAIL if f == fmt}, (fmt, sorted(uncovered))
+
+
+def test_evalscope_stopped_run_is_incomplete(golden_dir):
+    # 240 of the 400 planned requests (benchmark_args.json "number") ended; "Total Requests" counts the 240
+    r, out = run_json("evalscope_partial/benchmark_summary.json")
+    cr = {c["id"]: c for c in out["checks"]}["complete_run"]
+    assert cr["status"] == "fail" and cr["severity"] == "anomaly" and cr["evidence"]["num_prompts"] == 400
+    assert out["findings"] == ["complete_run"] and r.code == A
 
 
 def test_healthy_report_in_every_format_has_no_finding(golden_dir):

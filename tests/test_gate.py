@@ -307,3 +307,36 @@ def test_real_script_in_a_pipe():
            f" | '{sys.executable}' -c 'import json,sys; print(json.load(sys.stdin)[\"decision\"])'")
     p = subprocess.run(cmd, shell=True, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and p.stdout.strip() == "accept", p.stderr
+
+
+def _policy(tmp_path, monkeypatch, edit) -> None:
+    from vkit.policy import DEFAULT_POLICY
+
+    data = json.load(open(DEFAULT_POLICY))
+    edit(data)
+    p = tmp_path / "params.json"
+    p.write_text(json.dumps(data))
+    monkeypatch.setenv("VKIT_POLICY", str(p))
+
+
+def test_gate_reads_the_policy_repeats_rule(tmp_path, monkeypatch):
+    r, d = gate("--baseline", *runs("aa_b", 6), "--candidate", *runs("gain_c", 6))
+    assert r.code == 0 and d["decision"] == "accept"
+    # the same runs under a policy that asks for 8 repeats before a gate: no verdict yet, and why
+    _policy(tmp_path, monkeypatch, lambda d: next(r for r in d["must_run"] if r["check"] == "repeats").update(min=8))
+    r, d = gate("--baseline", *runs("aa_b", 6), "--candidate", *runs("gain_c", 6))
+    assert r.code == 6 and d["decision"] == "undecided" and "rule R3" in d["why"]
+    assert d["more_runs"]["baseline"] == 2
+    # a σ pooled from earlier repeats satisfies the rule
+    r, d = gate("--sigma", "output_throughput=2%", "--baseline", *runs("aa_b", 6), "--candidate", *runs("gain_c", 6))
+    assert r.code == 0
+
+
+def test_gate_refuses_when_a_must_run_check_of_the_policy_was_not_run(tmp_path, monkeypatch):
+    rule = {"id": "R9", "check": "soak", "when": "before every gate", "why": "site rule: a soak run first"}
+    _policy(tmp_path, monkeypatch, lambda d: d["must_run"].append(rule))
+    r, d = gate("--baseline", *runs("aa_b", 6), "--candidate", *runs("gain_c", 6))
+    assert r.code == 3 and d is None
+    assert "must-run check soak" in r.err and "rule R9" in r.err
+    r, d = gate("--ran", "soak", "--baseline", *runs("aa_b", 6), "--candidate", *runs("gain_c", 6))
+    assert r.code == 0 and d["must_run"]["declared"] == ["soak"]

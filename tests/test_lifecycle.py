@@ -257,3 +257,32 @@ def test_hook_mode_like_systemd(tmp_path, monkeypatch):
         subprocess.run(stop, timeout=30)
     r = call("state", "init", "--url", "http://h:1", "--model", "m", "--force", "--stop-hook", "systemctl stop vllm", "--", "x")
     assert r.code == 2 and "JSON list" in r.err
+
+
+def test_post_start_verify_reads_accelerator_memory_from_npu_smi(env, tmp_path, monkeypatch):
+    from test_accel import NPU_910B, fake_tool
+    assert rwr("--set", "max_num_seqs=64").code == 0
+    fake_tool(tmp_path, monkeypatch, "npu-smi", NPU_910B)
+    r = call("post_start_verify", "--url", env["url"], "--model", "sim-8b", "--json")
+    acc = next(c for c in json.loads(r.out)["checks"] if c["id"] == "accelerator")
+    assert r.code == 0 and acc["status"] == "pass"
+    assert acc["evidence"] == {"tool": "npu-smi", "devices": 2, "mem_used_mib_max": 58213.0}
+    fake_tool(tmp_path, monkeypatch, "npu-smi", "dcmi module initialize failed\n")
+    r = call("post_start_verify", "--url", env["url"], "--model", "sim-8b", "--json")
+    acc = next(c for c in json.loads(r.out)["checks"] if c["id"] == "accelerator")
+    assert r.code == 0 and acc["status"] == "not_applicable" and "did not parse" in acc["why"]
+
+
+def test_keep_requires_the_policy_post_start_check(env):
+    """Rule R1 (post_start_verify after every restart), read from the policy: a candidate whose record
+    lacks the passed check cannot become the rollback target."""
+    from vkit.errors import MustRunMissing
+    from vkit.lifecycle import Lifecycle
+
+    assert rwr("--set", "max_num_seqs=64").code == 0
+    assert env["sf"].read()["candidate"]["checks"] == ["post_start_verify"]
+    with env["sf"].transaction() as st:
+        st["candidate"]["checks"] = []  # e.g. a record written by hand, or by an older vkit
+    with pytest.raises(MustRunMissing, match="post_start_verify.*rule R1"):
+        Lifecycle(env["sf"], tool="test", owner="test").keep(reason="test", decision="manual")
+    assert env["sf"].read()["kept"]["config"] == {}

@@ -205,6 +205,10 @@ def test_knee_and_recommendation_in_all_three(sample):
     assert knee in text_of(root.find(".//h2[@id='knee']/..")) or knee in text_of(root)
     assert text_of(root.find(".//pre[@id='serve-command']")) == cmd
     assert f"Knee: {knee}" in term and f"Recommendation: {rec}" in term
+    # each trial's why, in the terminal too (joined back from its wrapped lines)
+    flat = " ".join(term.split())
+    whys = [t["why"] for t in sample["trials"] if t.get("why")]
+    assert whys and all(f"why: {' '.join(w.split())}" in flat for w in whys)
     # the command in the terminal, joined back from its continuation lines, is the same command
     deploy = term.split("Deploy with:\n", 1)[1].split("\n\n", 1)[0]
     assert shlex.split(deploy.replace("\\\n", " ")) == shlex.split(cmd)

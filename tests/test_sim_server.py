@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import math
+import re
 import socket
 import subprocess
 import sys
@@ -14,6 +16,7 @@ import requests
 
 from tests.conftest import call
 from tests.sim_fixtures import SIM_BIN, SimProcess, free_port, sse_events, sse_json
+from vkit import prom
 from vkit.sim.metrics import ITL_BUCKETS, REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS, parse_prometheus_text
 
 FAST = ("--sim-speed", "20", "--max-model-len", "4096", "--sim-output-len-mean", "4")
@@ -157,6 +160,118 @@ def _value(fams, family, sample, **labels):
     raise KeyError((family, sample, labels))
 
 
+# The Prometheus text exposition format (0.0.4), written out independently of both the simulator's
+# writer (vkit/sim/metrics.py) and vkit's client-side parser (vkit/prom.py), so a format error in
+# either cannot hide behind the other.
+_NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
+_LABEL_NAME = r"[a-zA-Z_][a-zA-Z0-9_]*"
+_LABEL_VALUE = r'"(?:[^"\\\n]|\\[\\"n])*"'
+_PAIR = rf"{_LABEL_NAME}={_LABEL_VALUE}"
+_FLOAT = r"[+-]?(?:(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?|Inf)|NaN"
+_SAMPLE_LINE = re.compile(rf"^({_NAME})(\{{(?:{_PAIR}(?:,{_PAIR})*,?)?\}})?[ \t]+({_FLOAT})(?:[ \t]+-?\d+)?$")
+_PAIR_RE = re.compile(rf"({_LABEL_NAME})=({_LABEL_VALUE})")
+_HELP_LINE = re.compile(rf"^# HELP ({_NAME}) (?:[^\\\n]|\\[\\n])*$")
+_TYPE_LINE = re.compile(rf"^# TYPE ({_NAME}) (counter|gauge|histogram|summary|untyped)$")
+_SUFFIXES = {"histogram": ("_bucket", "_sum", "_count"), "summary": ("", "_sum", "_count")}
+
+
+def check_exposition(text: str) -> None:
+    """Assert that ``text`` is valid Prometheus text format: every sample line is ``name{labels} value``,
+    every family has ``# HELP`` and ``# TYPE`` before its samples and its samples are grouped under
+    them, no sample repeats, and every histogram series has ``le``-ascending cumulative buckets ending
+    in ``le="+Inf"`` equal to its ``_count``, plus a ``_sum``."""
+    assert text.endswith("\n"), "the exposition must end with a newline"
+    helps: set[str] = set()
+    types: dict[str, str] = {}
+    current = None  # the family whose samples may follow
+    seen: set[tuple] = set()
+    hists: dict[tuple[str, tuple], dict] = {}
+    for n, line in enumerate(text.split("\n")[:-1], 1):
+        if not line:
+            continue
+        if line.startswith("# HELP "):
+            mo = _HELP_LINE.match(line)
+            assert mo, f"line {n}: bad HELP line {line!r}"
+            assert mo.group(1) not in helps, f"line {n}: second HELP for {mo.group(1)}"
+            helps.add(mo.group(1))
+            continue
+        if line.startswith("# TYPE "):
+            mo = _TYPE_LINE.match(line)
+            assert mo, f"line {n}: bad TYPE line {line!r}"
+            fam = mo.group(1)
+            assert fam not in types, f"line {n}: second TYPE for {fam} (a family's lines must be one group)"
+            types[fam] = mo.group(2)
+            current = fam
+            continue
+        if line.startswith("#"):
+            continue
+        mo = _SAMPLE_LINE.match(line)
+        assert mo, f"line {n}: not a Prometheus sample line: {line!r}"
+        name, lab_s = mo.group(1), mo.group(2) or "{}"
+        pairs = _PAIR_RE.findall(lab_s)
+        labels = {k: v[1:-1] for k, v in pairs}
+        assert len(labels) == len(pairs), f"line {n}: a label repeats: {line!r}"
+        assert current is not None and name in {current + s for s in _SUFFIXES.get(types[current], ("",))}, \
+            f"line {n}: sample {name} is not in the family declared above it ({current})"
+        assert current in helps, f"line {n}: family {current} has no # HELP before its samples"
+        key = (name, tuple(sorted(labels.items())))
+        assert key not in seen, f"line {n}: duplicate sample {line!r}"
+        seen.add(key)
+        if types[current] == "histogram":
+            le = labels.pop("le", None)
+            h = hists.setdefault((current, tuple(sorted(labels.items()))), {"buckets": [], "sum": None, "count": None})
+            value = float(mo.group(3))
+            if name.endswith("_bucket"):
+                assert le is not None, f"line {n}: bucket without le: {line!r}"
+                h["buckets"].append((le, value))
+            else:
+                assert le is None, f"line {n}: le on a non-bucket sample: {line!r}"
+                h[name[len(current) + 1:]] = value
+    for (fam, labels), h in hists.items():
+        where = f"{fam}{dict(labels)}"
+        b = h["buckets"]
+        assert b, f"{where}: histogram without buckets"
+        bounds = [float(le) for le, _ in b]
+        assert bounds == sorted(bounds) and len(set(bounds)) == len(bounds), f"{where}: le not ascending: {bounds}"
+        counts = [c for _, c in b]
+        assert counts == sorted(counts), f"{where}: buckets not cumulative: {counts}"
+        assert b[-1][0] == "+Inf", f"{where}: last bucket is le={b[-1][0]!r}, not le=\"+Inf\""
+        assert h["count"] is not None and h["sum"] is not None, f"{where}: no _count or _sum"
+        assert b[-1][1] == h["count"], f"{where}: +Inf bucket {b[-1][1]} != _count {h['count']}"
+
+
+_GOOD = """# HELP a_total A counter.
+# TYPE a_total counter
+a_total{x="1",y="q\\"\\\\"} 3.0
+# HELP h A histogram.
+# TYPE h histogram
+h_bucket{le="1.0"} 1.0
+h_bucket{le="+Inf"} 2.0
+h_count 2.0
+h_sum 4.5
+"""
+
+
+@pytest.mark.parametrize("bad, why", [
+    (_GOOD.replace("# HELP a_total A counter.\n", ""), "no # HELP"),
+    (_GOOD.replace("# TYPE a_total counter\n", ""), "not in the family"),
+    (_GOOD.replace('a_total{x="1",', "a_total{x=1,"), "not a Prometheus sample line"),
+    (_GOOD.replace("} 3.0", "}3.0"), "not a Prometheus sample line"),
+    (_GOOD.replace("} 3.0", "} three"), "not a Prometheus sample line"),
+    (_GOOD.replace('le="1.0"} 1.0', 'le="1.0"} 3.0'), "not cumulative"),
+    (_GOOD.replace('h_bucket{le="+Inf"} 2.0\n', ""), 'not le="+Inf"'),
+    (_GOOD.replace('le="+Inf"} 2.0', 'le="+Inf"} 5.0'), "!= _count"),
+    (_GOOD.replace("h_sum 4.5\n", ""), "no _count or _sum"),
+    (_GOOD + "a_total{x=\"2\"} 1.0\n", "not in the family"),
+    (_GOOD.replace("h_count 2.0\n", "h_count 2.0\nh_count 2.0\n"), "duplicate sample"),
+    (_GOOD.rstrip("\n"), "end with a newline"),
+])
+def test_exposition_checker_catches_format_errors(bad, why):
+    check_exposition(_GOOD)
+    with pytest.raises(AssertionError, match=re.escape(why)):
+        check_exposition(bad)
+
+
 def test_metrics_are_consistent_with_the_requests_served():
     with SimProcess(*FAST) as sim:
         prompts = [list(range(300, 310)), list(range(400, 420)), list(range(500, 530))]
@@ -169,34 +284,39 @@ def test_metrics_are_consistent_with_the_requests_served():
             usage.append(sse_json(r)[0][-1]["usage"])
         text = requests.get(sim.url + "/metrics", timeout=5)
         assert text.headers["content-type"].startswith("text/plain")
-        fams = parse_prometheus_text(text.text)
+    check_exposition(text.text)
+    m = prom.parse(text.text)  # the client-side parser bench_stream uses against real vLLM
     n = len(usage)
     p_tok = sum(u["prompt_tokens"] for u in usage)
     g_tok = sum(u["completion_tokens"] for u in usage)
     lab = {"model_name": "sim-model", "engine": "0"}
-    assert fams["vllm:prompt_tokens_total"]["type"] == "counter"
-    assert _value(fams, "vllm:prompt_tokens_total", "vllm:prompt_tokens_total", **lab) == p_tok
-    assert _value(fams, "vllm:generation_tokens_total", "vllm:generation_tokens_total", **lab) == g_tok
-    assert _value(fams, "vllm:request_success_total", "vllm:request_success_total", finished_reason="length") == n
-    assert _value(fams, "vllm:request_success_total", "vllm:request_success_total", finished_reason="stop") == 0
-    assert fams["vllm:prompt_tokens_created"]["type"] == "gauge"
-    assert _value(fams, "vllm:num_preemptions_total", "vllm:num_preemptions_total") == 0
-    assert _value(fams, "vllm:prefix_cache_queries_total", "vllm:prefix_cache_queries_total") == p_tok
-    assert _value(fams, "vllm:num_requests_running", "vllm:num_requests_running", **lab) == 0
-    assert _value(fams, "vllm:num_requests_waiting", "vllm:num_requests_waiting") == 0
-    assert 0 <= _value(fams, "vllm:kv_cache_usage_perc", "vllm:kv_cache_usage_perc") <= 1
-    info = fams["vllm:cache_config_info"]["samples"][0][1]
+
+    def one(name, **labels):
+        rows = m.get(name, **lab, **labels)
+        assert len(rows) == 1, (name, labels, rows)
+        return rows[0][1]
+
+    assert m.types["vllm:prompt_tokens_total"] == "counter"
+    assert one("vllm:prompt_tokens_total") == p_tok
+    assert one("vllm:generation_tokens_total") == g_tok
+    assert one("vllm:request_success_total", finished_reason="length") == n
+    assert one("vllm:request_success_total", finished_reason="stop") == 0
+    assert m.types["vllm:prompt_tokens_created"] == "gauge"
+    assert one("vllm:num_preemptions_total") == 0
+    assert one("vllm:prefix_cache_queries_total") == p_tok
+    assert one("vllm:num_requests_running") == 0
+    assert one("vllm:num_requests_waiting") == 0
+    assert 0 <= one("vllm:kv_cache_usage_perc") <= 1
+    info = m.first_labels("vllm:cache_config_info")
     assert info["block_size"] == "16" and int(info["num_gpu_blocks"]) > 0 and info["engine"] == "0"
 
     def hist(name):
-        samples = fams[name]["samples"]
-        assert fams[name]["type"] == "histogram"
-        buckets = [(s[1]["le"], s[2]) for s in samples if s[0] == name + "_bucket"]
-        counts = [v for _, v in buckets]
-        assert counts == sorted(counts) and buckets[-1][0] == "+Inf"
-        count = _value(fams, name, name + "_count")
-        assert buckets[-1][1] == count
-        return [float(le) for le, _ in buckets[:-1]], count, _value(fams, name, name + "_sum")
+        assert m.types[name] == "histogram"
+        h = m.histogram(name, **lab)
+        assert h is not None and h.buckets[-1][0] == math.inf and h.buckets[-1][1] == h.count
+        counts = [c for _, c in h.buckets]
+        assert counts == sorted(counts)
+        return [b for b, _ in h.buckets[:-1]], h.count, h.sum
 
     assert hist("vllm:time_to_first_token_seconds")[0] == TTFT_BUCKETS
     assert hist("vllm:time_to_first_token_seconds")[1] == n
@@ -266,7 +386,6 @@ def test_periodic_stats_line_reports_wall_clock_throughput():
     assert lines
     pat = (r"Engine 000: Avg prompt throughput: [\d.]+ tokens/s, Avg generation throughput: [\d.]+ tokens/s, "
            r"Running: \d+ reqs, Waiting: \d+ reqs, GPU KV cache usage: [\d.]+%, Prefix cache hit rate: [\d.]+%$")
-    import re
 
     assert all(re.search(pat, ln) for ln in lines)
     gen = sum(float(re.search(r"generation throughput: ([\d.]+)", ln).group(1)) for ln in lines)
@@ -313,6 +432,29 @@ def test_bad_values_are_usage_errors():
     assert r.code == 2 and "invalid choice" in r.err
     assert call("sim_server").code == 2
 
+
+
+def test_data_parallel_size_1_is_accepted_and_more_is_refused():
+    from vkit.cli.sim_server import build_parser, normalize_argv
+    assert build_parser().parse_args(["m"]).data_parallel_size == 1  # vLLM's default
+    for flags in (["-dp", "1"], ["--data-parallel-size", "1"], ["--data-parallel-size=1"], ["--data_parallel_size", "1"]):
+        assert build_parser().parse_args(normalize_argv(["m", *flags])).data_parallel_size == 1, flags
+    with SimProcess(*FAST, "-dp", "1") as sim:  # serves as one engine, like the default
+        r = post(sim, "/v1/completions", {"prompt": [1, 2, 3], "max_tokens": 2, "ignore_eos": True})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
+        engines = {lb["engine"] for lb, _ in prom.parse(requests.get(sim.url + "/metrics", timeout=5).text)
+                   .get("vllm:num_requests_running")}
+        _, out, err = sim.stop()
+    assert engines == {"0"}
+    assert "data_parallel_size" not in out + err  # the default is not a non-default arg
+    for flag, value in (("-dp", "2"), ("--data-parallel-size", "8"), ("--data_parallel_size", "0")):
+        r = call("sim_server", "m", flag, value)
+        errors = [ln for ln in r.err.splitlines() if "error:" in ln]
+        assert r.code == 2 and errors == [
+            f"sim_server: error: argument -dp/--data-parallel-size: the simulator runs one engine; only 1 is "
+            f"supported (got {int(value)}): start one sim_server per data-parallel rank instead"], r.err
+    r = call("sim_server", "m", "-dp", "two")
+    assert r.code == 2 and "sim_server: error: argument -dp/--data-parallel-size: invalid int value: 'two'" in r.err
 
 def test_port_in_use_exit_1():
     with socket.socket() as s:
@@ -390,3 +532,11 @@ def test_stalled_stream_goes_silent():
                 if line:
                     got.append(line)
         assert len(got) == 3 and b"[DONE]" not in b"".join(got)
+
+
+def test_prom_parser_label_escapes_in_one_pass():
+    from vkit import prom
+
+    m = prom.parse('x{a="p\\\\nq",b="say \\"hi\\"",c="l1\\nl2"} 1\n')
+    (labels, v), = m.samples["x"]
+    assert labels == {"a": "p\\nq", "b": 'say "hi"', "c": "l1\nl2"} and v == 1.0

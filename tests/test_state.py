@@ -140,6 +140,12 @@ def test_corrupted_file_exit_3_names_file_and_backup(state_path, damage):
     assert r.code == 3, r
     assert state_path in r.err and state_path + ".bak" in r.err and "Traceback" not in r.err
     assert len(r.err.strip().splitlines()) == 1
+    # every tool that reads the service from the state says the same, never "no service"
+    for tool in ("bench_stream", "post_start_verify", "restart_with_rollback", "rollback", "tune", "gate"):
+        args = {"restart_with_rollback": ["--set", "max_num_seqs=8", "--sandbox"], "gate": ["--trial", "t001"],
+                "tune": ["--sandbox"]}.get(tool, [])
+        r = call(tool, "--state", state_path, *args)
+        assert r.code == 3 and state_path + ".bak" in r.err, (tool, r)
     assert open(state_path).read() == bad  # never silently reset
     # the backup really is the last good state
     assert json.load(open(state_path + ".bak"))["schema_version"] == 1

@@ -248,3 +248,49 @@ def test_sweep_step2_with_octave_candidates(svc):
     assert st.get("lease") is None  # taken for the confirmations, released after
     r = call("sweep", "--step", "2", "--staged-candidates", "sometimes", *FAST)
     assert r.code == 2 and "--staged-candidates" in r.err
+
+
+def test_drift_between_trials_is_detected_and_the_baseline_remeasured(svc):
+    """The kept configuration's series (baseline, confirmation A runs, sentinels) is long enough for the
+    drift detectors; a server that slows down is caught and the baseline measured again."""
+    import io as _io
+    from types import SimpleNamespace
+
+    from vkit.cli import _tuneargs as ta
+    from vkit.cli._common import IO
+    from vkit.cli.tune import _drift
+    from vkit.runner import Runner, Settings, lease_env
+
+    # drift counted from now: every restart (each sentinel is a fresh start) sees the machine as slow as it has become
+    init(svc, "max_num_seqs=16", extra=("--sim-drift", "4", "--sim-drift-since", f"{time.time():.0f}", "--sim-noise", "0.005"))
+    sf = svc["sf"]
+    ns = SimpleNamespace(num_prompts=60, concurrency=16, input_len=256, output_len=64, vocab_size=32000,
+                         stall_timeout=60.0, seed=1, mixed_long_len=None)
+    main, _ = ta.workloads(ns, "sim-8b")  # the workload exactly as tune builds it
+    runner = Runner(sf, Settings(workload=main, baseline_repeats=4, ready_timeout_s=30), lambda m: None, tool_name="tune")
+    io = IO(prog="tune", out=_io.StringIO(), err=_io.StringIO(), verbosity=0)
+    with sf.lease(runner.owner, 600, "tune"), lease_env(runner.owner):
+        first = runner.baseline()
+        for _ in range(16):
+            _drift(runner, io)
+            if sf.read().get("drift"):
+                break
+    st = sf.read()
+    checks = st["drift_checks"]
+    print("\ndrift checks (series length, changed, shift):", [(c["runs"], c["changed"], c["shift"]) for c in checks])
+    assert checks[-1]["changed"] is True, checks
+    assert not any(c["changed"] for c in checks if c["runs"] < c["min_runs"])
+    assert checks[-1]["shift"] < 0  # the server got slower
+    assert st["drift"]["change_run"] in first["runs"] + st["kept"]["sentinels"]
+    # re-baselined: a new generation measured after the alarm; the series restarts with it
+    assert st["baseline"]["generation"] == first["generation"] + 1
+    assert [p for _, p, _ in runner.kept_series()] == st["baseline"]["runs"]
+
+
+def test_tune_refuses_fewer_baseline_repeats_than_the_policy_asks(svc):
+    init(svc, "max_num_seqs=4")
+    args = list(FAST)
+    args[args.index("--baseline-repeats") + 1] = "2"
+    r = call("tune", *args)
+    assert r.code == 2 and "rule R3" in r.err and "at least 3" in r.err
+    assert not svc["sf"].read()["trials"]

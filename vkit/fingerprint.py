@@ -11,7 +11,7 @@ import shutil
 import socket
 import subprocess
 
-from vkit import __version__
+from vkit import __version__, accel
 
 
 def _run(argv: list[str], timeout: float = 5.0) -> str | None:
@@ -38,7 +38,10 @@ def accelerators() -> dict:
         }
     out = _run(["npu-smi", "info"])
     if out:
-        return {"kind": "ascend", "model": None, "count": None, "driver": None, "raw_head": out.splitlines()[:3]}
+        chips = accel.parse_npu(out)
+        return {"kind": "ascend", "model": chips[0]["name"] if chips else None, "count": len(chips) or None,
+                "driver": None, "memory_mib": int(chips[0]["mem_total_mib"]) if chips else None,
+                "raw_head": out.splitlines()[:3]}
     out = _run(["rocm-smi", "--showproductname"])
     if out:
         return {"kind": "rocm", "model": None, "count": None, "driver": None, "raw_head": out.splitlines()[:3]}

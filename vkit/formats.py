@@ -705,7 +705,8 @@ def _evalscope(doc: Any, name: str, path: str | None) -> dict:
     c = g("succeed")
     rep["completed"] = c
     rep["failed"] = g("failed")
-    rep["num_prompts"] = g("total") or _num(args.get("number"))
+    # Planned count: benchmark_args "number" (evalscope's "Total Requests" counts only requests that ended).
+    rep["num_prompts"] = _num(args.get("number")) or g("total")
     rep["duration_s"] = g("duration_s")
     rep["request_throughput"] = g("req_tput")
     rep["output_throughput"] = g("out_tput")

@@ -58,6 +58,7 @@ from scipy import stats as _sps
 from vkit import drift as _drift
 from vkit import stats as st
 from vkit.errors import InvalidData, Unavailable, UsageError, VkitError
+from vkit.policy import Policy
 
 DEFAULT_PRIMARY = "output_throughput:+"
 # Metrics reported (not decided on) when every run has them; primary and guards are added.
@@ -384,10 +385,11 @@ def _norm_value(v: Any) -> Any:
 def gauge_of(doc: dict) -> tuple[str, dict]:
     """("vkit" | "vllm-bench", the measured-the-same-way fields flattened)."""
     g: dict = {}
-    for k in GAUGE_TOP:
-        if k in doc:
-            g[k] = _norm_value(doc[k])
     v = doc.get("vkit")
+    timed = isinstance(v, dict) and isinstance(v.get("dataset"), dict) and v["dataset"].get("duration_s") is not None
+    for k in GAUGE_TOP:
+        if k in doc and not (timed and k == "num_prompts"):  # a timed run sends what fits in its duration
+            g[k] = _norm_value(doc[k])
     if not isinstance(v, dict):
         return "vllm-bench", g
     for k in GAUGE_VKIT:
@@ -783,6 +785,8 @@ class GateInput:
     sigma_pool: dict = field(default_factory=dict)
     changed_at: _dt.datetime | None = None
     check_drift: bool = True
+    policy: Policy | None = None  # None: the parameter policy ($VKIT_POLICY or the packaged table)
+    ran: list[str] = field(default_factory=list)  # must-run checks the caller ran outside gate (--ran)
 
 
 def decide(inp: GateInput, checker: Checker | None = None) -> dict:
@@ -828,6 +832,13 @@ def decide(inp: GateInput, checker: Checker | None = None) -> dict:
         warnings.append("cannot tell whether the runs were interleaved (no dates); declare --interleaved or --blocked")
     # Stale baseline: older than a detected change point.
     stale_refusal(base, inp.primary.name, inp.changed_at, inp.sigma_pool.get(inp.primary.name), inp.check_drift)
+    # The policy's must-run rules for a gate (the runbook's table, as data): check_invariants ran on every
+    # input (validate); the baseline σ rests on enough repeats — these runs, or a pooled σ given for the primary.
+    # Too few repeats is not a refusal but no verdict yet: undecided, with the runs still needed (below).
+    policy = inp.policy or Policy.load()
+    min_reps = policy.min_repeats()
+    few = len(base) < min_reps and inp.primary.name not in inp.sigma_pool
+    policy.require({"check_invariants", "repeats", *inp.ran}, before="gate")
     pairs = pair_indices(base, evidence)
     design["pairs"] = len(pairs)
     ctx = Context(s, Boundaries.build(s), base, evidence, pairs, layout, dict(inp.sigma_pool))
@@ -855,6 +866,12 @@ def decide(inp: GateInput, checker: Checker | None = None) -> dict:
         if scr is not None:
             design["screening_change"] = scr
     decision, why, more = _combine(primary, guards)
+    if few and decision != UNDECIDED:
+        need = max(min_reps, primary.get("n_needed") or 0)
+        decision = UNDECIDED
+        why = (f"{len(base)} baseline run(s) and no pooled σ: the policy asks for at least {min_reps} repeats before a "
+               f"gate verdict (rule R3), so σ_baseline is measured, not guessed; run {need - len(base)} more of the baseline")
+        more = {"baseline": need - len(base), "candidate": max(0, need - len(evidence))}
     if winner_block:
         need = primary.get("n_needed") or 2
         decision = UNDECIDED
@@ -881,6 +898,8 @@ def decide(inp: GateInput, checker: Checker | None = None) -> dict:
         "validity": [{"path": r.path, "verdict": r.verdict} for r in allruns],
         "more_runs": more,
         "warnings": warnings,
+        "must_run": {"ran_in_gate": ["check_invariants"], "declared": list(inp.ran), "repeats": len(base),
+                     "min_repeats": min_reps},
     }
     return result
 

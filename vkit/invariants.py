@@ -704,6 +704,10 @@ def check_complete_run(rep: dict, th: Thresholds, ctx: dict) -> dict:
     if c is not None and f is not None and n and c + f < n:
         return _res(cid, title, FAIL, ANOMALY,
                     f"{_f(c + f)} of {_f(n)} requests ended: the rest never finished, so the summary covers another request set.", **ev)
+    if c is not None and f is None and n and c < n:
+        return _res(cid, title, FAIL, ANOMALY,
+                    f"{_f(c)} of {_f(n)} requests completed and the report gives no failed count: the other {_f(n - c)} "
+                    "failed or never ended, and either way the summary covers another request set.", **ev)
     if c is None or not n:
         return _res(cid, title, NA, INFO, "the report gives no planned request count.", **ev)
     return _res(cid, title, PASS, INFO, f"{_f(c + (f or 0))} of {_f(n)} requests ended.", **ev)

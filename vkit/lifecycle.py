@@ -185,6 +185,7 @@ class Lifecycle:
             with self.sf.transaction() as s2:
                 s2["start_failures"] = 0
                 s2["candidate"]["status"] = "applied"
+                s2["candidate"]["checks"] = ["post_start_verify"]  # _start_and_verify passed it
                 s2["candidate"]["startup"] = facts
                 s2["service"]["startup"] = facts
                 s2["machine_state"] = "VERIFY"
@@ -250,6 +251,7 @@ class Lifecycle:
         cand = st.get("candidate") or {}
         if cand.get("status") != "applied":
             raise VkitError(f"no applied candidate to keep (candidate status: {cand.get('status')})", ExitCode.USAGE)
+        self.policy.require(cand.get("checks") or [], before="keep")
         did = self._log("keep", config=cand["config"], previous=st["kept"], reason=reason, decision=decision)
         with self.sf.transaction() as s2:
             s2["kept"] = {"config": dict(cand["config"]), "decision_id": did, "since": now_iso(), "decision": decision}

@@ -137,6 +137,11 @@ class Policy:
         lo, hi = r.get("min"), r.get("max")
         return not ((lo is not None and value < lo) or (hi is not None and value > hi))
 
+    def min_repeats(self) -> int:
+        """The must-run rule "repeats" (runs of one configuration before a gate): its minimum."""
+        r = next((r for r in self.data["must_run"] if r["check"] == "repeats"), None)
+        return int(r.get("min", 1)) if r else 1
+
     def require(self, done: Iterable[str], before: str) -> None:
         """Refuse to analyse when a must-run check for ``before`` has not been run."""
         done_set = set(done)
@@ -149,8 +154,12 @@ class Policy:
 
 
 def _applies(rule: dict, before: str) -> bool:
+    """Which must-run rules bind before ``before``: "analysis" (any verdict drawn from measurements),
+    "gate" (analysis rules plus those "before every gate"), "keep" (rules "after every restart": the
+    configuration kept must have passed them since it started)."""
     when = rule.get("when", "")
-    return {"analysis": "analysis" in when, "gate": "analysis" in when or "gate" in when}.get(before, False)
+    return {"analysis": "analysis" in when, "gate": "analysis" in when or "gate" in when,
+            "keep": "restart" in when}.get(before, False)
 
 
 def _guess(raw: Any) -> Any:

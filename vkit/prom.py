@@ -88,8 +88,13 @@ class Histogram:
         return prev_b
 
 
+_ESCAPES = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
+_ESCAPE_RE = re.compile(r'\\[\\"n]')
+
+
 def _unescape(s: str) -> str:
-    return s.replace('\\"', '"').replace("\\n", "\n").replace("\\\\", "\\")
+    """Label value escapes, in one left-to-right pass (``\\\\n`` is a backslash and an n)."""
+    return _ESCAPE_RE.sub(lambda m: _ESCAPES[m.group(0)], s)
 
 
 def parse(text: str) -> Metrics:

@@ -1292,6 +1292,9 @@ def render_terminal(result: dict, width: int = 78, color: bool = False) -> str:
             s = (f"{_s(t.get('id')):<5} {_s(t.get('step')) or '-':>4} {outcome:<12} {fmt_num(m.get(v.y_key)):>7} "
                  f"{fmt_num(m.get(X_KEY)):>7}  {changes}")
             L += _wrap(s, width, " " * (45 if width - 45 >= 32 else 8), "  ")
+            why = v.why_text(t)
+            if why:
+                L += _wrap(f"why: {why}", width, "          ", "        ")
     else:
         L.append("No trials were run.")
     L.append("")
@@ -1348,7 +1351,11 @@ def render_terminal(result: dict, width: int = 78, color: bool = False) -> str:
                width, "  ")
     if v.drift:
         changed = [d for d in v.drift if d.get("changed") is True]
-        L.append(f"Drift checks: {len(v.drift)}, {len(changed)} with a change")
+        runs = [d.get("runs") for d in v.drift if isinstance(d.get("runs"), int)]
+        need = next((d.get("min_runs") for d in v.drift if isinstance(d.get("min_runs"), int)), None)
+        series = (f" (series of {', '.join(map(str, runs))} runs of the kept configuration"
+                  + (f"; a verdict needs {need}" if need else "") + ")") if runs else ""
+        L += _wrap(f"Drift checks: {len(v.drift)}{series}, {len(changed)} with a change", width, "  ")
         for d in changed:
             L += _wrap(f"after {_s(d.get('after_trial'))}: {_s(d.get('detail'))}", width, "      ", "  ")
     else:

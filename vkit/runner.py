@@ -23,6 +23,7 @@ Measurement design:
 from __future__ import annotations
 
 import contextlib
+import datetime as _dt
 import io
 import json
 import math
@@ -396,6 +397,7 @@ class Runner:
                                          why=f"invalid measurement ({', '.join(check.get('findings') or [])}): no verdict")
             cut = max(4 * sig_tp, self.s.eliminate_below)
             if k == 1 and base_tp and doc["output_throughput"] < base_tp * (1 - cut):
+                self.progress(f"{tid} eliminated: {doc['output_throughput'] / base_tp - 1:+.1%} throughput vs the baseline")
                 return self.update_trial(tid, status="eliminated", valid=True, verdict="reject", finished=now_iso(),
                                          metrics=summary_metrics(doc),
                                          why=f"eliminated after 1 run: {doc['output_throughput'] / base_tp - 1:+.1%} throughput vs the "
@@ -408,6 +410,7 @@ class Runner:
         g = self.gate(b["runs"], t["runs"], primary=primary, guards=guards)
         verdict = g.get("decision")
         why = g.get("why") or ""
+        self.progress(f"{tid} screened: {verdict} — {why}")
         return self.update_trial(tid, status="done", valid=valid, metrics=aggregate(docs), verdict=verdict, why=why,
                                  gate={k: g.get(k) for k in ("decision", "why", "primary", "more_runs", "warnings", "exit_code")},
                                  finished=now_iso())
@@ -519,25 +522,75 @@ class Runner:
         return conf
 
     # -- drift sentinel -----------------------------------------------------------
+    def kept_series(self) -> list[tuple[float, str, float]]:
+        """Every run of the kept configuration with the main workload since the last drift alarm:
+        its baseline repeats, the A runs of confirmations against it, the B runs of the
+        confirmation that kept it, and the sentinels; as (start time, path, output throughput),
+        oldest first. Only runs measured the same way as the newest one count."""
+        from vkit import gate as _gate
+
+        st = self.sf.read()
+        kept = st["kept"]["config"]
+        w = self.s.workload.describe()
+        paths: list[str] = []
+        b = st.get("baseline") or {}
+        if b.get("config") == kept and b.get("workload") == w:
+            paths += b.get("runs") or []
+        trials = {t["id"]: t for t in st.get("trials", [])}
+        for c in st.get("confirmations", []) + st.get("delivery_confirmations", []):
+            if c.get("against") == kept:
+                paths += c.get("a_runs") or []
+            t = trials.get(c.get("trial_id"))
+            if t is not None and t.get("config") == kept:
+                paths += c.get("b_runs") or []
+        paths += (st.get("kept") or {}).get("sentinels") or []
+        since = _gate.parse_date((st.get("drift") or {}).get("reset"))
+        rows, gauges = [], []
+        for p in dict.fromkeys(paths):
+            try:
+                doc = self.load(p)
+            except (OSError, ValueError):
+                continue
+            when = _gate.parse_date(doc.get("date"))
+            tp = doc.get("output_throughput")
+            if when is None or not isinstance(tp, (int, float)) or tp <= 0 or (since is not None and when <= since):
+                continue
+            rows.append((when.timestamp(), p, float(tp)))
+            gauges.append(_gate.gauge_of(doc))
+        if not rows:
+            return []
+        order = sorted(range(len(rows)), key=lambda i: rows[i][0])
+        last = gauges[order[-1]]
+        return [rows[i] for i in order if gauges[i] == last]
+
     def sentinel(self) -> dict:
-        """Re-measure the kept configuration once and look for a level change in its series."""
-        from vkit.drift import detect
+        """Re-measure the kept configuration once and look for a level change in everything measured
+        of it since the last alarm (``kept_series``); on a change, the alarm time resets the series."""
+        from vkit.drift import MIN_RUNS, detect
 
         self.restore_kept(fresh=True)
         st = self.sf.read()
-        series = list((st.get("kept") or {}).get("repeats") or [])
-        k = len(series) + 1
-        path, doc, check = self.measure("sentinel", k)
-        series.append(path)
+        sent = list((st.get("kept") or {}).get("sentinels") or [])
+        path, doc, check = self.measure("sentinel", len(sent) + 1)
         with self.sf.transaction() as s2:
-            s2["kept"]["repeats"] = series
-        vals = [self.load(p)["output_throughput"] for p in series]
-        sig = (st.get("sigma_baseline") or {}).get("output_throughput")
-        res = detect(vals, sigma=sig if sig and 0 < sig < 1 else None)
-        out = {"runs": len(vals), "changed": bool(res.get("changed")), "shift": res.get("shift"),
+            s2["kept"]["sentinels"] = sent + [path]
+            s2["kept"]["repeats"] = list(s2["kept"].get("repeats") or []) + [path]
+        series = self.kept_series()
+        vals = [tp for _, _, tp in series]
+        # σ from the series' own reference window: the baseline's σ comes from a handful of runs, and the
+        # detectors' thresholds for a given σ assume it exact (drift.py: "estimated" calibration).
+        res = detect(vals)
+        trials = st.get("trials") or []
+        out = {"after_trial": trials[-1]["id"] if trials else None, "runs": len(vals), "min_runs": MIN_RUNS, "changed": bool(res.get("changed")), "shift": res.get("shift"),
                "why": res.get("why") or res.get("verdict"), "last": doc["output_throughput"]}
         with self.sf.transaction() as s2:
             s2.setdefault("drift_checks", []).append(dict(out, ts=now_iso()))
+            if out["changed"]:
+                # Runs before now no longer describe the server: the series restarts, the baseline is re-measured.
+                ci = res.get("change_index")
+                cp = _dt.datetime.fromtimestamp(series[ci][0], _dt.timezone.utc).isoformat() if ci is not None else now_iso()
+                s2["drift"] = {"reset": now_iso(), "changed": True, "change_date": cp, "change_run": series[ci][1] if ci is not None else None,
+                               "shift": out["shift"], "detector": res.get("detector"), "source": "tune sentinel"}
         self.log("drift_check", **out)
         return out
 

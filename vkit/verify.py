@@ -4,7 +4,7 @@
 2. ``model``: /v1/models serves the expected name (and its max_model_len matches the intended one).
 3. ``forward``: a real forward pass — a short streamed completion returns >= 1 output token.
 4. ``metrics``: /metrics holds the ``vllm:`` families vkit reads (and cache_config_info matches expectations).
-5. ``accelerator``: accelerator memory shows the weights loaded (nvidia-smi when present; otherwise not applicable, said so).
+5. ``accelerator``: accelerator memory shows the weights loaded (nvidia-smi, npu-smi or rocm-smi when present; otherwise not applicable, said so).
 
 Each check is pass / fail / not_applicable with evidence. Never prints, never exits.
 """
@@ -193,15 +193,16 @@ def verify(url: str, model: str, expect: dict | None = None, timeout_s: float = 
 
     # 5. accelerator memory
     tool = accel.detect()
-    if tool == "nvidia-smi":
-        rows = accel.nvidia_sample() or []
-        used = max((d["mem_used_mib"] for d in rows), default=0.0)
+    rows = accel.sample(tool) if tool else None
+    if rows:
+        used = max(d["mem_used_mib"] for d in rows)
         ev = {"tool": tool, "devices": len(rows), "mem_used_mib_max": used}
         # Weights of even a small model take well over 500 MiB once loaded with a KV cache.
         checks.append(Check("accelerator", "pass" if used > 500 else "fail", ev,
                             "" if used > 500 else "no accelerator shows memory in use: are the weights loaded on another machine?"))
     elif tool:
-        checks.append(Check("accelerator", "not_applicable", {"tool": tool}, f"{tool} found, its output is not parsed yet"))
+        why = "failed" if rows is None else "gave output that did not parse"
+        checks.append(Check("accelerator", "not_applicable", {"tool": tool}, f"{tool} {why}: accelerator memory not checked"))
     else:
         checks.append(Check("accelerator", "not_applicable", {}, "no nvidia-smi, npu-smi or rocm-smi on this machine"))
 

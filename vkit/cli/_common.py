@@ -70,13 +70,13 @@ def parent_parser(for_subcommand: bool = False) -> argparse.ArgumentParser:
     return p
 
 
-def add_subcommand(sub, name: str, help: str, description: str | None = None, examples: Iterable[str] = (), exit_codes=None):
+def add_subcommand(sub, name: str, help: str, description: str | None = None, examples: Iterable[str] = ()):
     """A subcommand parser that also takes the common flags and lists the exit codes."""
     return sub.add_parser(
         name,
         help=help,
         description=description or help,
-        epilog=_epilog(examples, exit_codes),
+        epilog=_epilog(examples),
         parents=[parent_parser(for_subcommand=True)],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -98,17 +98,19 @@ def int_at_least(lo: int) -> Callable[[str], int]:
     return conv
 
 
-def _epilog(examples: Iterable[str], codes: Iterable[int] | None) -> str:
+def _epilog(examples: Iterable[str], exit_notes: dict[int, str] | None = None) -> str:
     ex = list(examples)
     head = ("Examples:\n" + "\n".join(f"  {e}" for e in ex) + "\n\n") if ex else ""
-    return head + exit_codes_epilog(codes)
+    return head + exit_codes_epilog(exit_notes)
 
 
-def exit_codes_epilog(codes: Iterable[int] | None = None) -> str:
-    wanted = list(ExitCode) if codes is None else [ExitCode(c) for c in codes]
-    lines = ["Exit codes:"]
-    for c in wanted:
-        lines.append(f"  {int(c):<4d}{EXIT_CODE_HELP[c]}")
+def exit_codes_epilog(notes: dict[int, str] | None = None) -> str:
+    """The one exit-code enum, whole, in every tool's --help: a code means the same everywhere.
+    ``notes`` say what a code means for this tool in particular."""
+    notes = notes or {}
+    lines = ["Exit codes (the same in every vkit tool):"]
+    for c in ExitCode:
+        lines.append(f"  {int(c):<4d}{EXIT_CODE_HELP[c]}" + (f"; here: {notes[int(c)]}" if int(c) in notes else ""))
     return "\n".join(lines)
 
 
@@ -116,7 +118,7 @@ def make_parser(
     prog: str,
     description: str,
     examples: Iterable[str] = (),
-    exit_codes: Iterable[int] | None = None,
+    exit_notes: dict[int, str] | None = None,
     common: bool = True,
     **kwargs: Any,
 ) -> argparse.ArgumentParser:
@@ -124,7 +126,7 @@ def make_parser(
     return argparse.ArgumentParser(
         prog=prog,
         description=description,
-        epilog=_epilog(examples, exit_codes),
+        epilog=_epilog(examples, exit_notes),
         parents=[parent_parser()] if common else [],
         formatter_class=argparse.RawDescriptionHelpFormatter,
         **kwargs,

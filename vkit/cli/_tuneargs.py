@@ -10,6 +10,7 @@ from typing import Iterator
 
 from vkit.cli._common import IO, int_at_least
 from vkit.errors import UsageError
+from vkit.policy import Policy
 from vkit.runner import Runner, Settings, Workload, lease_env
 from vkit.state import StateFile, default_owner
 
@@ -84,6 +85,10 @@ def mixed_long_len(args: argparse.Namespace) -> int:
 
 
 def settings(args: argparse.Namespace, main: Workload) -> Settings:
+    need = Policy.load().min_repeats()
+    if args.baseline_repeats < need:
+        raise UsageError(f"--baseline-repeats {args.baseline_repeats}: the parameter policy asks for at least {need} "
+                         "repeats of the kept configuration before any gate (rule R3: σ_baseline is measured, not guessed)")
     return Settings(workload=main, baseline_repeats=args.baseline_repeats, screen_repeats=args.screen_repeats,
                     confirm_blocks=args.confirm_blocks, guards=args.guard or ["p95_ttft_ms:-:15%"], slo=parse_slo(args.slo),
                     ready_timeout_s=args.ready_timeout, sandbox=not args.yes)

@@ -39,7 +39,6 @@ def build_parser() -> argparse.ArgumentParser:
             "check_invariants report.json --human        # the table on stdout, no JSON",
             "check_invariants report.json -q | jq '.checks[] | select(.status == \"fail\")'",
         ],
-        exit_codes=[0, 1, 2, 3, 5, 130],
     )
     p.add_argument("reports", nargs="*", metavar="REPORT", help="report file(s); - or none reads stdin")
     p.add_argument("--records", metavar="FILE", help="per-request records, JSON Lines (default: the file vkit.records names, if there)")

@@ -49,7 +49,6 @@ def build_parser() -> argparse.ArgumentParser:
             "drift runs.jsonl --sigma 2% --detector bocpd  # σ pooled from earlier A/A runs",
             "printf '%s\\n' 101 99 100 98 ... | drift -     # bare numbers, one a line",
         ],
-        exit_codes=[0, 1, 2, 3, 4, 5, 6, 130],
     )
     p.add_argument("inputs", nargs="*", metavar="FILE", help="summary JSON files, or JSON Lines of summaries or numbers; - reads stdin")
     p.add_argument("--kept", action="store_true", help="use the kept configuration's repeats listed in the state file (kept.repeats)")

@@ -60,7 +60,6 @@ def build_parser() -> argparse.ArgumentParser:
             "gate --state vkit-state/vkit.json --trial t7 --record",
             "gate --baseline B*.json --candidate C*.json -q | jq '.decision, .primary.change, .more_runs'",
         ],
-        exit_codes=[0, 1, 2, 3, 4, 5, 6, 130],
     )
     i = p.add_argument_group("inputs")
     i.add_argument("--baseline", nargs="+", action="extend", default=[], metavar="FILE", help="summaries of the kept configuration's repeats (bench_stream or vllm bench serve JSON)")
@@ -92,6 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--allow-anomaly", action="store_true", help="decide even when check_invariants reports an anomaly (never for invalid)")
     g.add_argument("--changed-at", metavar="DATE", help="a detected change point (ISO time or YYYYmmdd-HHMMSS): older baseline runs are refused (default: the state file's drift.change_date)")
     g.add_argument("--ignore-drift", action="store_true", help="do not refuse a baseline older than a detected change point")
+    g.add_argument("--ran", action="append", default=[], metavar="CHECK",
+                   help="a must-run check of the parameter policy that was run outside gate (e.g. a site's soak rule); "
+                        "repeatable, written to the result")
     o = p.add_argument_group("output")
     o.add_argument("--human", action="store_true", help="write the table to stdout instead of JSON")
     o.add_argument("--record", action="store_true", help="with --trial: write the verdict into the trial in the state file")
@@ -131,7 +133,8 @@ def _inputs(args: argparse.Namespace, io: IO) -> tuple[GateInput, dict | None]:
         layout = args.layout
     inp = GateInput(baseline=baseline, candidate=candidate, fresh=fresh, primary=primary, guards=guards, report=report,
                     settings=settings, layout=layout, selected_from=selected, sigma_pool=sigma,
-                    changed_at=None if args.ignore_drift else changed_at, check_drift=not args.ignore_drift)
+                    changed_at=None if args.ignore_drift else changed_at, check_drift=not args.ignore_drift,
+                    ran=list(args.ran))
     return inp, trial
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 
 from vkit.cli._common import IO, make_parser, run
-from vkit.errors import ExitCode, UsageError
+from vkit.errors import ExitCode, StateMissing, UsageError
 from vkit.policy import canonical
 from vkit.state import StateFile
 from vkit.verify import verify
@@ -26,7 +26,6 @@ def build_parser() -> argparse.ArgumentParser:
             "post_start_verify --url $URL --model sim-8b --expect max_model_len=8192 --expect enable_prefix_caching=True",
             "post_start_verify --json | jq '.checks[] | select(.status==\"fail\")'",
         ],
-        exit_codes=[0, 1, 2, 4, 5, 130],
     )
     p.add_argument("--model", help="served model name the server must answer to (default: the state file's)")
     p.add_argument("--expect", action="append", default=[], metavar="K=V",
@@ -50,7 +49,8 @@ def _run(args: argparse.Namespace, io: IO) -> int:
     if not (url and model):
         try:
             svc = StateFile(args.state).read()["service"]
-        except Exception:
+            svc["url"], svc["model"]  # noqa: B018 - a service without them is the same as none
+        except (StateMissing, KeyError, TypeError):  # a corrupted state file is exit 3, said as such
             raise UsageError("give --url and --model (or a state file with the service)") from None
         url, model = url or svc["url"], model or svc["model"]
     expect = {}

@@ -28,7 +28,6 @@ def build_parser() -> argparse.ArgumentParser:
             "restart_with_rollback --config candidate.json --sandbox --ready-timeout 300",
             "restart_with_rollback --set max_num_seqs=32 --yes --keep     # manual path: keep it once verified",
         ],
-        exit_codes=[0, 1, 2, 3, 4, 5, 130],
     )
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--set", dest="sets", action="append", metavar="K=V", help="a parameter of the candidate (vLLM names), repeatable")

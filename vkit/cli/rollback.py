@@ -19,7 +19,6 @@ def build_parser() -> argparse.ArgumentParser:
         TOOL,
         "Restart the server with the last kept configuration and verify it.",
         examples=["rollback", "rollback --state vkit-state/vkit.json --ready-timeout 300 --json"],
-        exit_codes=[0, 2, 3, 4, 5, 130],
     )
     p.add_argument("--reason", default="manual rollback", help="why, for the decision log")
     add_lifecycle_args(p)

@@ -79,6 +79,19 @@ def non_negative_int(value: str) -> int:
     return v
 
 
+def data_parallel_size(value: str) -> int:
+    """``-dp/--data-parallel-size``: vLLM's int, but only 1 is simulated (one engine, ``Engine 000``)."""
+    try:
+        v = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {value!r}") from None
+    if v != 1:
+        raise argparse.ArgumentTypeError(
+            f"the simulator runs one engine; only 1 is supported (got {v}): "
+            "start one sim_server per data-parallel rank instead")
+    return v
+
+
 def normalize_argv(argv: list[str]) -> list[str]:
     """vLLM's FlexibleArgumentParser: ``--max_num_seqs`` means ``--max-num-seqs``."""
     out = []
@@ -103,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
             "sim_server m --no-enable-chunked-prefill --sim-pathology short-prefill --sim-gpu Ascend-910B",
             "sim_server m --sim-crash-after 10   # engine dies at request 11: exit 1, as vllm serve on a dead engine",
         ],
-        exit_codes=[0, 1, 2, 5, 130],
+        exit_notes={0: "stopped by SIGTERM/SIGINT", 1: "start-up failure or engine death, as vllm serve exits"},
         common=False,
     )
     p.add_argument("model_tag", nargs="?", metavar="MODEL", help="served model id (vllm serve's MODEL)")
@@ -134,6 +147,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tokens per KV block (default: 16)")
     v.add_argument("-tp", "--tensor-parallel-size", type=int, default=1, metavar="N",
                    help="accelerators the model is split over (default: 1)")
+    v.add_argument("-dp", "--data-parallel-size", type=data_parallel_size, default=1, metavar="N",
+                   help="engine replicas; the simulator runs one engine, so only 1 is accepted (default: 1)")
     v.add_argument("--kv-cache-dtype", choices=list(KV_DTYPE_BYTES), default="auto",
                    help="KV cache element type; fp8 halves its size (default: auto = the model's dtype)")
     v.add_argument("--num-gpu-blocks-override", type=int, default=None, metavar="N",
@@ -167,6 +182,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="sd of the multiplicative step-time noise (run-to-run, slow wander, jitter) (default: 0.02)")
     s.add_argument("--sim-drift", type=float, default=0.0, metavar="D",
                    help="step time grows by the fraction D per hour of simulated time (default: 0)")
+    s.add_argument("--sim-drift-since", type=float, default=None, metavar="UNIX_TIME",
+                   help="count the drift from this wall-clock time (x --sim-speed) instead of the first step, so a "
+                        "restart does not reset it, as a machine's thermals or neighbours would not (default: first step)")
     s.add_argument("--sim-seed", type=int, default=None, metavar="N",
                    help="seed of the noise and the faults (default: random, printed in the log)")
     s.add_argument("--sim-pathology", choices=["short-prefill"], default=None,
@@ -242,6 +260,7 @@ def _run(args: argparse.Namespace, io: IO, parser: argparse.ArgumentParser) -> i
     settings = SimSettings(
         host=host, port=args.port, gpu_name=opts.gpu.name, model_name=opts.model_profile.name,
         speed=args.sim_speed, startup_s=args.sim_startup_s, noise=args.sim_noise, drift_per_hour=args.sim_drift,
+        drift_since=args.sim_drift_since,
         seed=seed, pathology=args.sim_pathology, output_len_mean=args.sim_output_len_mean,
         mfu=args.sim_mfu, mbu=args.sim_mbu, fail_at_start=args.sim_fail_at_start,
         crash_after=args.sim_crash_after, hang_health=args.sim_hang_health,

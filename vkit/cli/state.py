@@ -36,14 +36,13 @@ def build_parser() -> argparse.ArgumentParser:
             "state --clear-abnormal --reason 'driver reloaded, server healthy again'",
             "state --break-lease   # only when the run holding it is dead",
         ],
-        exit_codes=[0, 2, 3, 4, 5, 130],
+        exit_notes={1: "state init refused by the parameter policy", 4: "no state file (run state init)"},
     )
     p.add_argument("--clear-abnormal", action="store_true", help="clear the ABNORMAL flag after a human fixed the cause (logged)")
     p.add_argument("--break-lease", action="store_true", help="remove the lease of a dead run (logged)")
     p.add_argument("--reason", default="", help="why, for the decision log (used with --clear-abnormal / --break-lease)")
     sub = p.add_subparsers(dest="cmd", metavar="COMMAND")
-    codes = [0, 2, 3, 4, 5, 130]
-    s = add_subcommand(sub, "show", "show the state (default command)", exit_codes=codes)
+    s = add_subcommand(sub, "show", "show the state (default command)")
     s.add_argument("-n", "--trials", type=int, default=5, metavar="N", help="number of last trials to list (default 5)")
     i = add_subcommand(
         sub,
@@ -51,7 +50,6 @@ def build_parser() -> argparse.ArgumentParser:
         "record the service and the argv that launches it",
         description="Record the service and how to launch it. Everything after -- is the launch argv, stored as a list.",
         examples=["state init --url http://127.0.0.1:8000 --model sim-8b -- bin/sim_server sim-8b --port 8000"],
-        exit_codes=codes,
     )
     i.add_argument("--model", required=True, help="served model name the service must answer to")
     i.add_argument("--set", dest="sets", action="append", default=[], metavar="K=V", help="initial kept configuration (vLLM names), repeatable")
@@ -60,13 +58,12 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--stop-hook", metavar="JSON", help="hook mode (systemd, docker): a JSON list, the argv that stops the server; "
                    "the argv after -- is then the start hook, which receives the flags in $VKIT_SERVE_FLAGS(_FILE)")
     i.add_argument("launch", nargs="*", metavar="-- SERVE ARGV", help="command that starts the server, e.g. -- vllm serve /models/x --port 8000")
-    h = add_subcommand(sub, "history", "list the decision log", exit_codes=codes)
+    h = add_subcommand(sub, "history", "list the decision log")
     add_subcommand(
         sub,
         "policy",
         "print the parameter policy (the runbook's traffic-light table); --json for the data",
         examples=["state policy", "state policy --json | jq '.forbidden[].param'"],
-        exit_codes=codes,
     )
     h.add_argument("-n", "--last", type=int, default=0, metavar="N", help="only the last N events (default all)")
     return p

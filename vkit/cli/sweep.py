@@ -33,7 +33,6 @@ def build_parser() -> argparse.ArgumentParser:
             "sweep --replay vkit-state/decisions.jsonl   # re-derive logged proposals and compare",
             "sweep --ablate --sandbox          # which switch of a multi-parameter change produced the gain",
         ],
-        exit_codes=[0, 1, 2, 3, 4, 5, 130],
     )
     ta.add_args(p)
     s = p.add_argument_group("search")

@@ -33,7 +33,6 @@ def build_parser() -> argparse.ArgumentParser:
             "tune --sandbox --steps 2,3 --report-dir reports/today",
             "tune --sandbox --mode bo --budget 12",
         ],
-        exit_codes=[0, 1, 2, 3, 4, 5, 130],
     )
     ta.add_args(p)
     s = p.add_argument_group("search")
@@ -225,7 +224,8 @@ def build_result(runner, args, settings, t0: float) -> dict:
         "not_confirmed": delivered.get("not_confirmed") or [],
         "recommendation": delivered.get("recommendation"),
         "stop_rule": "; ".join(f"step {s['step']}: {s.get('stop_rule')}" for s in st.get("steps", [])),
-        "drift": [{"after_trial": None, "changed": d.get("changed"), "detail": d.get("why")} for d in st.get("drift_checks", [])],
+        "drift": [{"after_trial": d.get("after_trial"), "changed": d.get("changed"), "runs": d.get("runs"),
+                   "min_runs": d.get("min_runs"), "detail": d.get("why")} for d in st.get("drift_checks", [])],
         "warnings": warnings + [f"knowledge base: {x}" for x in ((st.get("tune") or {}).get("knowledge") or {}).get("ignored", [])[:3]],
         "knowledge": (st.get("tune") or {}).get("knowledge"),
         "soak": "recommended before delivery: a long bench_stream (30 min or more) at the recommended configuration, with "

@@ -127,13 +127,15 @@ class Noise:
     engine restarts after an idle gap of at least ``regime_gap_s`` (a new benchmark run sees
     new conditions); ``x_ou`` is an Ornstein-Uhlenbeck process with stationary sd 0.5 s and
     correlation time ``tau_s``; ``e_step ~ N(0, (0.5 s)^2)`` per step. Then ``f`` is multiplied
-    by ``1 + drift * hours`` (hours of engine time since the first step). Total sd of
+    by ``1 + drift * hours`` (hours of engine time since the first step, plus ``drift_offset_s``
+    of engine time already elapsed before it: drift that a restart does not reset). Total sd of
     ``log f`` is about ``s``; consecutive runs differ by about ``1.1 s`` in mean.
     """
 
     def __init__(self, sigma: float, drift_per_hour: float = 0.0, seed: int | None = None,
-                 regime_gap_s: float = 2.0, tau_s: float = 30.0):
+                 regime_gap_s: float = 2.0, tau_s: float = 30.0, drift_offset_s: float = 0.0):
         self.rng = random.Random(seed)
+        self.drift_offset = drift_offset_s
         self.sigma = sigma
         self.drift = drift_per_hour
         self.gap = regime_gap_s
@@ -163,7 +165,7 @@ class Noise:
             self.t_prev = t
             f = math.exp(self.x_run + self.x_ou + g(0.0, self.s_step))
         if self.drift:
-            f *= 1.0 + self.drift * (t - self.t0) / 3600.0
+            f *= 1.0 + self.drift * (self.drift_offset + t - self.t0) / 3600.0
         return f
 
     def note_end(self, t_end: float) -> None:

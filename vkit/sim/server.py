@@ -20,6 +20,7 @@ import asyncio
 import json
 import os
 import random
+import selectors
 import signal
 import socket
 import time
@@ -60,6 +61,7 @@ class SimSettings:
     startup_s: float = 1.0
     noise: float = 0.02
     drift_per_hour: float = 0.0
+    drift_since: float | None = None  # unix time the drift counts from (survives restarts); None: first step
     seed: int = 0
     pathology: str | None = None
     output_len_mean: int = 128
@@ -78,6 +80,31 @@ class SimSettings:
 
 
 # -- small helpers -------------------------------------------------------------------------
+
+class _StampedSelector(selectors.DefaultSelector):  # type: ignore[misc, valid-type]
+    """The event loop's selector, noting when each batch of ready sockets was seen.
+
+    The loop then runs one callback after another; a request read by the 64th callback of a batch
+    reached the server when the batch did, not when its turn came. vLLM's HTTP front end runs in
+    its own process beside the engine, so its intake never waits for the engine's token writes;
+    here both share one thread, and the batch time is the honest arrival of every request in it.
+    """
+
+    ready_at = 0.0
+
+    def select(self, timeout=None):
+        ready = super().select(timeout)
+        self.ready_at = time.perf_counter()
+        return ready
+
+
+_SELECTOR: _StampedSelector | None = None
+
+
+def _ready_at() -> float:
+    """When the current batch of readable sockets was seen (now, outside the server's loop)."""
+    return _SELECTOR.ready_at if _SELECTOR is not None and _SELECTOR.ready_at else time.perf_counter()
+
 
 def error_body(message: str, err_type: str, code: int, param: str | None = None) -> dict:
     return {"error": {"message": message, "type": err_type, "param": param, "code": code}}
@@ -266,6 +293,7 @@ class Conn(asyncio.Protocol):
         self.busy = False
         self.closed = False
         self.keep_alive = True
+        self.t_rx = 0.0
         self.live: Live | None = None
         self.peer = "127.0.0.1:0"
         self.req_line = ""
@@ -293,6 +321,7 @@ class Conn(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.buf += data
+        self.t_rx = _ready_at()
         if not self.busy:
             self._process()
 
@@ -308,6 +337,8 @@ class Conn(asyncio.Protocol):
             self.transport.close()
             return
         if self.buf:
+            # A pipelined request already read: it arrives now, when the server can take it.
+            self.t_rx = time.perf_counter()
             asyncio.get_running_loop().call_soon(self._process)
 
     def _process(self) -> None:
@@ -389,8 +420,10 @@ class SimApp:
         )
         cost = CostModel(m, opts.gpu, resolved.tensor_parallel_size, resolved.kv_dtype_bytes,
                          mfu=settings.mfu, mbu=settings.mbu)
-        noise = Noise(settings.noise, settings.drift_per_hour, settings.seed,
-                      regime_gap_s=0.5) if (settings.noise > 0 or settings.drift_per_hour) else None
+        since = settings.drift_since
+        offset = max(0.0, time.time() - since) * settings.speed if since is not None else 0.0
+        noise = Noise(settings.noise, settings.drift_per_hour, settings.seed, regime_gap_s=0.5,
+                      drift_offset_s=offset) if (settings.noise > 0 or settings.drift_per_hour) else None
         tok = self.tok
         self.engine = Engine(ecfg, cost, lambda r: tok.output_token(r.text_seed, r.num_output), EOS_TOKEN_ID, noise)
         self.metrics = Metrics(resolved.max_model_len)
@@ -502,7 +535,7 @@ class SimApp:
         return {
             "version": SIM_VERSION, "sim": True, "sim_server": f"vkit {VKIT_VERSION}",
             "sim_speed": s.speed, "sim_gpu": s.gpu_name, "sim_tensor_parallel_size": self.cfg.tensor_parallel_size,
-            "sim_model": s.model_name, "sim_seed": s.seed, "sim_noise": s.noise, "sim_drift": s.drift_per_hour,
+            "sim_model": s.model_name, "sim_seed": s.seed, "sim_noise": s.noise, "sim_drift": s.drift_per_hour, "sim_drift_since": s.drift_since,
             "sim_pathology": s.pathology,
         }
 
@@ -578,7 +611,7 @@ class SimApp:
         if isinstance(prompt, str):
             return tok.encode(prompt)
         if isinstance(prompt, list) and prompt:
-            if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            if set(map(type, prompt)) == {int}:  # JSON ints only (bool is a subclass, and excluded)
                 ids = prompt
             elif len(prompt) == 1 and isinstance(prompt[0], str):
                 return tok.encode(prompt[0])
@@ -587,9 +620,9 @@ class SimApp:
             else:
                 raise BadRequest("sim_server: batched prompts (several prompts in one request) are not "
                                  "simulated; send one prompt per request", "prompt")
-            for t in ids:
-                if t < 0 or t >= tok.vocab:
-                    raise BadRequest(f"Token id {t} is out of vocabulary", "prompt")
+            if ids and (min(ids) < 0 or max(ids) >= tok.vocab):
+                bad = next(t for t in ids if t < 0 or t >= tok.vocab)
+                raise BadRequest(f"Token id {bad} is out of vocabulary", "prompt")
             return list(ids)
         raise BadRequest("Either prompt or prompt_embeds must be provided and non-empty.", "prompt")
 
@@ -669,7 +702,7 @@ class SimApp:
         self._rid += 1
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{self._rid_prefix}{self._rid:08x}"
         created = int(time.time())
-        t_arrival = time.perf_counter()
+        t_arrival = min(conn.t_rx, time.perf_counter()) if conn.t_rx else time.perf_counter()
         live = Live(conn, t_arrival, mt)
         if stream:
             live.sink = StreamSink(conn, chat, rid, created, self.model_json, bool(so.get("include_usage")),
@@ -770,6 +803,9 @@ class SimApp:
             self._emit(res, batch, w_end)
             self.v_end = ve
             self.busy_prev = True
+            # Take in what arrived during the writes before scheduling the next step, as vLLM's
+            # engine core takes its input queue before each schedule().
+            await asyncio.sleep(0)
 
     def _prepare(self, res) -> list:
         bytes_of = self.tok.bytes_of
@@ -1030,4 +1066,19 @@ async def _sleep_or_stop(seconds: float, stop: asyncio.Event) -> bool:
 
 def serve(opts: ServeOptions, settings: SimSettings, log: VllmLog) -> int:
     """Run the server until SIGTERM/SIGINT (exit 0), a start-up failure or engine death (exit 1)."""
-    return asyncio.run(_serve(opts, settings, log))
+    global _SELECTOR
+    _SELECTOR = _StampedSelector()
+    loop = asyncio.SelectorEventLoop(_SELECTOR)
+    try:
+        asyncio.set_event_loop(loop)
+        return loop.run_until_complete(_serve(opts, settings, log))
+    finally:
+        try:
+            for task in asyncio.all_tasks(loop):
+                task.cancel()
+            loop.run_until_complete(asyncio.sleep(0))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        finally:
+            asyncio.set_event_loop(None)
+            loop.close()
+            _SELECTOR = None

@@ -222,10 +222,10 @@ def ais_write(name, common: dict, rows: dict):
     write(f"{name}.csv", buf.getvalue())
 
 
-def ais_common(n_ok, n_fail, duration_s, e2el_sum_s, in_total, out_total, ttft_sum_s, max_conc=16):
+def ais_common(n_ok, n_fail, duration_s, e2el_sum_s, in_total, out_total, ttft_sum_s, max_conc=16, total=None):
     return {
         "Benchmark Duration": f"{round(duration_s * 1000, 4)} ms",
-        "Total Requests": n_ok + n_fail, "Failed Requests": n_fail, "Success Requests": n_ok,
+        "Total Requests": total or n_ok + n_fail, "Failed Requests": n_fail, "Success Requests": n_ok,
         "Concurrency": round(e2el_sum_s / duration_s, 4), "Max Concurrency": max_conc,
         "Request Throughput": f"{round(n_ok / duration_s, 4)} req/s",
         "Total Input Tokens": in_total,
@@ -237,11 +237,13 @@ def ais_common(n_ok, n_fail, duration_s, e2el_sum_s, in_total, out_total, ttft_s
     }
 
 
-def ais_from_recs(name, recs, max_conc=16, stats_n=None, failed_inside=0):
-    """``failed_inside``: that many of the timed requests are reported as failed, yet stay in the statistics."""
+def ais_from_recs(name, recs, max_conc=16, stats_n=None, failed_inside=0, total=None, dur_factor=1.0):
+    """``failed_inside``: that many of the timed requests are reported as failed, yet stay in the statistics.
+    ``total``: the planned request count when fewer ended (an interrupted run). ``dur_factor``: the benchmark
+    duration mismeasured by that factor (every figure AISBench derives from it follows)."""
     ok = [r for r in recs if r["ok"] and not r["warmup"]]
     fail = sum(1 for r in recs if not r["ok"] and not r["warmup"]) + failed_inside
-    dur = max(r["start_s"] + r["done_ms"] / 1000 for r in ok)
+    dur = max(r["start_s"] + r["done_ms"] / 1000 for r in ok) * dur_factor
     e2 = [r["e2el_ms"] for r in ok]
     tt = [r["ttft_ms"] for r in ok]
     rows = {
@@ -254,7 +256,7 @@ def ais_from_recs(name, recs, max_conc=16, stats_n=None, failed_inside=0):
         "PrefillTokenThroughput": ais_stats([r["prompt_tokens"] / (r["ttft_ms"] / 1000) for r in ok], " token/s", n=stats_n),
     }
     common = ais_common(len(ok) - failed_inside, fail, dur, sum(e2) / 1000, sum(r["prompt_tokens"] for r in ok),
-                        sum(r["completion_tokens"] for r in ok), sum(tt) / 1000, max_conc)
+                        sum(r["completion_tokens"] for r in ok), sum(tt) / 1000, max_conc, total=total)
     ais_write(name, common, rows)
 
 
@@ -300,10 +302,13 @@ def seed_aisbench():
 # --------------------------------------------------------------------------- evalscope
 
 
-def evalscope_dir(name, recs, conc=16, stream=True, old_keys=False, max_tokens=None, ignore_eos=False, number=None):
+def evalscope_dir(name, recs, conc=16, stream=True, old_keys=False, max_tokens=None, ignore_eos=False, number=None,
+                  dur_factor=1.0):
+    """``number``: the planned request count (benchmark_args.json); ``dur_factor``: the test duration
+    mismeasured by that factor (evalscope's throughputs follow it)."""
     ok = [r for r in recs if r["ok"] and not r["warmup"]]
     fail = sum(1 for r in recs if not r["ok"] and not r["warmup"])
-    dur = max(r["start_s"] + r["done_ms"] / 1000 for r in ok)
+    dur = max(r["start_s"] + r["done_ms"] / 1000 for r in ok) * dur_factor
     tt = np.array([r["ttft_ms"] for r in ok])
     e2 = np.array([r["e2el_ms"] for r in ok])
     tp = np.array([r["tpot_ms"] for r in ok])
@@ -373,10 +378,11 @@ def gl_status(ok_values, err_values=()):
     return out
 
 
-def guidellm_file(name, recs, streams=16, stream=True, mean_conc=None, succ_count_override=None):
+def guidellm_file(name, recs, streams=16, stream=True, mean_conc=None, succ_count_override=None, dur_factor=1.0):
+    """``dur_factor``: the benchmark duration mismeasured by that factor (rates and mean concurrency follow it)."""
     ok = [r for r in recs if r["ok"] and not r["warmup"]]
     errs = [r for r in recs if not r["ok"] and not r["warmup"]]
-    dur = max(r["start_s"] + r["done_ms"] / 1000 for r in ok)
+    dur = max(r["start_s"] + r["done_ms"] / 1000 for r in ok) * dur_factor
     tt = [r["ttft_ms"] for r in ok]
     e2 = [r["e2el_ms"] / 1000 for r in ok]
     outs = [r["completion_tokens"] for r in ok]
@@ -472,6 +478,12 @@ def main() -> None:
     write("vllm_bench_few_samples.json", vllm_bench_of(vkit_summary(simulate(n=50, seed=4))))
     write("vllm_bench_after_inconsistent.json", vllm_bench_of(bad))
     write("vllm_bench_failed_in_stats.json", vllm_bench_of(vkit_summary(stall, stats_over_all=True), detailed_recs=stall))
+    write("vllm_bench_after_consistent.json", vllm_bench_of(vkit_summary(after)))
+    # the healthy --save-detailed run with its first wave 2.5 s slower to first token (no warm-up sent)
+    vwarm = simulate(first_wave_extra_ms=2500.0)
+    write("vllm_bench_warmup.json", vllm_bench_of(vkit_summary(vwarm), detailed_recs=vwarm))
+    # the healthy run stopped after 120 of its 200 prompts; vLLM's keys keep the planned num_prompts
+    write("vllm_bench_partial.json", vllm_bench_of(vkit_summary(part, num_prompts=200, partial=True)))
 
     # AISBench ----------------------------------------------------------------------------
     seed_aisbench()
@@ -486,6 +498,12 @@ def main() -> None:
     ais_from_recs("aisbench_failed_in_stats", big, failed_inside=10)
     ais_from_recs("aisbench_little", simulate(n=1319, conc=16, slots=11, in_len=63, out_len=158, ttft_ms=1100.0,
                                               tpot_ms=49.0, seed=14, warmups=0))
+    # the healthy run stopped after 800 of its 1319 requests: Total Requests is the planned count
+    ais_from_recs("aisbench_partial", [r for r in big if r["i"] < 800], total=1319)
+    # the healthy request set with a faster decode (TPOT 45 ms, E2EL about -7%), whose benchmark duration
+    # includes 8% idle time: throughput does not rise with the E2EL drop (Little's law alone stays inside 10%)
+    ais_from_recs("aisbench_after_inconsistent", simulate(n=1319, conc=16, in_len=63, out_len=158, ttft_ms=1100.0,
+                                                          tpot_ms=45.0, seed=10, warmups=0), dur_factor=1.08)
 
     # evalscope ---------------------------------------------------------------------------
     es = simulate(n=400, conc=16, in_len=128, out_len=128, ttft_ms=60.0, tpot_ms=14.0, seed=20, warmups=0)
@@ -497,6 +515,13 @@ def main() -> None:
     evalscope_dir("evalscope_few_samples", simulate(n=40, conc=16, in_len=128, out_len=128, ttft_ms=60.0, tpot_ms=14.0,
                                                     seed=23, warmups=0))
     evalscope_dir("evalscope_tokens_short", es, max_tokens=160, ignore_eos=True)
+    es_kw = dict(n=400, conc=16, in_len=128, out_len=128, ttft_ms=60.0, tpot_ms=14.0, seed=20, warmups=0)
+    evalscope_dir("evalscope_little", simulate(**{**es_kw, "slots": 10}))  # 10 of the 16 slots kept busy
+    evalscope_dir("evalscope_prefill_slow", simulate(**{**es_kw, "ttft_ms": 9000.0}))
+    evalscope_dir("evalscope_partial", [r for r in es if r["i"] < 240], number=400)  # stopped after 240 of 400
+    es_after = simulate(**{**es_kw, "tpot_ms": 13.0})
+    evalscope_dir("evalscope_after_consistent", es_after)
+    evalscope_dir("evalscope_after_inconsistent", es_after, dur_factor=1.08)  # duration includes 8% idle time
 
     # GuideLLM ----------------------------------------------------------------------------
     gl = simulate(n=500, conc=16, in_len=256, out_len=128, ttft_ms=80.0, tpot_ms=15.0, seed=30, warmups=0)
@@ -509,6 +534,11 @@ def main() -> None:
                                                    seed=33, warmups=0))
     guidellm_file("guidellm_little", simulate(n=500, conc=16, slots=9, in_len=256, out_len=128, ttft_ms=80.0,
                                               tpot_ms=15.0, seed=34, warmups=0))
+    gl_kw = dict(n=500, conc=16, in_len=256, out_len=128, ttft_ms=80.0, tpot_ms=15.0, seed=30, warmups=0)
+    guidellm_file("guidellm_prefill_slow", simulate(**{**gl_kw, "ttft_ms": 9000.0}))
+    gl_after = simulate(**{**gl_kw, "tpot_ms": 14.0})
+    guidellm_file("guidellm_after_consistent", gl_after)
+    guidellm_file("guidellm_after_inconsistent", gl_after, dur_factor=1.08)  # duration includes 8% idle time
     guidellm_file("guidellm_failed_in_stats", gl, succ_count_override=None)
     doc = json.load(open(os.path.join(HERE, "guidellm_failed_in_stats.json")))
     m = doc["benchmarks"][0]["metrics"]
