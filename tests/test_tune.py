@@ -281,10 +281,16 @@ def test_drift_between_trials_is_detected_and_the_baseline_remeasured(svc):
     assert checks[-1]["changed"] is True, checks
     assert not any(c["changed"] for c in checks if c["runs"] < c["min_runs"])
     assert checks[-1]["shift"] < 0  # the server got slower
-    assert st["drift"]["change_run"] in first["runs"] + st["kept"]["sentinels"]
+    sentinels = sorted(os.path.relpath(os.path.join(runner.runs_dir, "sentinel", f), sf.dir)
+                       for f in os.listdir(os.path.join(runner.runs_dir, "sentinel")) if f.endswith(".json"))
+    assert len(sentinels) == len(checks)  # one sentinel per check, none overwritten
+    assert st["drift"]["change_run"] in first["runs"] + sentinels
     # re-baselined: a new generation measured after the alarm; the series restarts with it
     assert st["baseline"]["generation"] == first["generation"] + 1
-    assert [p for _, p, _ in runner.kept_series()] == st["baseline"]["runs"]
+    assert [p for p, _ in runner.kept_series()] == st["baseline"]["runs"]
+    # drift --kept judges the same series
+    r = call("drift", "--state", svc["state"], "--kept", "--json")
+    assert json.loads(r.out)["inputs"] == st["baseline"]["runs"]
 
 
 def test_tune_refuses_fewer_baseline_repeats_than_the_policy_asks(svc):

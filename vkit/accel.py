@@ -34,7 +34,8 @@ def detect() -> str | None:
     return None
 
 
-def _run(argv: list[str], timeout: float) -> str | None:
+def run_tool(argv: list[str], timeout: float = 5.0) -> str | None:
+    """A vendor tool's stdout; None when it is missing, fails or times out."""
     try:
         r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
     except (OSError, subprocess.TimeoutExpired):
@@ -135,12 +136,8 @@ _SOURCES: dict[str, tuple[list[str], Callable[[str], list[dict]]]] = {
 def sample(tool: str, timeout: float = 5.0) -> list[dict] | None:
     """One sample from ``tool``: a row per device, [] when its output did not parse, None when it failed."""
     argv, parse = _SOURCES[tool]
-    out = _run(argv, timeout)
+    out = run_tool(argv, timeout)
     return None if out is None else parse(out)
-
-
-def nvidia_sample(timeout: float = 5.0) -> list[dict] | None:
-    return sample("nvidia-smi", timeout)
 
 
 class Sampler:

@@ -7,21 +7,13 @@ import hashlib
 import json
 import os
 import platform
-import shutil
 import socket
-import subprocess
 
 from vkit import __version__, accel
 
 
-def _run(argv: list[str], timeout: float = 5.0) -> str | None:
-    if shutil.which(argv[0]) is None:
-        return None
-    try:
-        r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return r.stdout.strip() if r.returncode == 0 else None
+def _run(argv: list[str]) -> str:
+    return (accel.run_tool(argv) or "").strip()
 
 
 def accelerators() -> dict:

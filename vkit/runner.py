@@ -23,7 +23,6 @@ Measurement design:
 from __future__ import annotations
 
 import contextlib
-import datetime as _dt
 import io
 import json
 import math
@@ -522,46 +521,8 @@ class Runner:
         return conf
 
     # -- drift sentinel -----------------------------------------------------------
-    def kept_series(self) -> list[tuple[float, str, float]]:
-        """Every run of the kept configuration with the main workload since the last drift alarm:
-        its baseline repeats, the A runs of confirmations against it, the B runs of the
-        confirmation that kept it, and the sentinels; as (start time, path, output throughput),
-        oldest first. Only runs measured the same way as the newest one count."""
-        from vkit import gate as _gate
-
-        st = self.sf.read()
-        kept = st["kept"]["config"]
-        w = self.s.workload.describe()
-        paths: list[str] = []
-        b = st.get("baseline") or {}
-        if b.get("config") == kept and b.get("workload") == w:
-            paths += b.get("runs") or []
-        trials = {t["id"]: t for t in st.get("trials", [])}
-        for c in st.get("confirmations", []) + st.get("delivery_confirmations", []):
-            if c.get("against") == kept:
-                paths += c.get("a_runs") or []
-            t = trials.get(c.get("trial_id"))
-            if t is not None and t.get("config") == kept:
-                paths += c.get("b_runs") or []
-        paths += (st.get("kept") or {}).get("sentinels") or []
-        since = _gate.parse_date((st.get("drift") or {}).get("reset"))
-        rows, gauges = [], []
-        for p in dict.fromkeys(paths):
-            try:
-                doc = self.load(p)
-            except (OSError, ValueError):
-                continue
-            when = _gate.parse_date(doc.get("date"))
-            tp = doc.get("output_throughput")
-            if when is None or not isinstance(tp, (int, float)) or tp <= 0 or (since is not None and when <= since):
-                continue
-            rows.append((when.timestamp(), p, float(tp)))
-            gauges.append(_gate.gauge_of(doc))
-        if not rows:
-            return []
-        order = sorted(range(len(rows)), key=lambda i: rows[i][0])
-        last = gauges[order[-1]]
-        return [rows[i] for i in order if gauges[i] == last]
+    def kept_series(self) -> list[tuple[str, dict]]:
+        return kept_series(self.sf.read(), self.load)
 
     def sentinel(self) -> dict:
         """Re-measure the kept configuration once and look for a level change in everything measured
@@ -570,29 +531,67 @@ class Runner:
 
         self.restore_kept(fresh=True)
         st = self.sf.read()
-        sent = list((st.get("kept") or {}).get("sentinels") or [])
-        path, doc, check = self.measure("sentinel", len(sent) + 1)
+        d = os.path.join(self.runs_dir, "sentinel")
+        k = 1 + (sum(1 for f in os.listdir(d) if f.endswith(".json")) if os.path.isdir(d) else 0)  # never overwrite
+        path, doc, check = self.measure("sentinel", k)
         with self.sf.transaction() as s2:
-            s2["kept"]["sentinels"] = sent + [path]
             s2["kept"]["repeats"] = list(s2["kept"].get("repeats") or []) + [path]
         series = self.kept_series()
-        vals = [tp for _, _, tp in series]
+        vals = [d["output_throughput"] for _, d in series]
         # σ from the series' own reference window: the baseline's σ comes from a handful of runs, and the
         # detectors' thresholds for a given σ assume it exact (drift.py: "estimated" calibration).
         res = detect(vals)
         trials = st.get("trials") or []
-        out = {"after_trial": trials[-1]["id"] if trials else None, "runs": len(vals), "min_runs": MIN_RUNS, "changed": bool(res.get("changed")), "shift": res.get("shift"),
-               "why": res.get("why") or res.get("verdict"), "last": doc["output_throughput"]}
+        out = {"after_trial": trials[-1]["id"] if trials else None, "runs": len(vals), "min_runs": MIN_RUNS,
+               "changed": bool(res.get("changed")), "shift": res.get("shift"), "why": res.get("why") or res.get("verdict"),
+               "last": doc["output_throughput"]}
         with self.sf.transaction() as s2:
             s2.setdefault("drift_checks", []).append(dict(out, ts=now_iso()))
             if out["changed"]:
                 # Runs before now no longer describe the server: the series restarts, the baseline is re-measured.
                 ci = res.get("change_index")
-                cp = _dt.datetime.fromtimestamp(series[ci][0], _dt.timezone.utc).isoformat() if ci is not None else now_iso()
-                s2["drift"] = {"reset": now_iso(), "changed": True, "change_date": cp, "change_run": series[ci][1] if ci is not None else None,
-                               "shift": out["shift"], "detector": res.get("detector"), "source": "tune sentinel"}
+                cp, cdoc = series[ci] if ci is not None else (None, {})
+                s2["drift"] = {"reset": now_iso(), "changed": True, "change_date": cdoc.get("date") or now_iso(),
+                               "change_run": cp, "shift": out["shift"], "detector": res.get("detector"),
+                               "source": "tune sentinel"}
         self.log("drift_check", **out)
         return out
+
+
+def kept_series(st: dict, load: Callable[[str], dict]) -> list[tuple[str, dict]]:
+    """Every run of the kept configuration since the last drift alarm, as (path, summary), oldest
+    first: its repeats (the baseline's, then each sentinel's), the A runs of confirmations against
+    it and the B runs of the confirmation that kept it. Only runs measured the same way as the
+    newest one count (step 5's mixed workload is another gauge). tune's sentinel and
+    ``drift --kept`` judge this one series."""
+    from vkit import gate as _gate
+
+    kept = st["kept"]["config"]
+    paths = [r.get("path") if isinstance(r, dict) else r for r in (st.get("kept") or {}).get("repeats") or []]
+    trials = {t["id"]: t for t in st.get("trials", [])}
+    for c in st.get("confirmations", []) + st.get("delivery_confirmations", []):
+        if c.get("against") == kept:
+            paths += c.get("a_runs") or []
+        t = trials.get(c.get("trial_id"))
+        if t is not None and t.get("config") == kept:
+            paths += c.get("b_runs") or []
+    since = _gate.parse_date((st.get("drift") or {}).get("reset"))
+    rows = []
+    for p in dict.fromkeys(x for x in paths if isinstance(x, str)):
+        try:
+            doc = load(p)
+        except (OSError, ValueError):
+            continue
+        when = _gate.parse_date(doc.get("date"))
+        if since is not None and (when is None or when <= since):
+            continue
+        rows.append((when, p, doc))
+    if all(w is not None for w, _, _ in rows):
+        rows.sort(key=lambda r: r[0])
+    if not rows:
+        return []
+    last = _gate.gauge_of(rows[-1][2])
+    return [(p, doc) for _, p, doc in rows if _gate.gauge_of(doc) == last]
 
 
 @contextlib.contextmanager

@@ -159,24 +159,22 @@ def _run(args: argparse.Namespace, io: IO) -> int:
     if args.kept:
         if args.inputs:
             raise UsageError("--kept reads the runs from the state file; do not also give files")
-        from vkit.state import StateFile
+        from vkit.runner import kept_series
+        from vkit.state import StateFile, now_iso
 
         sf = StateFile(args.state)
         st = sf.read()
-        reps = ((st.get("kept") or {}).get("repeats")) or []
-        paths = []
-        for r in reps:
-            p = r.get("path") if isinstance(r, dict) else r
-            if isinstance(p, str):
-                paths.append(p if os.path.isabs(p) else os.path.join(sf.dir, p))
-        if not paths:
-            raise InvalidData("the state file lists no repeats of the kept configuration (kept.repeats); nothing to watch")
+
+        def load(p: str) -> dict:
+            return load_summary(p if os.path.isabs(p) else os.path.join(sf.dir, p), "series").doc
+
+        # The series tune's sentinel judges: repeats, confirmation runs of the kept configuration, since the last alarm.
+        items = kept_series(st, load)
+        if not items:
+            raise InvalidData("the state file lists no runs of the kept configuration (kept.repeats, confirmations) "
+                              "since the last drift alarm; nothing to watch")
         if sigma is None:
             sigma = sigma_from_state(st).get(args.metric)
-        items = []
-        for p in paths:
-            r = load_summary(p, "series")
-            items.append((p, r.doc))
     else:
         if args.record:
             raise UsageError("--record needs --kept (it writes the result into the state file)")
@@ -200,8 +198,11 @@ def _run(args: argparse.Namespace, io: IO) -> int:
         res["decision_id"] = did
         if args.record:
             with sf.transaction() as st:
+                # A change restarts the kept configuration's series (as tune's sentinel does); otherwise its start stays.
+                reset = now_iso() if res["changed"] else (st.get("drift") or {}).get("reset")
                 st["drift"] = {"checked_id": did, "metric": args.metric, "changed": res["changed"], "detector": args.detector,
-                               "change_index": res.get("change_index"), "change_date": res.get("change_date"), "shift": res.get("shift")}
+                               "change_index": res.get("change_index"), "change_date": res.get("change_date"), "shift": res.get("shift"),
+                               "reset": reset}
             io.progress(f"drift result recorded in {sf.path} ({did})")
     human = args.human or (io.is_tty() and not args.json)
     if human:
