@@ -449,3 +449,29 @@ def test_smoke_real_script_in_a_pipe():
     assert p.returncode == 0 and p.stdout.split() == ["invalid", "ttft_e2el_identity", "decode_timing"], p.stderr
     p = subprocess.run([sys.executable, "bin/check_invariants", "-q", seed], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert p.returncode == ExitCode.INVALID
+
+
+def _wave_records(first_starts: list[float], first_ttft_ms: float, rest_ttft_ms: float, n_rest: int = 60) -> dict:
+    recs = [{"ok": True, "warmup": False, "start_s": s, "ttft_ms": first_ttft_ms} for s in first_starts]
+    t = 1.0
+    for _ in range(n_rest):
+        recs.append({"ok": True, "warmup": False, "start_s": t, "ttft_ms": rest_ttft_ms})
+        t += 0.05
+    return {"records": recs, "max_concurrency": len(first_starts), "warmups": 0}
+
+
+def test_warmup_outliers_allow_a_start_burst_up_to_its_size():
+    """Real vLLM, 8 streams: the 8 requests that start together are prefilled together (first wave
+    80 ms vs 24 ms for the rest, 3.3x); that is the closed loop's own start, not warm-up. The same
+    ratio for requests that arrived one after another (each after the previous first token) is."""
+    from vkit.invariants import Thresholds, check_warmup_outliers
+
+    th = Thresholds()
+    burst = check_warmup_outliers(_wave_records([0.001 * k for k in range(8)], 80.0, 24.0), th, {})
+    assert burst["status"] == "pass" and burst["evidence"]["start_burst"] == 8 and burst["evidence"]["max_ratio"] == 8
+    assert "start burst" in burst["explanation"]
+    staggered = check_warmup_outliers(_wave_records([0.1 * k for k in range(8)], 80.0, 24.0), th, {})
+    assert staggered["status"] == "fail" and staggered["evidence"]["start_burst"] == 1
+    assert staggered["evidence"]["max_ratio"] == th.warmup_outlier_ratio
+    cold = check_warmup_outliers(_wave_records([0.001 * k for k in range(8)], 24.0 * 9, 24.0), th, {})
+    assert cold["status"] == "fail"  # 9x: more than 8 prompts prefilled together can explain

@@ -394,15 +394,25 @@ def check_warmup_outliers(rep: dict, th: Thresholds, ctx: dict) -> dict:
     med = lambda a: a[len(a) // 2] if len(a) % 2 else (a[len(a) // 2 - 1] + a[len(a) // 2]) / 2  # noqa: E731
     m1, m2 = med(first), med(rest)
     ratio = m1 / m2 if m2 > 0 else math.inf
-    ev = dict(first_wave=wave, first_wave_ttft_p50_ms=m1, rest_ttft_p50_ms=m2, ratio=ratio, max_ratio=th.warmup_outlier_ratio,
-              warmups=rep.get("warmups"))
-    if ratio > th.warmup_outlier_ratio:
+    # A start burst: the requests that entered before any first token came back (a closed loop's C
+    # streams start at once). Their prompts are prefilled together, up to `burst` times a lone
+    # request's prefill work, so up to that multiple of the rest's median is the burst itself, not
+    # warm-up (measured on real vLLM, 8 streams: 80 ms vs 24 ms, and 56 ms for the second wave).
+    first_token = min(r["start_s"] + r["ttft_ms"] / 1000.0 for r in recs)
+    burst = sum(1 for r in recs if r["start_s"] < first_token)
+    max_ratio = max(th.warmup_outlier_ratio, float(burst)) if burst >= 2 else th.warmup_outlier_ratio
+    ev = dict(first_wave=wave, first_wave_ttft_p50_ms=m1, rest_ttft_p50_ms=m2, ratio=ratio, max_ratio=max_ratio,
+              start_burst=burst, warmups=rep.get("warmups"))
+    if ratio > max_ratio:
         return _res(cid, title, FAIL, ANOMALY,
                     f"the first {wave} requests have median TTFT {_f(m1)} ms, {ratio:.1f}× the rest ({_f(m2)} ms): warm-up "
                     f"(compilation, caches, connections) is inside the statistics"
                     + (" and no warm-up requests were sent" if not rep.get("warmups") else "")
                     + ". Send warm-ups first (bench_stream --warmups N) and rerun.", **ev)
-    return _res(cid, title, PASS, INFO, f"first {wave} requests: median TTFT {_f(m1)} ms vs {_f(m2)} ms for the rest.", **ev)
+    burst_note = (f" ({burst} of them started together before any first token: a start burst, allowed up to {max_ratio:g}×)"
+                  if max_ratio > th.warmup_outlier_ratio else "")
+    return _res(cid, title, PASS, INFO,
+                f"first {wave} requests: median TTFT {_f(m1)} ms vs {_f(m2)} ms for the rest{burst_note}.", **ev)
 
 
 def _closed_n(rep: dict, th: Thresholds) -> float | None:
