@@ -196,3 +196,16 @@ def test_real_script_pipes_json(tmp_path):
 def test_loop_transport_on_https_is_a_usage_error_before_any_connection():
     r = call("bench_stream", "--url", "https://127.0.0.1:9", "--transport", "loop", "--num-prompts", "3", *SMALL)
     assert r.code == 2 and "--transport threads" in r.err and len(r.err.strip().splitlines()) == 1
+
+
+def test_summary_of_a_run_interrupted_before_anything_ended():
+    """A stop signal can land before the first request is sent (seen in a soak interrupted at a
+    window's start): the summary says nothing completed, with zero throughput, and is partial."""
+    from vkit import bench
+    from vkit.datasets import Request
+
+    reqs = [Request(i, prompt=[1] * 8, input_len=8, output_len=4, ignore_eos=True) for i in range(4)]
+    cfg = bench.BenchConfig(url="http://x", requests=reqs, max_concurrency=2)
+    s, recs = bench.summarize(cfg, "m", [], [], 5.0, 5.0, True, None, extra={})
+    assert (s["completed"], s["failed"], s["request_throughput"], s["output_throughput"]) == (0, 0, 0.0, 0.0)
+    assert s["vkit"]["partial"] is True and recs == []

@@ -546,7 +546,7 @@ def summarize(
     duration = t_end - t0
     if ok:
         duration = max(r.start + (r.done or r.latency or 0) for r in ok) - t0  # send of the first to end of the last
-        duration = max(duration, 1e-9)
+    duration = max(duration, 1e-9)  # interrupted before anything was sent: no time, no throughput
     ttfts = [r.ttft for r in ok]
     e2els = [r.latency for r in ok]
     tpots = [t for t in (tpot_of(r.latency, r.ttft, r.completion_tokens) for r in ok) if t is not None]
