@@ -8,6 +8,7 @@ import os
 import pytest
 
 from tests.conftest import REPO, call
+from vkit.cli._common import load_policy
 from vkit.errors import MustRunMissing, PolicyRefusal, UsageError
 from vkit.policy import Policy, parse_assignments, render_table, splice_table, to_serve_flags
 
@@ -97,10 +98,10 @@ def test_site_policy_from_env(tmp_path, monkeypatch, policy):
     p.write_text(json.dumps(data))
     monkeypatch.setenv("VKIT_POLICY", str(p))
     with pytest.raises(PolicyRefusal, match="F99"):
-        Policy.load().check_change({"max_num_seqs": 8})
+        load_policy().check_change({"max_num_seqs": 8})
     p.write_text("{broken")
     with pytest.raises(UsageError, match="not valid JSON"):
-        Policy.load()
+        load_policy()
 
 
 def test_state_policy_command_prints_the_table():

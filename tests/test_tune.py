@@ -259,7 +259,7 @@ def test_drift_between_trials_is_detected_and_the_baseline_remeasured(svc):
     from vkit.cli import _tuneargs as ta
     from vkit.cli._common import IO
     from vkit.cli.tune import _drift
-    from vkit.runner import Runner, Settings, lease_env
+    from vkit.runner import Runner, Settings
 
     # drift counted from now: every restart (each sentinel is a fresh start) sees the machine as slow as it has become
     init(svc, "max_num_seqs=16", extra=("--sim-drift", "4", "--sim-drift-since", f"{time.time():.0f}", "--sim-noise", "0.005"))
@@ -269,7 +269,7 @@ def test_drift_between_trials_is_detected_and_the_baseline_remeasured(svc):
     main, _ = ta.workloads(ns, "sim-8b")  # the workload exactly as tune builds it
     runner = Runner(sf, Settings(workload=main, baseline_repeats=4, ready_timeout_s=30), lambda m: None, tool_name="tune")
     io = IO(prog="tune", out=_io.StringIO(), err=_io.StringIO(), verbosity=0)
-    with sf.lease(runner.owner, 600, "tune"), lease_env(runner.owner):
+    with sf.lease(runner.owner, 600, "tune"):
         first = runner.baseline()
         for _ in range(16):
             _drift(runner, io)

@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import hashlib
-import io
 import json
 import math
 import os
@@ -56,8 +55,9 @@ import numpy as np
 from scipy import stats as _sps
 
 from vkit import drift as _drift
+from vkit import invariants
 from vkit import stats as st
-from vkit.errors import InvalidData, Unavailable, UsageError, VkitError
+from vkit.errors import ExitCode, InvalidData, UsageError, VkitError
 from vkit.policy import Policy
 
 DEFAULT_PRIMARY = "output_throughput:+"
@@ -81,6 +81,7 @@ GAUGE_TOP = ("endpoint_type", "backend", "model_id", "num_prompts", "max_concurr
 GAUGE_VKIT = ("stream", "endpoint", "ignore_eos", "warmups", "goodput_slo_ms", "client.name", "client.version", "dataset")
 
 ACCEPT, REJECT, UNDECIDED = "accept", "reject", "undecided"
+EXIT_CODE = {ACCEPT: ExitCode.OK, REJECT: ExitCode.REJECTED}  # anything else: undecided
 MAX_PROJECT = 200  # furthest look-ahead for "how many more runs"
 MIN_FIXED_RUNS = 3  # --fixed never decides on fewer runs per arm
 
@@ -316,25 +317,20 @@ def load_summary(path: str, arm: str, fresh: bool = False) -> Run:
 Checker = Callable[[str], tuple[int, dict | None, str]]
 
 
-def check_invariants_inproc(path: str) -> tuple[int, dict | None, str]:
-    """Run check_invariants on one file through its CLI contract: exit code, JSON, stderr."""
+def check_invariants(path: str) -> tuple[int, dict | None, str]:
+    """check_invariants' verdict on one file: its exit code, its result and, when the file
+    cannot be read, the reason."""
     try:
-        from vkit.cli import check_invariants
-    except ImportError as e:  # pragma: no cover - the module ships with vkit
-        raise Unavailable(f"check_invariants is not available ({e}); gate will not decide on unchecked data") from None
-    out, err = io.StringIO(), io.StringIO()
-    code = check_invariants.main([path, "-q"], stdout=out, stderr=err)
-    try:
-        doc = json.loads(out.getvalue()) if out.getvalue().strip() else None
-    except json.JSONDecodeError:
-        doc = None
-    return code, doc, err.getvalue()
+        c = invariants.check_file(path)
+    except VkitError as e:
+        return int(e.code), None, " ".join(str(e).split())
+    return int(c.code), c.result, ""
 
 
 def validate(runs: list[Run], allow_anomaly: bool, checker: Checker | None = None) -> list[str]:
     """check_invariants on every run: invalid → InvalidData; anomaly → InvalidData unless
     allowed (then a warning). Returns the warnings. Sets ``run.verdict``."""
-    checker = checker or check_invariants_inproc
+    checker = checker or check_invariants
     warnings = []
     for r in runs:
         code, doc, err = checker(r.path)
@@ -356,10 +352,9 @@ def validate(runs: list[Run], allow_anomaly: bool, checker: Checker | None = Non
                 "the data cannot support any verdict; fix the gauge and re-measure"
             )
         elif code == 2:
-            last = err.strip().splitlines()[-1] if err.strip() else "usage error"
-            raise UsageError(f"check_invariants could not read {r.path}: {last}")
+            raise UsageError(f"check_invariants could not read {r.path}: {err or 'usage error'}")
         else:
-            raise VkitError(f"check_invariants failed on {r.path} (exit {code}): {err.strip()[-300:]}")
+            raise VkitError(f"check_invariants failed on {r.path} (exit {code}): {err}")
     return warnings
 
 
@@ -785,7 +780,7 @@ class GateInput:
     sigma_pool: dict = field(default_factory=dict)
     changed_at: _dt.datetime | None = None
     check_drift: bool = True
-    policy: Policy | None = None  # None: the parameter policy ($VKIT_POLICY or the packaged table)
+    policy: Policy | None = None  # None: the packaged parameter policy (the CLI passes $VKIT_POLICY's)
     ran: list[str] = field(default_factory=list)  # must-run checks the caller ran outside gate (--ran)
 
 

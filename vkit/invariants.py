@@ -23,7 +23,8 @@ import os
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
-from vkit.errors import UsageError
+from vkit.errors import ExitCode, UsageError
+from vkit.formats import load_report
 
 PASS, FAIL, NA = "pass", "fail", "not_applicable"
 INVALID, ANOMALY, INFO = "invalid", "anomaly", "info"
@@ -778,6 +779,37 @@ def evaluate(rep: dict, th: Thresholds | None = None, other: dict | None = None,
 def worst(verdicts: list[str]) -> str:
     order = {"valid": 0, "anomaly": 1, "invalid": 2}
     return max(verdicts, key=lambda v: order[v]) if verdicts else "valid"
+
+
+VERDICT_CODE = {"valid": ExitCode.OK, "anomaly": ExitCode.REJECTED, "invalid": ExitCode.INVALID}
+
+
+@dataclass
+class Check:
+    """check_invariants' verdict on one report: ``code`` is the exit code the tool gives it."""
+
+    verdict: str
+    result: dict
+
+    @property
+    def code(self) -> ExitCode:
+        return VERDICT_CODE[self.verdict]
+
+    @property
+    def findings(self) -> list[str]:
+        return list(self.result.get("findings") or [])
+
+    @property
+    def failed(self) -> list[str]:
+        return [c.get("id") for c in self.result.get("checks", []) if c.get("status") == FAIL]
+
+
+def check_file(path: str, th: Thresholds | None = None, fmt: str = "auto", records: str | None = None,
+               stdin: Any = None, other: dict | None = None, expect: dict | None = None) -> Check:
+    """Read, normalise and check one report (``-`` reads ``stdin``): what check_invariants does
+    for each REPORT. Unreadable input raises ``UsageError``."""
+    res = evaluate(load_report(path, fmt, stdin=stdin, records=records), th, other=other, expect=expect)
+    return Check(res["verdict"], res)
 
 
 def parse_expected_config(items: list[str]) -> dict:

@@ -42,7 +42,7 @@ class Policy:
 
     @classmethod
     def load(cls, path: str | None = None) -> "Policy":
-        path = path or os.environ.get("VKIT_POLICY") or DEFAULT_POLICY
+        path = path or DEFAULT_POLICY
         try:
             with open(path, encoding="utf-8") as f:
                 data = json.load(f)

@@ -323,8 +323,8 @@ def lease_staleness(lease: dict, now: float | None = None) -> str | None:
 
 
 def default_owner(tool: str) -> str:
-    """``$VKIT_LEASE_OWNER`` when a parent run hands its lease down, else this process."""
-    return os.environ.get("VKIT_LEASE_OWNER") or f"{tool}@{socket.gethostname()}:{os.getpid()}"
+    """The lease owner of this process running ``tool``."""
+    return f"{tool}@{socket.gethostname()}:{os.getpid()}"
 
 
 class DecisionLog:

@@ -142,7 +142,7 @@ def run_step1(runner: Runner, candidates: list[int], need_len: int, target_concu
     kept = runner.sf.read()["kept"]["config"]
     if kept.get("max_model_len") != chosen:
         runner.apply(dict(kept, max_model_len=chosen))
-        lc = Lifecycle(runner.sf, runner.tool_name, runner.owner, progress=progress)
+        lc = Lifecycle(runner.sf, runner.tool_name, runner.owner, progress=progress, policy=runner.policy)
         did = lc.keep(reason=f"step 1: max-model-len {chosen} is the smallest candidate >= {need_len} that starts with room "
                              f"for {target_concurrency} sequences (a business decision, frozen from now on)", decision="step1")
         t1 = next(x for x in runner.sf.read()["trials"] if x["step"] == "1" and x["config"].get("max_model_len") == chosen)
@@ -463,8 +463,7 @@ def deliver(runner: Runner, goal: dict) -> dict:
 
 
 def _concurrency(w: Workload) -> int | None:
-    a = w.bench_args
-    return int(a[a.index("--max-concurrency") + 1]) if "--max-concurrency" in a else None
+    return w.options.max_concurrency
 
 
 def run_ablation(runner: Runner, progress: Callable[[str], None]) -> dict:

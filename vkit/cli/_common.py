@@ -26,12 +26,16 @@ import json
 import os
 import signal
 import sys
+import threading
 import traceback
-from dataclasses import dataclass
-from typing import Any, Callable, Iterable, TextIO
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Iterator, TextIO
 
 from vkit import __version__
 from vkit.errors import EXIT_CODE_HELP, ExitCode, VkitError
+from vkit.interrupts import Interrupts
+from vkit.policy import Policy
+from vkit.state import default_owner
 
 DEFAULT_STATE = os.path.join("vkit-state", "vkit.json")
 
@@ -39,6 +43,24 @@ DEFAULT_STATE = os.path.join("vkit-state", "vkit.json")
 def default_state_path() -> str:
     """``$VKIT_STATE`` if set, else ``./vkit-state/vkit.json``."""
     return os.environ.get("VKIT_STATE") or DEFAULT_STATE
+
+
+# The environment is read here, in the CLI layer, and what it says is passed down to the library.
+def lease_owner(tool: str) -> str:
+    """``$VKIT_LEASE_OWNER`` when a parent run hands its lease down, else this process."""
+    return os.environ.get("VKIT_LEASE_OWNER") or default_owner(tool)
+
+
+def load_policy() -> Policy:
+    """The parameter policy: ``$VKIT_POLICY`` (a site's copy) if set, else the packaged table."""
+    return Policy.load(os.environ.get("VKIT_POLICY") or None)
+
+
+def kb_path(state_dir: str) -> str:
+    """The knowledge base: ``$VKIT_KB`` if set, else ``knowledge.jsonl`` beside the state file."""
+    from vkit import knowledge
+
+    return os.environ.get("VKIT_KB") or knowledge.default_path(state_dir)
 
 
 def parent_parser(for_subcommand: bool = False) -> argparse.ArgumentParser:
@@ -142,6 +164,8 @@ class IO:
     err: TextIO
     verbosity: int = 1  # 0 quiet, 1 normal, 2+ verbose
     json: bool = False
+    stdin: TextIO | None = None
+    interrupts: Interrupts = field(default_factory=Interrupts)
 
     def emit_json(self, obj: Any) -> None:
         self.out.write(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
@@ -182,8 +206,26 @@ def _one_line(msg: str) -> str:
     return " ".join(str(msg).split())
 
 
-def _on_sigterm(signum, frame):  # noqa: ARG001
-    raise KeyboardInterrupt("SIGTERM")
+@contextlib.contextmanager
+def signals(interrupts: Interrupts, real: bool) -> Iterator[None]:
+    """The one place a tool sets signal handlers. A real process gets SIGPIPE back to the
+    default, so ``tool | head`` ends quietly. SIGINT and SIGTERM go to ``interrupts``: outside a
+    section that finishes safely both are the clean interrupt of Ctrl-C (exit 130), inside one
+    the section is told and ends what it started (vkit.interrupts)."""
+    if real and hasattr(signal, "SIGPIPE"):
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    old = {}
+    if threading.current_thread() is threading.main_thread():
+        def on_signal(signum, frame):  # noqa: ARG001
+            interrupts.notify("SIGTERM" if signum == signal.SIGTERM else "")
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            old[sig] = signal.signal(sig, on_signal)
+    try:
+        yield
+    finally:
+        for sig, h in old.items():
+            signal.signal(sig, h)
 
 
 def run(
@@ -192,18 +234,18 @@ def run(
     argv: list[str] | None = None,
     stdout: TextIO | None = None,
     stderr: TextIO | None = None,
+    stdin: TextIO | None = None,
 ) -> int:
     """Parse ``argv``, call ``body(args, io)``, map every outcome to an exit code.
 
-    When called as a real process (``stdout`` is None) SIGPIPE is restored to the
-    default, so ``tool | head`` ends quietly, and SIGTERM is turned into the same
-    clean interrupt as Ctrl-C so that tools can restore what they changed.
+    Signals while the tool runs: see ``signals``.
     """
-    real = stdout is None
-    if real:
-        if hasattr(signal, "SIGPIPE"):
-            signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-        signal.signal(signal.SIGTERM, _on_sigterm)
+    interrupts = Interrupts()
+    with signals(interrupts, real=stdout is None):
+        return _run_body(parser, body, argv, stdout, stderr, stdin, interrupts)
+
+
+def _run_body(parser, body, argv, stdout, stderr, stdin, interrupts: Interrupts) -> int:
     out = stdout if stdout is not None else sys.stdout
     err = stderr if stderr is not None else sys.stderr
     prog = parser.prog
@@ -214,7 +256,8 @@ def run(
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else ExitCode.USAGE)
         return int(code)
     verbosity = 0 if getattr(args, "quiet", False) else 1 + getattr(args, "verbose", 0)
-    tio = IO(prog=prog, out=out, err=err, verbosity=verbosity, json=getattr(args, "json", False))
+    tio = IO(prog=prog, out=out, err=err, verbosity=verbosity, json=getattr(args, "json", False),
+             stdin=stdin if stdin is not None else sys.stdin, interrupts=interrupts)
     show_tb = getattr(args, "traceback", False)
     try:
         rc = body(args, tio)

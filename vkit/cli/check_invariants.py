@@ -16,12 +16,11 @@ import argparse
 import sys
 
 from vkit.cli._common import IO, isatty, make_parser, run
-from vkit.errors import ExitCode, UsageError
+from vkit.errors import UsageError
 from vkit.formats import FORMATS, load_report
-from vkit.invariants import Thresholds, evaluate, parse_expected_config, render_table, worst
+from vkit.invariants import VERDICT_CODE, Thresholds, check_file, parse_expected_config, render_table, worst
 
 TOOL = "check_invariants"
-EXIT = {"valid": ExitCode.OK, "anomaly": ExitCode.REJECTED, "invalid": ExitCode.INVALID}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -107,10 +106,8 @@ def _run(args: argparse.Namespace, io: IO) -> int:
     th = _thresholds(args)
     expect = parse_expected_config(args.expect_config)
     other = load_report(args.compare, args.compare_format) if args.compare else None
-    results = []
-    for path in reports:
-        rep = load_report(path, args.format, stdin=sys.stdin, records=args.records)
-        results.append(evaluate(rep, th, other=other, expect=expect))
+    results = [check_file(path, th, args.format, records=args.records, stdin=sys.stdin, other=other, expect=expect).result
+               for path in reports]
     verdict = worst([r["verdict"] for r in results])
     human = args.human or (io.is_tty() and not args.json)
     if human:
@@ -121,7 +118,7 @@ def _run(args: argparse.Namespace, io: IO) -> int:
         if io.verbosity >= 1:
             for r in results:
                 io.err.write(render_table(r))
-    return EXIT[verdict]
+    return VERDICT_CODE[verdict]
 
 
 def main(argv: list[str] | None = None, stdout=None, stderr=None) -> int:

@@ -15,12 +15,11 @@ from __future__ import annotations
 import argparse
 import math
 
-from vkit.cli._common import IO, int_at_least, make_parser, run
+from vkit.cli._common import IO, int_at_least, load_policy, make_parser, run
 from vkit.errors import ExitCode, UsageError
 from vkit.gate import (
-    ACCEPT,
     DEFAULT_PRIMARY,
-    REJECT,
+    EXIT_CODE,
     GateInput,
     Settings,
     decide,
@@ -32,7 +31,6 @@ from vkit.gate import (
 )
 
 TOOL = "gate"
-EXIT = {ACCEPT: ExitCode.OK, REJECT: ExitCode.REJECTED}
 
 
 def _fraction(text: str) -> float:
@@ -134,7 +132,7 @@ def _inputs(args: argparse.Namespace, io: IO) -> tuple[GateInput, dict | None]:
     inp = GateInput(baseline=baseline, candidate=candidate, fresh=fresh, primary=primary, guards=guards, report=report,
                     settings=settings, layout=layout, selected_from=selected, sigma_pool=sigma,
                     changed_at=None if args.ignore_drift else changed_at, check_drift=not args.ignore_drift,
-                    ran=list(args.ran))
+                    ran=list(args.ran), policy=load_policy())
     return inp, trial
 
 
@@ -203,7 +201,7 @@ def _run(args: argparse.Namespace, io: IO) -> int:
         io.emit_json(res)
         if io.verbosity >= 1:
             io.err.write(render(res))
-    return EXIT.get(res["decision"], ExitCode.UNDECIDED)
+    return EXIT_CODE.get(res["decision"], ExitCode.UNDECIDED)
 
 
 def main(argv: list[str] | None = None, stdout=None, stderr=None) -> int:

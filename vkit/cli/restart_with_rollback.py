@@ -11,10 +11,10 @@ import argparse
 import json
 import sys
 
-from vkit.cli._common import IO, make_parser, run
+from vkit.cli._common import IO, load_policy, make_parser, run
 from vkit.cli._lifecycle import add_lifecycle_args, with_lifecycle
 from vkit.errors import UsageError
-from vkit.policy import Policy, parse_assignments
+from vkit.policy import parse_assignments
 
 TOOL = "restart_with_rollback"
 
@@ -51,7 +51,7 @@ def _confirm(io: IO, changes: dict) -> None:
 
 
 def _run(args: argparse.Namespace, io: IO) -> int:
-    policy = Policy.load()
+    policy = load_policy()
     if args.config:
         try:
             with open(args.config, encoding="utf-8") as f:

@@ -13,11 +13,11 @@ import json
 import shlex
 import time
 
-from vkit.cli._common import IO, add_subcommand, make_parser, run
+from vkit.cli._common import IO, add_subcommand, load_policy, make_parser, run
 from vkit.errors import ExitCode, UsageError
 from vkit.fingerprint import fingerprint
 from vkit.launcher import serve_argv
-from vkit.policy import Policy, parse_assignments, render_table, to_serve_flags
+from vkit.policy import parse_assignments, render_table, to_serve_flags
 from vkit.state import StateFile, lease_staleness, new_state, now_iso
 
 TOOL = "state"
@@ -81,7 +81,7 @@ def _run(args: argparse.Namespace, io: IO) -> int:
     if cmd == "history":
         return _history(sf, args, io)
     if cmd == "policy":
-        policy = Policy.load()
+        policy = load_policy()
         if args.json:
             io.emit_json(policy.data)
         else:
@@ -121,7 +121,7 @@ def _init(sf: StateFile, args: argparse.Namespace, io: IO) -> int:
         raise UsageError("state init needs --url URL (the server's base URL)")
     if not args.launch:
         raise UsageError("state init needs the launch argv after --, e.g. -- vllm serve /models/x --port 8000")
-    policy = Policy.load()
+    policy = load_policy()
     kept = parse_assignments(args.sets, policy)
     overrides = policy.check_change(kept, allow=args.allow)
     doc = new_state(args.url.rstrip("/"), args.model, args.launch, kept)

@@ -12,9 +12,8 @@ import contextlib
 import json
 
 from vkit.cli import _tuneargs as ta
-from vkit.cli._common import IO, make_parser, run
+from vkit.cli._common import IO, load_policy, make_parser, run
 from vkit.errors import ExitCode, UsageError
-from vkit.policy import Policy
 from vkit.state import StateFile
 
 TOOL = "sweep"
@@ -59,7 +58,7 @@ def _run(args: argparse.Namespace, io: IO) -> int:
         with (ta.held(args, io, TOOL) if confirm else contextlib.nullcontext((StateFile(args.state), None))) as (sf, owner):
             main, _ = ta.workloads(args, sf.read()["service"]["model"])
             settings = ta.settings(args, main)
-            runner = ta.runner_for(sf, settings, io, TOOL, run_id="deliver" if confirm else None)
+            runner = ta.runner_for(sf, settings, io, TOOL, owner, run_id="deliver" if confirm else None)
             if confirm:
                 tuning.confirm_front(runner, ta.goal(settings), args.confirm_front, io.progress)
             out = tuning.deliver(runner, ta.goal(settings))
@@ -69,7 +68,7 @@ def _run(args: argparse.Namespace, io: IO) -> int:
         ta.check_confirmation(args)
         with ta.held(args, io, TOOL) as (sf, owner):
             main, _ = ta.workloads(args, sf.read()["service"]["model"])
-            runner = ta.runner_for(sf, ta.settings(args, main), io, TOOL, run_id="ablate")
+            runner = ta.runner_for(sf, ta.settings(args, main), io, TOOL, owner, run_id="ablate")
             out = tuning.run_ablation(runner, io.progress)
         io.emit_json(out)
         return ExitCode.OK
@@ -80,10 +79,10 @@ def _run(args: argparse.Namespace, io: IO) -> int:
         st = sf.read()
         main, _ = ta.workloads(args, st["service"]["model"])
         settings = ta.settings(args, main)
-        runner = ta.runner_for(sf, settings, io, TOOL, run_id=(st.get("tune") or {}).get("run_id") or "sweep")
+        runner = ta.runner_for(sf, settings, io, TOOL, owner, run_id=(st.get("tune") or {}).get("run_id") or "sweep")
         runner.baseline()
         tuning.guard_anomalies(runner)
-        policy = Policy.load()
+        policy = load_policy()
         if args.mode == "bo":
             nxt, stop = tuning.bo_proposer(runner, policy, args.budget, args.seed)
             rec = tuning.run_screening_step(runner, "bo", nxt, io.progress, args.budget, stop)

@@ -14,9 +14,8 @@ import time
 
 from vkit import knowledge
 from vkit.cli import _tuneargs as ta
-from vkit.cli._common import IO, make_parser, run
+from vkit.cli._common import IO, kb_path, load_policy, make_parser, run
 from vkit.errors import ExitCode, UsageError, VkitError
-from vkit.policy import Policy
 from vkit.state import now_iso
 
 TOOL = "tune"
@@ -90,8 +89,8 @@ def _run(args: argparse.Namespace, io: IO) -> int:
                                  "with the same flags, or pass --restart")
             io.progress(f"resuming tuning run {prev.get('run_id')} ({len(st['trials'])} trials recorded)")
         run_id = sf.read()["tune"]["run_id"]
-        runner = ta.runner_for(sf, settings, io, TOOL, run_id=run_id)
-        policy = Policy.load()
+        runner = ta.runner_for(sf, settings, io, TOOL, owner, run_id=run_id)
+        policy = load_policy()
         try:
             _machine(sf, "LEASE")
             if "1" in steps:
@@ -105,9 +104,9 @@ def _run(args: argparse.Namespace, io: IO) -> int:
             staged = [x for x in steps if x in ("2", "3", "4")]
             if staged:
                 tuning.guard_anomalies(runner)
-            kb = knowledge.kb_path(sf.dir)
+            kb = kb_path(sf.dir)
             kb_key = knowledge.fingerprint_key(sf.read(), _server_info(runner))
-            kb_work = {"bench_args": main.bench_args, "slo": settings.slo}
+            kb_work = {"bench_args": main.options.flags(), "slo": settings.slo}
             matched, ignored = knowledge.match(kb, kb_key, kb_work)
             if matched or ignored:
                 io.progress(f"knowledge base {kb}: {len(matched)} earlier run(s) of this environment"

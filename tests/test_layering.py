@@ -1,0 +1,97 @@
+"""Imports point down: bin/ → vkit/cli/ → the library, and the library never imports vkit.cli."""
+
+from __future__ import annotations
+
+import ast
+import os
+
+import pytest
+
+pytestmark = pytest.mark.unit
+
+ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "vkit")
+
+
+def _absolute(module: str, node: ast.ImportFrom) -> str:
+    """The absolute name a ``from ... import`` refers to, inside the package ``module`` belongs to."""
+    if not node.level:
+        return node.module or ""
+    parts = module.split(".")[:-node.level]
+    return ".".join(parts + ([node.module] if node.module else []))
+
+
+def imported(source: str, module: str) -> list[tuple[int, str]]:
+    """(line, module name) for every import in ``source``, the module ``module``'s text:
+    import statements at any depth, ``from`` imports (relative ones resolved, each imported
+    name as a possible submodule) and ``importlib.import_module`` / ``__import__`` of a literal."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = _absolute(module, node)
+            out.append((node.lineno, base))
+            out += [(node.lineno, f"{base}.{a.name}" if base else a.name) for a in node.names]
+        elif isinstance(node, ast.Call) and node.args:
+            f = node.func
+            name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+            target = _literal_prefix(node.args[0])
+            if name in ("import_module", "__import__") and target:
+                out.append((node.lineno, target))
+    return out
+
+
+def _literal_prefix(arg: ast.expr) -> str | None:
+    """A string literal, or the literal start of an f-string (``f"vkit.cli.{tool}"`` → ``vkit.cli.``)."""
+    if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+        return arg.value
+    if isinstance(arg, ast.JoinedStr) and arg.values and isinstance(arg.values[0], ast.Constant):
+        return str(arg.values[0].value)
+    return None
+
+
+def cli_edges(source: str, module: str) -> list[str]:
+    return [f"{module}:{line} imports {name}" for line, name in imported(source, module)
+            if name == "vkit.cli" or name.startswith("vkit.cli.")]
+
+
+def library_modules() -> list[tuple[str, str]]:
+    mods = []
+    for d, dirs, files in os.walk(ROOT):
+        rel = os.path.relpath(d, os.path.dirname(ROOT))
+        if rel.split(os.sep)[:2] == ["vkit", "cli"]:
+            dirs[:] = []
+            continue
+        for f in sorted(files):
+            if f.endswith(".py"):
+                name = ".".join(rel.split(os.sep) + ([] if f == "__init__.py" else [f[:-3]]))
+                mods.append((name, os.path.join(d, f)))
+    return mods
+
+
+def test_the_library_never_imports_the_cli():
+    mods = library_modules()
+    assert len(mods) > 20 and ("vkit.runner", os.path.join(ROOT, "runner.py")) in mods
+    edges = []
+    for name, path in mods:
+        with open(path, encoding="utf-8") as f:
+            edges += cli_edges(f.read(), name)
+    assert edges == []
+
+
+@pytest.mark.parametrize("source", [
+    "import vkit.cli.gate\n",
+    "from vkit.cli import check_invariants\n",
+    "from vkit import cli\n",
+    "def f():\n    from vkit.cli._common import IO\n",
+    "from ..cli import gate\n",
+    "import importlib\nm = importlib.import_module('vkit.cli.rollback')\n",
+    "import importlib\ndef call(tool):\n    return importlib.import_module(f'vkit.cli.{tool}')\n",
+])
+def test_an_edge_is_found(source):
+    assert cli_edges(source, "vkit.search.space")
+
+
+def test_no_edge_in_library_imports():
+    src = "import vkit.client\nfrom vkit import gate\nfrom . import space\nfrom vkit.climate import x\n"
+    assert cli_edges(src, "vkit.search.front") == []
