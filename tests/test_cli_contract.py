@@ -120,3 +120,23 @@ def test_state_default_from_env(tmp_path, monkeypatch):
     monkeypatch.setenv("VKIT_STATE", st)
     assert call("state", "init", "--url", "http://h:1", "--model", "m", "--", "x").code == 0
     assert os.path.exists(st)
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_main_takes_the_four_streams(tool):
+    import inspect
+
+    params = list(inspect.signature(importlib.import_module(f"vkit.cli.{tool}").main).parameters)
+    assert params == ["argv", "stdin", "stdout", "stderr"]
+
+
+def test_stdin_is_a_parameter(monkeypatch):
+    import io
+
+    from vkit.cli import check_invariants
+
+    text = open(os.path.join(REPO, "tests", "golden", "invariants", "aisbench_healthy.json"), encoding="utf-8").read()
+    monkeypatch.setattr(sys, "stdin", io.StringIO("not a report"))  # never read: the parameter is
+    out, err = io.StringIO(), io.StringIO()
+    code = check_invariants.main(["-", "--json"], stdin=io.StringIO(text), stdout=out, stderr=err)
+    assert code == 0 and json.loads(out.getvalue())["verdict"] == "valid", err.getvalue()

@@ -95,3 +95,47 @@ def test_an_edge_is_found(source):
 def test_no_edge_in_library_imports():
     src = "import vkit.client\nfrom vkit import gate\nfrom . import space\nfrom vkit.climate import x\n"
     assert cli_edges(src, "vkit.search.front") == []
+
+
+def signal_setups(source: str) -> list[int]:
+    """Lines that install a signal handler: ``signal.signal``, ``signal(...)`` imported from
+    signal, ``loop.add_signal_handler``."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call):
+            f = node.func
+            if isinstance(f, ast.Attribute) and (f.attr == "add_signal_handler"
+                                                 or (f.attr == "signal" and isinstance(f.value, ast.Name) and f.value.id == "signal")):
+                lines.append(node.lineno)
+            elif isinstance(f, ast.Name) and f.id == "signal":
+                lines.append(node.lineno)
+    return lines
+
+
+def module_state(source: str) -> list[int]:
+    """Lines that rebind module state from inside a function (``global``)."""
+    return [n.lineno for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Global)]
+
+
+def test_the_library_installs_no_signal_handler_and_keeps_no_module_state():
+    found = []
+    for name, path in library_modules():
+        with open(path, encoding="utf-8") as f:
+            src = f.read()
+        found += [f"{name}:{n} installs a signal handler" for n in signal_setups(src)]
+        found += [f"{name}:{n} rebinds module state (global)" for n in module_state(src)]
+    assert found == []
+
+
+@pytest.mark.parametrize("source, finder", [
+    ("import signal\nsignal.signal(signal.SIGINT, print)\n", signal_setups),
+    ("from signal import signal, SIGTERM\nsignal(SIGTERM, print)\n", signal_setups),
+    ("async def f(loop, stop):\n    loop.add_signal_handler(15, stop.set)\n", signal_setups),
+    ("_SEL = None\ndef f():\n    global _SEL\n    _SEL = 1\n", module_state),
+])
+def test_signal_and_state_finders_find(source, finder):
+    assert finder(source)
+
+
+def test_sending_a_signal_is_not_installing_one():
+    assert signal_setups("import os, signal\nos.killpg(1, signal.SIGTERM)\n") == []

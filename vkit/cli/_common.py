@@ -13,8 +13,8 @@ A tool module looks like::
         io.emit_json(result)
         return ExitCode.OK
 
-    def main(argv=None, stdout=None, stderr=None):
-        return run(build_parser(), _run, argv, stdout, stderr)
+    def main(argv=None, stdin=None, stdout=None, stderr=None):
+        return run(build_parser(), _run, argv, stdout, stderr, stdin)
 """
 
 from __future__ import annotations
@@ -283,18 +283,3 @@ def _run_body(parser, body, argv, stdout, stderr, stdin, interrupts: Interrupts)
     finally:
         with contextlib.suppress(Exception):
             err.flush()
-
-
-def read_json_arg(path: str, stdin: TextIO | None = None) -> Any:
-    """Load JSON from a file path, or from stdin when ``path`` is ``-``."""
-    from vkit.errors import UsageError
-
-    try:
-        if path == "-":
-            return json.load(stdin or sys.stdin)
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except FileNotFoundError:
-        raise UsageError(f"no such file: {path}") from None
-    except json.JSONDecodeError as e:
-        raise UsageError(f"{path} is not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None

@@ -156,8 +156,8 @@ def _run(args: argparse.Namespace, io: IO) -> int:
     return ExitCode.INTERRUPTED if out.partial else ExitCode.OK
 
 
-def main(argv: list[str] | None = None, stdout=None, stderr=None) -> int:
+def main(argv: list[str] | None = None, stdin=None, stdout=None, stderr=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     parser.set_defaults(_argv=argv)
-    return run(parser, _run, argv, stdout, stderr)
+    return run(parser, _run, argv, stdout, stderr, stdin)

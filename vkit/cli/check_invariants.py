@@ -13,7 +13,6 @@ JSON verdict on stdout, a table for people on stderr. Exit 0 valid, 1 anomaly, 3
 from __future__ import annotations
 
 import argparse
-import sys
 
 from vkit.cli._common import IO, isatty, make_parser, run
 from vkit.errors import UsageError
@@ -101,12 +100,12 @@ def _run(args: argparse.Namespace, io: IO) -> int:
         raise UsageError("stdin (-) can be read only once")
     if args.records and len(reports) > 1:
         raise UsageError("--records belongs to one REPORT; check the reports one at a time")
-    if "-" in reports and sys.stdin is not None and isatty(sys.stdin):
+    if "-" in reports and io.stdin is not None and isatty(io.stdin):
         raise UsageError("no REPORT given and stdin is a terminal; pass a report file or pipe one in (bench_stream ... | check_invariants)")
     th = _thresholds(args)
     expect = parse_expected_config(args.expect_config)
     other = load_report(args.compare, args.compare_format) if args.compare else None
-    results = [check_file(path, th, args.format, records=args.records, stdin=sys.stdin, other=other, expect=expect).result
+    results = [check_file(path, th, args.format, records=args.records, stdin=io.stdin, other=other, expect=expect).result
                for path in reports]
     verdict = worst([r["verdict"] for r in results])
     human = args.human or (io.is_tty() and not args.json)
@@ -121,5 +120,5 @@ def _run(args: argparse.Namespace, io: IO) -> int:
     return VERDICT_CODE[verdict]
 
 
-def main(argv: list[str] | None = None, stdout=None, stderr=None) -> int:
-    return run(build_parser(), _run, argv, stdout, stderr)
+def main(argv: list[str] | None = None, stdin=None, stdout=None, stderr=None) -> int:
+    return run(build_parser(), _run, argv, stdout, stderr, stdin)

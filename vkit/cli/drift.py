@@ -16,7 +16,6 @@ import argparse
 import json
 import math
 import os
-import sys
 
 from vkit.cli._common import IO, isatty, make_parser, run
 from vkit.drift import DEFAULT_DETECTOR, DETECTORS, detect
@@ -67,7 +66,7 @@ def _read_items(paths: list[str], io: IO) -> list[tuple[str, object]]:
     items: list[tuple[str, object]] = []
     for path in paths:
         if path == "-":
-            text, name = sys.stdin.read(), "<stdin>"
+            text, name = io.stdin.read(), "<stdin>"
         else:
             try:
                 with open(path, encoding="utf-8") as f:
@@ -179,7 +178,7 @@ def _run(args: argparse.Namespace, io: IO) -> int:
         if args.record:
             raise UsageError("--record needs --kept (it writes the result into the state file)")
         inputs = args.inputs or ["-"]
-        if "-" in inputs and sys.stdin is not None and isatty(sys.stdin):
+        if "-" in inputs and io.stdin is not None and isatty(io.stdin):
             raise UsageError("no FILE given and stdin is a terminal; pass summary files, a JSON Lines file, or --kept")
         items = _read_items(inputs, io)
     values, labels, dates, warns = _series(items, args.metric, not args.no_sort)
@@ -218,5 +217,5 @@ def _run(args: argparse.Namespace, io: IO) -> int:
     return ExitCode.OK
 
 
-def main(argv: list[str] | None = None, stdout=None, stderr=None) -> int:
-    return run(build_parser(), _run, argv, stdout, stderr)
+def main(argv: list[str] | None = None, stdin=None, stdout=None, stderr=None) -> int:
+    return run(build_parser(), _run, argv, stdout, stderr, stdin)

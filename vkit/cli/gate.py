@@ -204,5 +204,5 @@ def _run(args: argparse.Namespace, io: IO) -> int:
     return EXIT_CODE.get(res["decision"], ExitCode.UNDECIDED)
 
 
-def main(argv: list[str] | None = None, stdout=None, stderr=None) -> int:
-    return run(build_parser(), _run, argv, stdout, stderr)
+def main(argv: list[str] | None = None, stdin=None, stdout=None, stderr=None) -> int:
+    return run(build_parser(), _run, argv, stdout, stderr, stdin)

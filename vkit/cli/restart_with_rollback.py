@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
-from vkit.cli._common import IO, load_policy, make_parser, run
+from vkit.cli._common import IO, isatty, load_policy, make_parser, run
 from vkit.cli._lifecycle import add_lifecycle_args, with_lifecycle
 from vkit.errors import UsageError
 from vkit.policy import parse_assignments
@@ -42,11 +41,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _confirm(io: IO, changes: dict) -> None:
-    if not sys.stdin or not sys.stdin.isatty():
+    if not io.stdin or not isatty(io.stdin):
         raise UsageError("a production restart needs --yes (or --sandbox on an offline sandbox)")
     io.err.write(f"{TOOL}: restart the server with {changes}? [y/N] ")
     io.err.flush()
-    if sys.stdin.readline().strip().lower() not in ("y", "yes"):
+    if io.stdin.readline().strip().lower() not in ("y", "yes"):
         raise UsageError("restart not confirmed")
 
 
@@ -70,5 +69,5 @@ def _run(args: argparse.Namespace, io: IO) -> int:
     return with_lifecycle(args, io, TOOL, lambda lc: lc.restart(changes, allow=args.allow, keep=args.keep))
 
 
-def main(argv: list[str] | None = None, stdout=None, stderr=None) -> int:
-    return run(build_parser(), _run, argv, stdout, stderr)
+def main(argv: list[str] | None = None, stdin=None, stdout=None, stderr=None) -> int:
+    return run(build_parser(), _run, argv, stdout, stderr, stdin)

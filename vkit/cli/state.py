@@ -215,5 +215,5 @@ def _show(sf: StateFile, args: argparse.Namespace, io: IO) -> int:
     return ExitCode.OK
 
 
-def main(argv: list[str] | None = None, stdout=None, stderr=None) -> int:
-    return run(build_parser(), _run, argv, stdout, stderr)
+def main(argv: list[str] | None = None, stdin=None, stdout=None, stderr=None) -> int:
+    return run(build_parser(), _run, argv, stdout, stderr, stdin)

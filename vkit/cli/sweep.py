@@ -113,5 +113,5 @@ def _replay(args: argparse.Namespace, io: IO) -> int:
     return ExitCode.OK if not bad else ExitCode.REJECTED
 
 
-def main(argv: list[str] | None = None, stdout=None, stderr=None) -> int:
-    return run(build_parser(), _run, argv, stdout, stderr)
+def main(argv: list[str] | None = None, stdin=None, stdout=None, stderr=None) -> int:
+    return run(build_parser(), _run, argv, stdout, stderr, stdin)

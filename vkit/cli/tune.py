@@ -233,5 +233,5 @@ def build_result(runner, args, settings, t0: float) -> dict:
     }
 
 
-def main(argv: list[str] | None = None, stdout=None, stderr=None) -> int:
-    return run(build_parser(), _run, argv, stdout, stderr)
+def main(argv: list[str] | None = None, stdin=None, stdout=None, stderr=None) -> int:
+    return run(build_parser(), _run, argv, stdout, stderr, stdin)
