@@ -340,3 +340,15 @@ def test_gate_refuses_when_a_must_run_check_of_the_policy_was_not_run(tmp_path, 
     assert "must-run check soak" in r.err and "rule R9" in r.err
     r, d = gate("--ran", "soak", "--baseline", *runs("aa_b", 6), "--candidate", *runs("gain_c", 6))
     assert r.code == 0 and d["must_run"]["declared"] == ["soak"]
+
+
+def test_one_percentage_parser():
+    from vkit.cli._common import fraction_arg
+    from vkit.percent import parse_fraction
+
+    assert parse_fraction("3%", "--floor") == pytest.approx(0.03) and parse_fraction(" 0.2 ", "x") == 0.2
+    with pytest.raises(UsageError, match="between 0 and 100%"):
+        parse_fraction("150%", "--sigma")
+    assert parse_fraction("0", "--floor", open_unit=False) == 0.0
+    assert fraction_arg(open_unit=False)("0.7") == 0.7
+    assert vg.parse_metric("p95_ttft_ms:-:5%", "guard").tolerance == parse_fraction("5%", "t")

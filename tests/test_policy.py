@@ -109,3 +109,14 @@ def test_state_policy_command_prints_the_table():
     assert r.code == 0 and r.out == render_table(Policy.load())
     r = call("state", "policy", "--json")
     assert json.loads(r.out)["forbidden"][0]["id"] == "F1"
+
+
+def test_one_config_value_comparison():
+    from vkit import invariants, verify
+    from vkit.policy import TRUE, same_value
+
+    assert same_value(True, "1") and same_value("on", True) and same_value(False, "0") and same_value(0.9, "0.9")
+    assert same_value(16, "16.0") and same_value("FP8", "fp8") and same_value(None, "none")
+    assert not same_value(True, "0") and not same_value(64, "65") and not same_value("auto", "fp8")
+    assert invariants.same_value is same_value and verify.same_value is same_value
+    assert Policy.load().coerce("enable_prefix_caching", "1") is True and "1" in TRUE

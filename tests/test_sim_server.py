@@ -17,7 +17,7 @@ import requests
 from tests.conftest import call
 from tests.sim_fixtures import SIM_BIN, SimProcess, free_port, sse_events, sse_json
 from vkit import prom
-from vkit.sim.metrics import ITL_BUCKETS, REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS, parse_prometheus_text
+from vkit.sim.metrics import ITL_BUCKETS, REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS
 
 FAST = ("--sim-speed", "20", "--max-model-len", "4096", "--sim-output-len-mean", "4")
 
@@ -153,10 +153,9 @@ def test_error_bodies_match_vllm(sim):
 
 # -- /metrics -----------------------------------------------------------------------------------------
 
-def _value(fams, family, sample, **labels):
-    for name, lab, v in fams[family]["samples"]:
-        if name == sample and all(lab.get(k) == val for k, val in labels.items()):
-            return v
+def _value(m, family, sample, **labels):
+    for _lab, v in m.get(sample, **labels):
+        return v
     raise KeyError((family, sample, labels))
 
 
@@ -346,7 +345,7 @@ def test_client_disconnect_aborts_the_request():
         r.close()
         deadline = time.time() + 5
         while time.time() < deadline:
-            fams = parse_prometheus_text(requests.get(sim.url + "/metrics", timeout=5).text)
+            fams = prom.parse(requests.get(sim.url + "/metrics", timeout=5).text)
             if _value(fams, "vllm:request_success_total", "vllm:request_success_total", finished_reason="abort") == 1:
                 break
             time.sleep(0.05)

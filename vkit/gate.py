@@ -58,6 +58,7 @@ from vkit import drift as _drift
 from vkit import invariants
 from vkit import stats as st
 from vkit.errors import ExitCode, InvalidData, UsageError, VkitError
+from vkit.percent import parse_fraction
 from vkit.policy import Policy
 
 DEFAULT_PRIMARY = "output_throughput:+"
@@ -113,17 +114,6 @@ def infer_direction(name: str) -> int | None:
     return None
 
 
-def _parse_fraction(text: str, what: str) -> float:
-    t = text.strip()
-    try:
-        v = float(t[:-1]) / 100 if t.endswith("%") else float(t)
-    except ValueError:
-        raise UsageError(f"{what}: {text!r} is not a number or a percentage such as 5%") from None
-    if not (0 < v < 1):
-        raise UsageError(f"{what}: {text!r} must be between 0 and 100%")
-    return v
-
-
 def parse_metric(text: str, role: str) -> MetricSpec:
     """``name``, ``name:+``, ``name:-`` or (guards) ``name:-:5%``."""
     parts = [p.strip() for p in text.split(":")]
@@ -145,7 +135,7 @@ def parse_metric(text: str, role: str) -> MetricSpec:
     if len(parts) == 3 and parts[2]:
         if role == "primary":
             raise UsageError(f"--primary {text!r}: a tolerance belongs to a guard; the primary's threshold is max(2σ, --floor)")
-        tol = _parse_fraction(parts[2], f"--guard {text}")
+        tol = parse_fraction(parts[2], f"--guard {text}")
     return MetricSpec(name, direction, role, tol)
 
 
@@ -1046,5 +1036,5 @@ def parse_sigma(values: Iterable[str]) -> dict:
             if "=" not in part:
                 raise UsageError(f"--sigma {part!r}: expected METRIC=REL, e.g. output_throughput=2%")
             k, x = part.split("=", 1)
-            out[k.strip()] = _parse_fraction(x, f"--sigma {part}")
+            out[k.strip()] = parse_fraction(x, f"--sigma {part}")
     return out

@@ -25,6 +25,7 @@ from typing import Any, Callable
 
 from vkit.errors import ExitCode, UsageError
 from vkit.formats import load_report
+from vkit.policy import same_value
 
 PASS, FAIL, NA = "pass", "fail", "not_applicable"
 INVALID, ANOMALY, INFO = "invalid", "anomaly", "info"
@@ -605,38 +606,7 @@ def check_client_server_ttft_gap(rep: dict, th: Thresholds, ctx: dict) -> dict:
     return _res(cid, title, PASS, INFO, f"client TTFT {_f(cli)} ms vs server {_f(srv)} ms (gap {gap:+.1f} ms).", **ev)
 
 
-_TRUE = {"true", "yes", "on"}
-_FALSE = {"false", "no", "off"}
 _ALIASES = {"cache_dtype": "kv_cache_dtype"}
-
-
-def _norm_value(v: Any) -> Any:
-    if v is None or isinstance(v, bool):
-        return v
-    if isinstance(v, (int, float)):
-        return float(v)
-    s = str(v).strip()
-    low = s.lower()
-    if low in ("none", "null", ""):
-        return None
-    if low in _TRUE:
-        return True
-    if low in _FALSE:
-        return False
-    try:
-        return float(s)
-    except ValueError:
-        return low
-
-
-def _same(a: Any, b: Any) -> bool:
-    a, b = _norm_value(a), _norm_value(b)
-    if isinstance(a, bool) or isinstance(b, bool):
-        a = float(a) if isinstance(a, bool) else a
-        b = float(b) if isinstance(b, bool) else b
-    if isinstance(a, float) and isinstance(b, float):
-        return abs(a - b) <= 1e-9 * max(1.0, abs(a), abs(b))
-    return a == b
 
 
 def reported_config(server: dict | None) -> dict:
@@ -675,7 +645,7 @@ def check_server_config(rep: dict, th: Thresholds, ctx: dict) -> dict:
         key = _ALIASES.get(canonical(k), canonical(k))
         if key not in have:
             unverified.append(key)
-        elif _same(v, have[key]):
+        elif same_value(v, have[key]):
             matched.append(key)
         else:
             mism[key] = {"expected": v, "reported": have[key]}

@@ -24,6 +24,39 @@ TRUE = {"1", "true", "yes", "on"}
 FALSE = {"0", "false", "no", "off"}
 
 
+def config_value(v: Any) -> Any:
+    """A configuration value as compared: None for none/null/empty, booleans for the words in
+    TRUE and FALSE, numbers as floats, other text stripped and lower-cased."""
+    if v is None or isinstance(v, bool):
+        return v
+    if isinstance(v, (int, float)):
+        return float(v)
+    s = str(v).strip()
+    low = s.lower()
+    if low in ("none", "null", ""):
+        return None
+    if low in TRUE:
+        return True
+    if low in FALSE:
+        return False
+    try:
+        return float(s)
+    except ValueError:
+        return low
+
+
+def same_value(a: Any, b: Any) -> bool:
+    """Whether two spellings of a configuration value mean the same: 0.9 == '0.9', True == 'true'
+    == '1', 16 == '16.0' (the one comparison of configured, expected and reported values)."""
+    a, b = config_value(a), config_value(b)
+    if isinstance(a, bool) or isinstance(b, bool):
+        a = float(a) if isinstance(a, bool) else a
+        b = float(b) if isinstance(b, bool) else b
+    if isinstance(a, float) and isinstance(b, float):
+        return abs(a - b) <= 1e-9 * max(1.0, abs(a), abs(b))
+    return a == b
+
+
 def canonical(name: str) -> str:
     """vLLM spelling in JSON: ``--max-num-seqs`` / ``max-num-seqs`` → ``max_num_seqs``."""
     return name.strip().lstrip("-").replace("-", "_")

@@ -27,6 +27,7 @@ from typing import Any, Iterator
 
 from vkit import __version__
 from vkit.errors import LeaseHeld, StateCorrupt, StateMissing, StateWriteError, UsageError
+from vkit.jsonio import read_json_lines
 
 SCHEMA_VERSION = 1
 
@@ -332,7 +333,7 @@ class DecisionLog:
 
     Lines are written with a single ``write`` on an ``O_APPEND`` descriptor under an
     flock, so concurrent tools never interleave. A truncated last line (a writer
-    killed mid-line) is skipped when reading.
+    killed mid-line) is skipped when reading, as by every JSON Lines reader (``vkit.jsonio``).
     """
 
     def __init__(self, path: str):
@@ -366,14 +367,8 @@ class DecisionLog:
         return did
 
     def read(self) -> list[dict]:
-        out: list[dict] = []
+        """Every event, oldest first (``vkit.jsonio``'s rule for a torn last line; a damaged line is skipped)."""
         try:
-            with open(self.path, encoding="utf-8") as f:
-                for line in f:
-                    if not line.endswith("\n"):
-                        break  # torn last line
-                    with contextlib.suppress(json.JSONDecodeError):
-                        out.append(json.loads(line))
+            return [v for _, v in read_json_lines(self.path, skip_bad=True)]
         except FileNotFoundError:
-            pass
-        return out
+            return []

@@ -32,8 +32,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, TextIO
 
 from vkit import __version__
-from vkit.errors import EXIT_CODE_HELP, ExitCode, VkitError
+from vkit.errors import EXIT_CODE_HELP, ExitCode, UsageError, VkitError
 from vkit.interrupts import Interrupts
+from vkit.percent import parse_fraction
 from vkit.policy import Policy
 from vkit.state import default_owner
 
@@ -117,6 +118,19 @@ def int_at_least(lo: int) -> Callable[[str], int]:
         return v
 
     conv.__name__ = f"int>={lo}"
+    return conv
+
+
+def fraction_arg(open_unit: bool = True) -> Callable[[str], float]:
+    """An argparse type: a number or a percentage (``vkit.percent``), said as argparse says it."""
+
+    def conv(text: str) -> float:
+        try:
+            return parse_fraction(text, "value", open_unit)
+        except UsageError as e:
+            raise argparse.ArgumentTypeError(str(e).split(": ", 1)[1]) from None
+
+    conv.__name__ = "fraction"
     return conv
 
 

@@ -17,23 +17,13 @@ import json
 import math
 import os
 
-from vkit.cli._common import IO, isatty, make_parser, run
+from vkit.cli._common import IO, fraction_arg, isatty, make_parser, run
 from vkit.drift import DEFAULT_DETECTOR, DETECTORS, detect
 from vkit.errors import ExitCode, InvalidData, UsageError
 from vkit.gate import Run, check_same_gauge, load_summary, parse_date, sigma_from_state
+from vkit.jsonio import BadLine, json_lines
 
 TOOL = "drift"
-
-
-def _fraction(text: str) -> float:
-    t = text.strip()
-    try:
-        v = float(t[:-1]) / 100 if t.endswith("%") else float(t)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number or a percentage such as 2%") from None
-    if not (0 < v < 1):
-        raise argparse.ArgumentTypeError(f"{text!r} must be between 0 and 100%")
-    return v
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -52,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("inputs", nargs="*", metavar="FILE", help="summary JSON files, or JSON Lines of summaries or numbers; - reads stdin")
     p.add_argument("--kept", action="store_true", help="use the kept configuration's repeats listed in the state file (kept.repeats)")
     p.add_argument("--metric", default="output_throughput", help="metric to watch (default output_throughput)")
-    p.add_argument("--sigma", type=_fraction, default=None, metavar="REL",
+    p.add_argument("--sigma", type=fraction_arg(), default=None, metavar="REL",
                    help="relative σ pooled from earlier A/A runs (default: the state file's sigma_baseline with --kept, else estimated)")
     p.add_argument("--detector", choices=DETECTORS, default=DEFAULT_DETECTOR, help=f"detector that decides (default {DEFAULT_DETECTOR}); all are reported")
     p.add_argument("--no-sort", action="store_true", help="keep the order given even when every run has a date")
@@ -84,13 +74,10 @@ def _read_items(paths: list[str], io: IO) -> list[tuple[str, object]]:
             continue
         except json.JSONDecodeError:
             pass
-        for n, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                items.append((f"{name}:{n}", json.loads(line)))
-            except json.JSONDecodeError as e:
-                raise UsageError(f"{name} line {n} is not JSON ({e.msg}); give summary files or JSON Lines") from None
+        try:
+            items += [(f"{name}:{n}", v) for n, v in json_lines(text)]
+        except BadLine as e:
+            raise UsageError(f"{name} line {e.line} is not JSON ({e.msg}); give summary files or JSON Lines") from None
     return items
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import math
 
-from vkit.cli._common import IO, int_at_least, load_policy, make_parser, run
+from vkit.cli._common import IO, fraction_arg, int_at_least, load_policy, make_parser, run
 from vkit.errors import ExitCode, UsageError
 from vkit.gate import (
     DEFAULT_PRIMARY,
@@ -31,14 +31,6 @@ from vkit.gate import (
 )
 
 TOOL = "gate"
-
-
-def _fraction(text: str) -> float:
-    t = text.strip()
-    try:
-        return float(t[:-1]) / 100 if t.endswith("%") else float(t)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number or a percentage such as 3%") from None
 
 
 _pos_int = int_at_least(1)
@@ -72,9 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--guard", action="append", default=[], metavar="METRIC[:+|-][:TOL]",
                    help="metric that must not worsen beyond TOL (e.g. p95_ttft_ms:-:5%%; default TOL max(2σ, floor)); repeatable, comma-separated")
     d.add_argument("--report", default=None, metavar="M1,M2", help="metrics to report with FDR control (default: the standard throughput and latency keys present)")
-    d.add_argument("--alpha", type=_fraction, default=0.05, metavar="A", help="type-I error of each one-sided test (default 0.05)")
-    d.add_argument("--power", type=_fraction, default=0.8, metavar="P", help="power for the sample size and the futility bound (default 0.8)")
-    d.add_argument("--floor", type=_fraction, default=0.03, metavar="REL", help="smallest relative gain that counts; threshold = max(2σ, floor) (default 3%%)")
+    d.add_argument("--alpha", type=fraction_arg(open_unit=False), default=0.05, metavar="A", help="type-I error of each one-sided test (default 0.05)")
+    d.add_argument("--power", type=fraction_arg(open_unit=False), default=0.8, metavar="P", help="power for the sample size and the futility bound (default 0.8)")
+    d.add_argument("--floor", type=fraction_arg(open_unit=False), default=0.03, metavar="REL", help="smallest relative gain that counts; threshold = max(2σ, floor) (default 3%%)")
     d.add_argument("--sigma", action="append", default=[], metavar="METRIC=REL",
                    help="relative σ pooled from earlier A/A runs (uses the normal-mixture sequence); default: the state file's sigma_baseline with --trial")
     mode = d.add_mutually_exclusive_group()

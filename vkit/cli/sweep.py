@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 
 from vkit.cli import _tuneargs as ta
 from vkit.cli._common import IO, load_policy, make_parser, run
 from vkit.errors import ExitCode, UsageError
+from vkit.jsonio import BadLine, read_json_lines
 from vkit.state import StateFile
 
 TOOL = "sweep"
@@ -99,11 +99,10 @@ def _replay(args: argparse.Namespace, io: IO) -> int:
     from vkit import search
 
     try:
-        with open(args.replay, encoding="utf-8") as f:
-            recs = [json.loads(line) for line in f if line.strip()]
+        recs = [r for _, r in read_json_lines(args.replay)]
     except FileNotFoundError:
         raise UsageError(f"no such decision log: {args.replay}") from None
-    except json.JSONDecodeError as e:
+    except BadLine as e:
         raise UsageError(f"{args.replay} is not JSON Lines ({e.msg})") from None
     records = [r["audit"]["replay"] for r in recs if r.get("event") == "propose" and (r.get("audit") or {}).get("replay")]
     if not records:
