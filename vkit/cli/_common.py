@@ -242,6 +242,14 @@ def signals(interrupts: Interrupts, real: bool) -> Iterator[None]:
             signal.signal(sig, h)
 
 
+def loop_signals(loop, stop: Callable[[], None]) -> None:
+    """``signals`` for a tool that runs an asyncio loop (sim_server): SIGTERM and SIGINT call
+    ``stop`` from the loop itself, so a stop is seen at once whichever thread the signal hits."""
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.add_signal_handler(sig, stop)
+
+
 def run(
     parser: argparse.ArgumentParser,
     body: Callable[[argparse.Namespace, IO], int],

@@ -14,7 +14,7 @@ import os
 import re
 import sys
 
-from vkit.cli._common import IO, make_parser, run
+from vkit.cli._common import IO, loop_signals, make_parser, run
 from vkit.errors import ExitCode
 from vkit.sim.config import ServeOptions
 from vkit.sim.profiles import DEFAULT_GPU, DEFAULT_MODEL, GPUS, KV_DTYPE_BYTES, MODELS, get_gpu, get_model
@@ -270,7 +270,7 @@ def _run(args: argparse.Namespace, io: IO, parser: argparse.ArgumentParser) -> i
         dev_mode=env.get("VLLM_SERVER_DEV_MODE", "") in ("1", "true", "True"),
         non_default_args=nd,
     )
-    return serve(opts, settings, log, io.interrupts)
+    return serve(opts, settings, log, on_loop=loop_signals)
 
 
 def main(argv: list[str] | None = None, stdin=None, stdout=None, stderr=None) -> int:

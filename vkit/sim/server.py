@@ -27,10 +27,9 @@ import traceback
 import zlib
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from vkit import __version__ as VKIT_VERSION
-from vkit.interrupts import Interrupts
 from vkit.sim.config import Resolved, ServeOptions, SimStartupError, format_gib, resolve
 from vkit.sim.engine import FINISHED, CostModel, Engine, EngineConfig, Noise, Request
 from vkit.sim.metrics import Metrics
@@ -929,11 +928,15 @@ def report_startup_error(e: SimStartupError, log: VllmLog) -> None:
                    f"{e.exc_type}: {e.message}")
 
 
-async def _serve(opts: ServeOptions, s: SimSettings, log: VllmLog, selector: _StampedSelector, interrupts: Interrupts) -> int:
+OnLoop = Callable[[asyncio.AbstractEventLoop, Callable[[], None]], None]
+
+
+async def _serve(opts: ServeOptions, s: SimSettings, log: VllmLog, selector: _StampedSelector, on_loop: OnLoop | None) -> int:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
-    with interrupts.deferred(on_first=lambda: loop.call_soon_threadsafe(stop.set)):
-        return await _serve_until(opts, s, log, selector, stop)
+    if on_loop is not None:
+        on_loop(loop, stop.set)  # the caller wires its signals to the stop (the CLI: SIGTERM, SIGINT)
+    return await _serve_until(opts, s, log, selector, stop)
 
 
 async def _serve_until(opts: ServeOptions, s: SimSettings, log: VllmLog, selector: _StampedSelector, stop: asyncio.Event) -> int:
@@ -1064,14 +1067,14 @@ async def _sleep_or_stop(seconds: float, stop: asyncio.Event) -> bool:
         return False
 
 
-def serve(opts: ServeOptions, settings: SimSettings, log: VllmLog, interrupts: Interrupts | None = None) -> int:
-    """Run the server until an interrupt (SIGTERM/SIGINT under the CLI: exit 0), a start-up
-    failure or engine death (exit 1)."""
+def serve(opts: ServeOptions, settings: SimSettings, log: VllmLog, on_loop: OnLoop | None = None) -> int:
+    """Run the server until the stop that ``on_loop(loop, stop)`` is handed is called (under the
+    CLI: SIGTERM/SIGINT, exit 0), a start-up failure or engine death (exit 1)."""
     selector = _StampedSelector()
     loop = asyncio.SelectorEventLoop(selector)
     try:
         asyncio.set_event_loop(loop)
-        return loop.run_until_complete(_serve(opts, settings, log, selector, interrupts or Interrupts()))
+        return loop.run_until_complete(_serve(opts, settings, log, selector, on_loop))
     finally:
         try:
             for task in asyncio.all_tasks(loop):
