@@ -11,6 +11,8 @@ import pytest
 
 from vkit import accel, fingerprint
 
+pytestmark = pytest.mark.e2e
+
 NPU_910B = """\
 +------------------------------------------------------------------------------------------------+
 | npu-smi 23.0.rc3                 Version: 23.0.rc3                                             |

@@ -99,6 +99,7 @@ def test_no_stream_is_recorded_loudly_and_ttft_equals_e2el():
 
 
 @pytest.mark.parametrize("transport", ["loop", "threads"])
+@pytest.mark.e2e
 def test_sigint_writes_partial_summary_and_records(tmp_path, transport):
     rec = tmp_path / "r.jsonl"
     with FakeServer(token_delay=0.05) as s:
@@ -182,6 +183,7 @@ def test_api_key_from_env_is_never_written(monkeypatch):
     assert r.code == 2 and "VKIT_NOPE_UNSET" in r.err
 
 
+@pytest.mark.e2e
 def test_real_script_pipes_json(tmp_path):
     with FakeServer() as s:
         p = subprocess.run(

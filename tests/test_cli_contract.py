@@ -60,6 +60,7 @@ def test_bad_flag_is_usage_error(tool):
 
 
 @pytest.mark.parametrize("tool", TOOLS)
+@pytest.mark.e2e
 def test_real_script_in_a_pipe(tool):
     # `tool --help | head -1` must end quietly (SIGPIPE default) from a plain checkout.
     p = subprocess.run(
@@ -68,6 +69,7 @@ def test_real_script_in_a_pipe(tool):
     assert p.returncode == 0 and p.stdout.startswith("usage:") and "Traceback" not in p.stderr
 
 
+@pytest.mark.e2e
 def test_state_smoke_pipe(tmp_path):
     st = str(tmp_path / "s.json")
     env = dict(os.environ, VKIT_STATE=st)

@@ -14,6 +14,8 @@ from tests.conftest import REPO, call
 from vkit import drift as vd
 from vkit.state import StateFile, new_state
 
+pytestmark = pytest.mark.unit
+
 G = os.path.join(REPO, "tests", "golden", "gate")
 
 

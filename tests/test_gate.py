@@ -302,6 +302,7 @@ def test_state_sigma_and_change_date(tmp_path):
     assert r.code == 3 and "change point" in r.err
 
 
+@pytest.mark.e2e
 def test_real_script_in_a_pipe():
     cmd = (f"'{sys.executable}' bin/gate -q --baseline {' '.join(runs('aa_b', 6))} --candidate {' '.join(runs('gain_c', 6))}"
            f" | '{sys.executable}' -c 'import json,sys; print(json.load(sys.stdin)[\"decision\"])'")

@@ -17,6 +17,8 @@ from tests.sim_helpers import free_port, make_test_policy, sim_argv
 from vkit import launcher
 from vkit.state import StateFile
 
+pytestmark = pytest.mark.e2e
+
 
 @pytest.fixture
 def env(tmp_path, monkeypatch):

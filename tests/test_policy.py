@@ -12,6 +12,8 @@ from vkit.cli._common import load_policy
 from vkit.errors import MustRunMissing, PolicyRefusal, UsageError
 from vkit.policy import Policy, parse_assignments, render_table, splice_table, to_serve_flags
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.fixture
 def policy():

@@ -14,6 +14,8 @@ import pytest
 
 from vkit import report
 
+pytestmark = pytest.mark.unit
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 SAMPLE = os.path.join(HERE, "golden", "report", "sample_result.json")
 SVG = "{http://www.w3.org/2000/svg}"
@@ -391,9 +393,11 @@ def test_odd_values_never_crash(sample):
             for k in path[:-1]:
                 node = node[k]
             node[path[-1]] = odd
-            parse(report.render_html(doc))
-            report.render_markdown(doc)
-            report.render_terminal(doc, width=50, color=True)
+            root = parse(report.render_html(doc))
+            assert local(root.tag) == "html" and root.find("body") is not None, path
+            md, term = report.render_markdown(doc), report.render_terminal(doc, width=50, color=True)
+            assert md.startswith("# ") and md.endswith("Plots: see report.html.\n"), path
+            assert term.endswith("\n") and len(term.splitlines()) > 5, path
 
 
 def test_full_bench_summaries_show_the_key_metrics_only(sample):

@@ -42,6 +42,8 @@ from vkit.search import (
     space_from_policy,
 )
 
+pytestmark = pytest.mark.unit
+
 OBJ = [Objective("goodput", "max"), Objective("p95_ttft_ms", "min")]
 SPACE = [
     Param("max_num_batched_tokens", "int", 512, 32768, log=True, candidates=[2048, 4096, 8192, 16384]),

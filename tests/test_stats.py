@@ -10,6 +10,8 @@ from scipy import stats as sps
 
 from vkit import stats as st
 
+pytestmark = pytest.mark.unit
+
 
 def test_sample_size_normal_known_answer():
     # STATS.md: σ = 2%, d = 3%, α = 0.05, power 0.8 -> 5.5 -> 6 per arm one-sided, 6.98 -> 7 two-sided.

@@ -18,6 +18,8 @@ from tests.sim_helpers import free_port
 from vkit import launcher
 from vkit.state import StateFile
 
+pytestmark = pytest.mark.e2e
+
 FAST = ["--sandbox", "--concurrency", "16", "--input-len", "256", "--output-len", "64", "--num-prompts", "100",
         "--baseline-repeats", "3", "--screen-repeats", "1", "--confirm-blocks", "1", "--ready-timeout", "30",
         "--slo", "p95_ttft_ms=5000"]
@@ -160,7 +162,7 @@ def test_bo_mode_and_replay_of_its_proposals(svc):
     assert r.code == 0, r.err[-3000:]
     st = svc["sf"].read()
     bo = [t for t in st["trials"] if t["step"] == "bo"]
-    assert 1 <= len(bo) <= 4
+    assert len(bo) == 4  # the budget: the lattice holds many more points than 4
     assert len({json.dumps(t["config"], sort_keys=True) for t in bo}) == len(bo)  # never the same config twice
     log = os.path.join(os.path.dirname(svc["state"]), "decisions.jsonl")
     r = call("sweep", "--replay", log)
