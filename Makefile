@@ -99,7 +99,7 @@ golden: install ## regenerate check_invariants' expected golden outputs on purpo
 	$(PY) tests/golden/invariants/regen_expected.py
 
 runbook-table: ## regenerate the traffic-light table at the top of runbook/README.md from vkit/data/params.json
-	$(PY) -c 'import sys; from vkit.policy import *; p = "runbook/README.md"; t = open(p).read(); open(p, "w").write(splice_table(t, render_table(Policy.load())))'
+	$(PY) -c 'import sys; from vkit.apply.policy import *; p = "runbook/README.md"; t = open(p).read(); open(p, "w").write(splice_table(t, render_table(Policy.load())))'
 
 clean: ## remove the venv, caches and local state
 	rm -rf $(VENV) .pytest_cache .ruff_cache vkit-state reports *.egg-info   # keeps $(VLLM_VENV); remove it by hand

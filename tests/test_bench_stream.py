@@ -19,9 +19,9 @@ import pytest
 
 from tests.conftest import REPO, call
 from tests.fake_server import FakeServer
-from vkit.datasets import arrival_times, jsonl_requests, mixed_requests, random_requests
 from vkit.errors import UsageError
-from vkit.metrics import vllm_keys
+from vkit.measure.datasets import arrival_times, jsonl_requests, mixed_requests, random_requests
+from vkit.measure.summary import vllm_keys
 
 SMALL = ["--random-input-len", "8", "--random-output-len", "5", "-q"]
 

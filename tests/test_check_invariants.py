@@ -19,8 +19,8 @@ import pytest
 
 from tests.conftest import REPO, call
 from vkit.errors import ExitCode
-from vkit.formats import detect, load_report
-from vkit.invariants import CHECKS, Thresholds, evaluate
+from vkit.validate.formats import detect, load_report
+from vkit.validate.invariants import CHECKS, Thresholds, evaluate
 
 GOLDEN = os.path.join(REPO, "tests", "golden", "invariants")
 EXPECTED = os.path.join(GOLDEN, "expected")
@@ -398,10 +398,10 @@ def test_thresholds_defaults_documented_in_help():
 
 
 def test_a_real_bench_stream_summary_is_read(tmp_path):
-    """Contract with vkit.bench.summarize: its summary goes through unchanged."""
-    bench = pytest.importorskip("vkit.bench")
-    from vkit.client import Result
-    from vkit.datasets import Request
+    """Contract with vkit.measure.loadgen.summarize: its summary goes through unchanged."""
+    bench = pytest.importorskip("vkit.measure.loadgen")
+    from vkit.measure.client import Result
+    from vkit.measure.datasets import Request
 
     reqs = [Request(i, prompt=[1] * 32, input_len=32, output_len=16, ignore_eos=True) for i in range(120)]
     cfg = bench.BenchConfig(url="http://x", requests=reqs, max_concurrency=4)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import REPO, call
-from vkit import drift as vd
+from vkit.decide import drift as vd
 from vkit.state import StateFile, new_state
 
 pytestmark = pytest.mark.unit

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from tests.conftest import REPO, call
-from vkit import gate as vg
+from vkit.decide import gate as vg
 from vkit.errors import InvalidData, UsageError
 from vkit.state import StateFile, new_state
 
@@ -311,7 +311,7 @@ def test_real_script_in_a_pipe():
 
 
 def _policy(tmp_path, monkeypatch, edit) -> None:
-    from vkit.policy import DEFAULT_POLICY
+    from vkit.apply.policy import DEFAULT_POLICY
 
     data = json.load(open(DEFAULT_POLICY))
     edit(data)
@@ -345,7 +345,7 @@ def test_gate_refuses_when_a_must_run_check_of_the_policy_was_not_run(tmp_path, 
 
 def test_one_percentage_parser():
     from vkit.cli._common import fraction_arg
-    from vkit.percent import parse_fraction
+    from vkit.decide.percent import parse_fraction
 
     assert parse_fraction("3%", "--floor") == pytest.approx(0.03) and parse_fraction(" 0.2 ", "x") == 0.2
     with pytest.raises(UsageError, match="between 0 and 100%"):

@@ -34,8 +34,8 @@ def test_the_decision_log_and_sweep_replay_read_a_torn_log_alike(tmp_path):
 
 
 def test_records_and_datasets_follow_the_rule(tmp_path):
-    from vkit.datasets import jsonl_requests
-    from vkit.formats import read_records
+    from vkit.measure.datasets import jsonl_requests
+    from vkit.validate.formats import read_records
 
     p = tmp_path / "r.jsonl"
     p.write_text('{"i": 0, "ok": true}\n{"i": 1, "o')

@@ -8,9 +8,9 @@ import os
 import pytest
 
 from tests.conftest import REPO, call
+from vkit.apply.policy import Policy, parse_assignments, render_table, splice_table, to_serve_flags
 from vkit.cli._common import load_policy
 from vkit.errors import MustRunMissing, PolicyRefusal, UsageError
-from vkit.policy import Policy, parse_assignments, render_table, splice_table, to_serve_flags
 
 pytestmark = pytest.mark.unit
 
@@ -114,8 +114,9 @@ def test_state_policy_command_prints_the_table():
 
 
 def test_one_config_value_comparison():
-    from vkit import invariants, verify
-    from vkit.policy import TRUE, same_value
+    from vkit.apply import verify
+    from vkit.apply.policy import TRUE, same_value
+    from vkit.validate import invariants
 
     assert same_value(True, "1") and same_value("on", True) and same_value(False, "0") and same_value(0.9, "0.9")
     assert same_value(16, "16.0") and same_value("FP8", "fp8") and same_value(None, "none")

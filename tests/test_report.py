@@ -12,7 +12,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from vkit import report
+from vkit.report import render as report
 
 pytestmark = pytest.mark.unit
 
@@ -413,7 +413,7 @@ def test_full_bench_summaries_show_the_key_metrics_only(sample):
 
 
 def test_confirmation_text_says_how_each_member_was_confirmed():
-    from vkit.report import confirmation_text
+    from vkit.report.render import confirmation_text
 
     acc = {"confirmed": True, "confirmation": {"decision": "accept", "claim": "p95_ttft_ms:-",
                                                "vs_kept": {"output_throughput": -0.004, "p95_ttft_ms": -0.126}}}

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from scipy import optimize, stats
 
+from vkit.apply.policy import Policy
 from vkit.errors import UsageError
-from vkit.policy import Policy
 from vkit.search import (
     GP,
     Objective,

@@ -16,7 +16,7 @@ import requests
 
 from tests.conftest import call
 from tests.sim_fixtures import SIM_BIN, SimProcess, free_port, sse_events, sse_json
-from vkit import prom
+from vkit.measure import prom
 from vkit.sim.metrics import ITL_BUCKETS, REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS
 
 FAST = ("--sim-speed", "20", "--max-model-len", "4096", "--sim-output-len-mean", "4")
@@ -553,7 +553,7 @@ def test_stalled_stream_goes_silent():
 
 
 def test_prom_parser_label_escapes_in_one_pass():
-    from vkit import prom
+    from vkit.measure import prom
 
     m = prom.parse('x{a="p\\\\nq",b="say \\"hi\\"",c="l1\\nl2"} 1\n')
     (labels, v), = m.samples["x"]

@@ -15,7 +15,7 @@ import pytest
 
 from tests.conftest import REPO, call
 from tests.sim_helpers import free_port
-from vkit import launcher
+from vkit.apply import launcher
 from vkit.state import StateFile
 
 pytestmark = pytest.mark.e2e
@@ -181,7 +181,7 @@ def test_bo_mode_and_replay_of_its_proposals(svc):
 
 
 def test_knowledge_base_matches_only_the_same_environment(tmp_path):
-    from vkit import knowledge
+    from vkit.tune import knowledge
 
     kb = str(tmp_path / "kb.jsonl")
     key = {"accelerator": {"kind": "nvidia", "model": "H200", "count": 8, "driver": "570"}, "server_version": "0.11.0",
@@ -216,7 +216,7 @@ def test_ablate_names_the_switch_that_paid(svc):
 
 
 def test_only_a_busy_client_earns_a_remeasure():
-    from vkit.runner import Runner
+    from vkit.tune.runner import Runner
 
     assert Runner.transient({"client_saturation"})
     assert Runner.transient({"client_saturation", "littles_law", "phase_order", "client_server_ttft_gap"})  # seen in CI
@@ -261,7 +261,7 @@ def test_drift_between_trials_is_detected_and_the_baseline_remeasured(svc):
     from vkit.cli import _tuneargs as ta
     from vkit.cli._common import IO
     from vkit.cli.tune import _drift
-    from vkit.runner import Runner, Settings
+    from vkit.tune.runner import Runner, Settings
 
     # drift counted from now: every restart (each sentinel is a fresh start) sees the machine as slow as it has become
     init(svc, "max_num_seqs=16", extra=("--sim-drift", "4", "--sim-drift-since", f"{time.time():.0f}", "--sim-noise", "0.005"))

@@ -19,7 +19,7 @@ import pytest
 
 from tests.conftest import REPO, call
 from tests.sim_helpers import free_port
-from vkit import launcher
+from vkit.apply import launcher
 from vkit.state import StateFile
 
 pytestmark = pytest.mark.vllm

@@ -32,10 +32,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, TextIO
 
 from vkit import __version__
+from vkit.apply.policy import Policy
+from vkit.decide.percent import parse_fraction
 from vkit.errors import EXIT_CODE_HELP, ExitCode, UsageError, VkitError
 from vkit.interrupts import Interrupts
-from vkit.percent import parse_fraction
-from vkit.policy import Policy
 from vkit.state import default_owner
 
 DEFAULT_STATE = os.path.join("vkit-state", "vkit.json")
@@ -59,7 +59,7 @@ def load_policy() -> Policy:
 
 def kb_path(state_dir: str) -> str:
     """The knowledge base: ``$VKIT_KB`` if set, else ``knowledge.jsonl`` beside the state file."""
-    from vkit import knowledge
+    from vkit.tune import knowledge
 
     return os.environ.get("VKIT_KB") or knowledge.default_path(state_dir)
 
@@ -122,7 +122,7 @@ def int_at_least(lo: int) -> Callable[[str], int]:
 
 
 def fraction_arg(open_unit: bool = True) -> Callable[[str], float]:
-    """An argparse type: a number or a percentage (``vkit.percent``), said as argparse says it."""
+    """An argparse type: a number or a percentage (``vkit.decide.percent``), said as argparse says it."""
 
     def conv(text: str) -> float:
         try:

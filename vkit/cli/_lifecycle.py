@@ -6,9 +6,9 @@ import argparse
 import json
 from typing import Callable
 
+from vkit.apply.lifecycle import Held, Interrupted, Lifecycle, Outcome, run_held
 from vkit.cli._common import IO, lease_owner, load_policy
 from vkit.errors import ExitCode
-from vkit.lifecycle import Held, Interrupted, Lifecycle, Outcome, run_held
 from vkit.state import StateFile
 
 

@@ -10,9 +10,9 @@ from typing import Iterator
 
 from vkit.cli._common import IO, int_at_least, lease_owner, load_policy
 from vkit.errors import UsageError
-from vkit.gauge import BenchOptions
-from vkit.runner import Runner, Settings, Workload
+from vkit.measure.gauge import BenchOptions
 from vkit.state import StateFile
+from vkit.tune.runner import Runner, Settings, Workload
 
 
 def add_args(p: argparse.ArgumentParser) -> None:

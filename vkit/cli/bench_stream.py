@@ -15,7 +15,7 @@ import sys
 
 from vkit.cli._common import IO, int_at_least, make_parser, run
 from vkit.errors import ExitCode, StateMissing, UsageError
-from vkit.gauge import BenchOptions, build_config, check, measure
+from vkit.measure.gauge import BenchOptions, build_config, check, measure
 from vkit.state import StateFile
 
 TOOL = "bench_stream"

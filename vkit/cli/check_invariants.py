@@ -4,7 +4,7 @@ broken gauge.
 Sits between the measurement and the decision: ``bench_stream ... | check_invariants | gate``.
 Reads a vkit summary (with its per-request records), a ``vllm bench serve --save-result``
 JSON, an AISBench perf result, an evalscope perf summary or a GuideLLM JSON; normalises it to
-vLLM's definitions (``vkit.formats``) and applies the invariants (``vkit.invariants``):
+vLLM's definitions (``vkit.validate.formats``) and applies the invariants (``vkit.validate.invariants``):
 TTFT ≡ E2EL, decode timing, prefill faster than decode, Little's law, token accounting,
 sample sufficiency, errors, client saturation, client vs server TTFT, intended configuration.
 JSON verdict on stdout, a table for people on stderr. Exit 0 valid, 1 anomaly, 3 invalid.
@@ -16,8 +16,8 @@ import argparse
 
 from vkit.cli._common import IO, isatty, make_parser, run
 from vkit.errors import UsageError
-from vkit.formats import FORMATS, load_report
-from vkit.invariants import VERDICT_CODE, Thresholds, check_file, parse_expected_config, render_table, worst
+from vkit.validate.formats import FORMATS, load_report
+from vkit.validate.invariants import VERDICT_CODE, Thresholds, check_file, parse_expected_config, render_table, worst
 
 TOOL = "check_invariants"
 

@@ -18,9 +18,9 @@ import math
 import os
 
 from vkit.cli._common import IO, fraction_arg, isatty, make_parser, run
-from vkit.drift import DEFAULT_DETECTOR, DETECTORS, detect
+from vkit.decide.drift import DEFAULT_DETECTOR, DETECTORS, detect
+from vkit.decide.gate import Run, check_same_gauge, load_summary, parse_date, sigma_from_state
 from vkit.errors import ExitCode, InvalidData, UsageError
-from vkit.gate import Run, check_same_gauge, load_summary, parse_date, sigma_from_state
 from vkit.jsonio import BadLine, json_lines
 
 TOOL = "drift"
@@ -145,8 +145,8 @@ def _run(args: argparse.Namespace, io: IO) -> int:
     if args.kept:
         if args.inputs:
             raise UsageError("--kept reads the runs from the state file; do not also give files")
-        from vkit.runner import kept_series
         from vkit.state import StateFile, now_iso
+        from vkit.tune.runner import kept_series
 
         sf = StateFile(args.state)
         st = sf.read()

@@ -16,8 +16,7 @@ import argparse
 import math
 
 from vkit.cli._common import IO, fraction_arg, int_at_least, load_policy, make_parser, run
-from vkit.errors import ExitCode, UsageError
-from vkit.gate import (
+from vkit.decide.gate import (
     DEFAULT_PRIMARY,
     EXIT_CODE,
     GateInput,
@@ -29,6 +28,7 @@ from vkit.gate import (
     parse_sigma,
     trial_inputs,
 )
+from vkit.errors import ExitCode, UsageError
 
 TOOL = "gate"
 

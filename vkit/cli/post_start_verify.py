@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import argparse
 
+from vkit.apply.policy import canonical
+from vkit.apply.verify import verify
 from vkit.cli._common import IO, make_parser, run
 from vkit.errors import ExitCode, StateMissing, UsageError
-from vkit.policy import canonical
 from vkit.state import StateFile
-from vkit.verify import verify
 
 TOOL = "post_start_verify"
 

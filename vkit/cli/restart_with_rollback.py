@@ -10,10 +10,10 @@ from __future__ import annotations
 import argparse
 import json
 
+from vkit.apply.policy import parse_assignments
 from vkit.cli._common import IO, isatty, load_policy, make_parser, run
 from vkit.cli._lifecycle import add_lifecycle_args, with_lifecycle
 from vkit.errors import UsageError
-from vkit.policy import parse_assignments
 
 TOOL = "restart_with_rollback"
 

@@ -13,11 +13,11 @@ import json
 import shlex
 import time
 
+from vkit.apply.launcher import serve_argv
+from vkit.apply.policy import parse_assignments, render_table, to_serve_flags
 from vkit.cli._common import IO, add_subcommand, load_policy, make_parser, run
 from vkit.errors import ExitCode, UsageError
-from vkit.fingerprint import fingerprint
-from vkit.launcher import serve_argv
-from vkit.policy import parse_assignments, render_table, to_serve_flags
+from vkit.measure.fingerprint import fingerprint
 from vkit.state import StateFile, lease_staleness, new_state, now_iso
 
 TOOL = "state"

@@ -48,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _run(args: argparse.Namespace, io: IO) -> int:
-    from vkit import tuning
+    from vkit.tune import steps as tuning
 
     if args.replay:
         return _replay(args, io)

@@ -2,7 +2,7 @@
 drift check between them → CONVERGE — and the report.
 
 The main job a field engineer runs (`make tune`, or `make demo` on the simulator). It composes
-the single-purpose tools through vkit.runner; every step can also be run alone with
+the single-purpose tools through vkit.tune.runner; every step can also be run alone with
 `sweep --step N`. Killed at any point, the same command continues from the state file.
 """
 
@@ -12,11 +12,11 @@ import argparse
 import os
 import time
 
-from vkit import knowledge
 from vkit.cli import _tuneargs as ta
 from vkit.cli._common import IO, kb_path, load_policy, make_parser, run
 from vkit.errors import ExitCode, UsageError, VkitError
 from vkit.state import now_iso
+from vkit.tune import knowledge
 
 TOOL = "tune"
 
@@ -48,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _run(args: argparse.Namespace, io: IO) -> int:
-    from vkit import tuning
+    from vkit.tune import steps as tuning
 
     try:
         steps = [x.strip() for x in args.steps.split(",") if x.strip()]
@@ -143,7 +143,7 @@ def _run(args: argparse.Namespace, io: IO) -> int:
                                  f"{os.path.join(sf.dir, 'logs')}, fix the cause, then `state --clear-abnormal --reason ...` "
                                  f"and rerun the same command to continue\n")
             raise
-    from vkit import report
+    from vkit.report import render as report
 
     out_dir = args.report_dir or os.path.join(sf.dir, "reports", run_id)
     paths = report.write_report(result, out_dir)
@@ -180,7 +180,7 @@ def _drift(runner, io: IO) -> None:
 
 
 def build_result(runner, args, settings, t0: float) -> dict:
-    from vkit import tuning
+    from vkit.tune import steps as tuning
 
     st = runner.sf.read()
     svc = st["service"]

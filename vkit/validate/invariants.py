@@ -1,4 +1,4 @@
-"""The invariants check_invariants applies to a normalised report (``vkit.formats``):
+"""The invariants check_invariants applies to a normalised report (``vkit.validate.formats``):
 VALIDATE in the tuning state machine — no analysis on a broken gauge.
 
 Each check is a small pure function ``check(rep, th, ctx) -> dict`` returning::
@@ -23,9 +23,9 @@ import os
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
+from vkit.apply.policy import same_value
 from vkit.errors import ExitCode, UsageError
-from vkit.formats import load_report
-from vkit.policy import same_value
+from vkit.validate.formats import load_report
 
 PASS, FAIL, NA = "pass", "fail", "not_applicable"
 INVALID, ANOMALY, INFO = "invalid", "anomaly", "info"
@@ -612,7 +612,7 @@ _ALIASES = {"cache_dtype": "kv_cache_dtype"}
 def reported_config(server: dict | None) -> dict:
     """What the server says it runs: max_model_len (/v1/models), cache_config labels (/metrics)
     and any ``config`` object, under vLLM's names."""
-    from vkit.policy import canonical
+    from vkit.apply.policy import canonical
 
     out: dict[str, Any] = {}
     if not server:
@@ -638,7 +638,7 @@ def check_server_config(rep: dict, th: Thresholds, ctx: dict) -> dict:
     if not have:
         return _res(cid, title, NA, INFO, "the report carries no server-reported configuration (a vkit summary does).",
                     expected=want)
-    from vkit.policy import canonical
+    from vkit.apply.policy import canonical
 
     mism, matched, unverified = {}, [], []
     for k, v in sorted(want.items()):
@@ -784,7 +784,7 @@ def check_file(path: str, th: Thresholds | None = None, fmt: str = "auto", recor
 
 def parse_expected_config(items: list[str]) -> dict:
     """``k=v`` items and JSON files (a config object, or one holding ``"config"``) → dict."""
-    from vkit.policy import canonical
+    from vkit.apply.policy import canonical
 
     out: dict[str, Any] = {}
     for item in items or []:

@@ -14,10 +14,10 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Callable
 
-from vkit.bench import BenchConfig, Outcome, run_bench
-from vkit.datasets import arrival_times, jsonl_requests, mixed_requests, random_requests
 from vkit.errors import UsageError
 from vkit.interrupts import Interrupts
+from vkit.measure.datasets import arrival_times, jsonl_requests, mixed_requests, random_requests
+from vkit.measure.loadgen import BenchConfig, Outcome, run_bench
 from vkit.state import atomic_write_text
 
 TOOL = "bench_stream"

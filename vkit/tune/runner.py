@@ -32,14 +32,14 @@ from typing import Any, Callable
 
 import numpy as np
 
-from vkit import gate as _gate
-from vkit import invariants
+from vkit.apply.lifecycle import Held, Lifecycle, Outcome, run_held
+from vkit.apply.policy import Policy, to_serve_flags
+from vkit.decide import gate as _gate
 from vkit.errors import Abnormal, ExitCode, Rejected, VkitError
-from vkit.gauge import BenchOptions, build_config, measure
 from vkit.interrupts import Interrupts
-from vkit.lifecycle import Held, Lifecycle, Outcome, run_held
-from vkit.policy import Policy, to_serve_flags
+from vkit.measure.gauge import BenchOptions, build_config, measure
 from vkit.state import StateFile, default_owner, now_iso, upsert
+from vkit.validate import invariants
 
 KEY_METRICS = ("output_throughput", "request_throughput", "request_goodput", "p95_ttft_ms", "p99_ttft_ms", "mean_ttft_ms",
                "mean_tpot_ms", "p95_tpot_ms", "mean_e2el_ms", "p95_e2el_ms")
@@ -152,7 +152,7 @@ class Runner:
         request set finds its prompts in the prefix cache from an earlier series on the same process."""
         st = self.sf.read()
         run = st["service"].get("running") or {}
-        from vkit.launcher import alive
+        from vkit.apply.launcher import alive
 
         cand = st.get("candidate") or {}
         if (not fresh and run.get("config") == config and alive(run.get("pid"), run.get("ticks"))
@@ -528,7 +528,7 @@ class Runner:
     def sentinel(self) -> dict:
         """Re-measure the kept configuration once and look for a level change in everything measured
         of it since the last alarm (``kept_series``); on a change, the alarm time resets the series."""
-        from vkit.drift import MIN_RUNS, detect
+        from vkit.decide.drift import MIN_RUNS, detect
 
         self.restore_kept(fresh=True)
         st = self.sf.read()

@@ -54,12 +54,12 @@ from typing import Any, Callable, Iterable
 import numpy as np
 from scipy import stats as _sps
 
-from vkit import drift as _drift
-from vkit import invariants
-from vkit import stats as st
+from vkit.apply.policy import Policy
+from vkit.decide import drift as _drift
+from vkit.decide import stats as st
+from vkit.decide.percent import parse_fraction
 from vkit.errors import ExitCode, InvalidData, UsageError, VkitError
-from vkit.percent import parse_fraction
-from vkit.policy import Policy
+from vkit.validate import invariants
 
 DEFAULT_PRIMARY = "output_throughput:+"
 # Metrics reported (not decided on) when every run has them; primary and guards are added.
@@ -294,7 +294,7 @@ def load_summary(path: str, arm: str, fresh: bool = False) -> Run:
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise UsageError(f"{path} is not valid JSON ({e})") from None
     if not isinstance(doc, dict) or "completed" not in doc:
-        from vkit.formats import detect
+        from vkit.validate.formats import detect
 
         fmt = detect(doc)
         hint = f" (it looks like {fmt})" if fmt else ""

@@ -19,13 +19,13 @@ import os
 from dataclasses import dataclass, field
 from typing import Callable
 
-from vkit import launcher
+from vkit.apply import launcher
+from vkit.apply.launcher import Running
+from vkit.apply.policy import Policy
+from vkit.apply.verify import CACHE_CONFIG_KEYS, verify
 from vkit.errors import Abnormal, ExitCode, VkitError
 from vkit.interrupts import Interrupts
-from vkit.launcher import Running
-from vkit.policy import Policy
 from vkit.state import StateFile, now_iso, pid_alive
-from vkit.verify import CACHE_CONFIG_KEYS, verify
 
 
 class Interrupted(VkitError):

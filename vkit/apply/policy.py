@@ -18,7 +18,7 @@ from typing import Any, Iterable
 
 from vkit.errors import MustRunMissing, PolicyRefusal, UsageError
 
-DEFAULT_POLICY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "params.json")
+DEFAULT_POLICY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "params.json")
 
 TRUE = {"1", "true", "yes", "on"}
 FALSE = {"0", "false", "no", "off"}

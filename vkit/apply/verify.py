@@ -18,9 +18,9 @@ from dataclasses import asdict, dataclass, field
 import requests
 import sseclient
 
-from vkit import accel
-from vkit.policy import same_value
-from vkit.prom import PromParseError, parse
+from vkit.apply.policy import same_value
+from vkit.measure import accel
+from vkit.measure.prom import PromParseError, parse
 
 # Families every vkit tool relies on (V1 names; an older alias is accepted where vLLM renamed one).
 REQUIRED_FAMILIES = [

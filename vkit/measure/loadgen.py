@@ -25,13 +25,14 @@ from typing import Any, Callable
 import numpy as np
 
 from vkit import __version__
-from vkit.accel import Sampler
-from vkit.client import Result, StreamClient, request_body
-from vkit.datasets import Request
 from vkit.errors import Unavailable, UsageError
-from vkit.fingerprint import fingerprint
-from vkit.loopclient import LoopClient
-from vkit.metrics import (
+from vkit.measure.accel import Sampler
+from vkit.measure.client import Result, StreamClient, request_body
+from vkit.measure.datasets import Request
+from vkit.measure.fingerprint import fingerprint
+from vkit.measure.loopclient import LoopClient
+from vkit.measure.serverapi import Server, cache_config, delta, families, gauges
+from vkit.measure.summary import (
     describe_ms,
     dist,
     goodput_ok,
@@ -40,7 +41,6 @@ from vkit.metrics import (
     peak_per_second,
     tpot_of,
 )
-from vkit.server import Server, cache_config, delta, families, gauges
 
 MAX_THREADS = 1024
 

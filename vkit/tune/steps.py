@@ -1,4 +1,4 @@
-"""The tuning order of seed 000, driven through the per-trial state machine of ``vkit.runner``.
+"""The tuning order of seed 000, driven through the per-trial state machine of ``vkit.tune.runner``.
 
 Step 1 max-model-len (start-up success, KV capacity, TTFT stability) → frozen; step 2
 max-num-batched-tokens with max-num-seqs fixed; step 3 max-num-seqs at the best budget with
@@ -18,12 +18,12 @@ import shlex
 from typing import Any, Callable
 
 from vkit import search
+from vkit.apply.launcher import serve_argv
+from vkit.apply.lifecycle import Lifecycle
+from vkit.apply.policy import Policy, to_serve_flags
 from vkit.errors import ExitCode, Rejected, VkitError
-from vkit.launcher import serve_argv
-from vkit.lifecycle import Lifecycle
-from vkit.policy import Policy, to_serve_flags
-from vkit.runner import Runner, Workload
 from vkit.state import now_iso, upsert
+from vkit.tune.runner import Runner, Workload
 
 OBJECTIVES = [search.Objective("output_throughput", "max"), search.Objective("p95_ttft_ms", "min")]
 STEP_NAMES = {"1": "max-model-len", "2": "max-num-batched-tokens", "3": "max-num-seqs", "4": "grid around the knee",
