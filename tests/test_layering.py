@@ -139,3 +139,48 @@ def test_signal_and_state_finders_find(source, finder):
 
 def test_sending_a_signal_is_not_installing_one():
     assert signal_setups("import os, signal\nos.killpg(1, signal.SIGTERM)\n") == []
+
+
+SHARED = {"errors", "state", "interrupts", "jsonio"}
+# What each stage package may import besides the shared modules: data flows measure → validate →
+# decide → apply → tune; the parameter policy (apply.policy) is read by validate and decide too.
+STAGE_DEPS = {
+    "measure": set(),
+    "validate": {"apply.policy"},
+    "decide": {"validate", "apply.policy"},
+    "apply": {"measure"},
+    "tune": {"measure", "validate", "decide", "apply", "search"},
+    "search": set(),
+    "sim": set(),
+    "report": set(),
+}
+
+
+def stage_violations(source: str, module: str) -> list[str]:
+    stage = module.split(".")[1]
+    allowed = STAGE_DEPS.get(stage)
+    if allowed is None:
+        return []
+    bad = []
+    for line, name in imported(source, module):
+        parts = name.split(".")
+        if parts[0] != "vkit" or len(parts) < 2 or parts[1] in SHARED or parts[1] == stage or parts[1].startswith("__"):
+            continue
+        if parts[1] in STAGE_DEPS and not any(".".join(parts[1:]).startswith(a) for a in allowed):
+            bad.append(f"{module}:{line} imports {name}")
+    return bad
+
+
+def test_stages_import_only_the_stages_before_them():
+    found = []
+    for name, path in library_modules():
+        if name.count(".") >= 2:
+            with open(path, encoding="utf-8") as f:
+                found += stage_violations(f.read(), name)
+    assert found == []
+
+
+def test_a_stage_importing_a_later_one_is_found():
+    assert stage_violations("from vkit.tune.runner import Runner\n", "vkit.measure.gauge")
+    assert stage_violations("from vkit.apply import lifecycle\n", "vkit.validate.formats")
+    assert stage_violations("from vkit.apply.policy import same_value\n", "vkit.validate.invariants") == []

@@ -169,7 +169,7 @@ def _value(m, family, sample, **labels):
 
 
 # The Prometheus text exposition format (0.0.4), written out independently of both the simulator's
-# writer (vkit/sim/metrics.py) and vkit's client-side parser (vkit/prom.py), so a format error in
+# writer (vkit/sim/metrics.py) and vkit's client-side parser (vkit/measure/prom.py), so a format error in
 # either cannot hide behind the other.
 _NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
 _LABEL_NAME = r"[a-zA-Z_][a-zA-Z0-9_]*"
