@@ -42,3 +42,15 @@ def test_records_and_datasets_follow_the_rule(tmp_path):
     assert read_records(str(p)) == [{"i": 0, "ok": True}]
     p.write_text('{"prompt": "hi"}\n{"prom')
     assert len(jsonl_requests(str(p), 2, 8, chat=True)) == 2
+
+
+def test_one_json_file_reader_words_every_refusal_alike(tmp_path, monkeypatch):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"max_num_seqs": 64,,}')
+    r = call("restart_with_rollback", "--sandbox", "--config", str(bad))
+    assert r.code == 2 and f"--config file {bad} is not valid JSON (" in r.err and "at line 1" in r.err, r
+    r = call("restart_with_rollback", "--sandbox", "--config", str(tmp_path / "missing.json"))
+    assert r.code == 2 and "no such file" in r.err
+    monkeypatch.setenv("VKIT_POLICY", str(bad))
+    r = call("state", "policy")
+    assert r.code == 2 and f"parameter policy {bad} is not valid JSON (" in r.err, r

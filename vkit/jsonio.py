@@ -1,4 +1,4 @@
-"""Reading JSON Lines: one rule for every file of one JSON value a line.
+"""Reading JSON files (``read_json``) and JSON Lines: one rule for every file of one JSON value a line.
 
 vkit's logs (the decision log, the knowledge base, per-request records, a soak's windows) are
 appended one line at a time, so a writer killed mid-line leaves a last line without its newline.
@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 from typing import Any, Iterator
+
+from vkit.errors import UsageError
 
 
 class BadLine(ValueError):
@@ -42,3 +44,14 @@ def read_json_lines(path: str, skip_bad: bool = False) -> list[tuple[int, Any]]:
     """``json_lines`` of a file (``OSError``, e.g. ``FileNotFoundError``, propagates)."""
     with open(path, encoding="utf-8") as f:
         return list(json_lines(f.read(), skip_bad))
+
+
+def read_json(path: str, what: str) -> Any:
+    """One JSON document from a file; ``what`` names it in the refusal (``parameter policy``).
+    A missing file raises ``FileNotFoundError``, which the caller words for its input."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise UsageError(f"{what} {path} is not valid JSON ({e.msg} at line {e.lineno})") from None

@@ -11,12 +11,12 @@ rendered by :func:`render_table`.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from vkit.errors import MustRunMissing, PolicyRefusal, UsageError
+from vkit.jsonio import read_json
 
 DEFAULT_POLICY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "params.json")
 
@@ -77,12 +77,9 @@ class Policy:
     def load(cls, path: str | None = None) -> "Policy":
         path = path or DEFAULT_POLICY
         try:
-            with open(path, encoding="utf-8") as f:
-                data = json.load(f)
+            data = read_json(path, "parameter policy")
         except FileNotFoundError:
             raise UsageError(f"no parameter policy at {path}") from None
-        except json.JSONDecodeError as e:
-            raise UsageError(f"parameter policy {path} is not valid JSON ({e.msg} at line {e.lineno})") from None
         for key in ("forbidden", "must_change", "must_run", "situational"):
             if not isinstance(data.get(key), list):
                 raise UsageError(f"parameter policy {path} lacks the list {key!r}")

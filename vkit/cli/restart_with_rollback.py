@@ -8,12 +8,12 @@ gate's decision, recorded later, or a human's (``--keep``).
 from __future__ import annotations
 
 import argparse
-import json
 
 from vkit.apply.policy import parse_assignments
 from vkit.cli._common import IO, isatty, load_policy, make_parser, run
 from vkit.cli._lifecycle import add_lifecycle_args, with_lifecycle
 from vkit.errors import UsageError
+from vkit.jsonio import read_json
 
 TOOL = "restart_with_rollback"
 
@@ -53,12 +53,9 @@ def _run(args: argparse.Namespace, io: IO) -> int:
     policy = load_policy()
     if args.config:
         try:
-            with open(args.config, encoding="utf-8") as f:
-                raw = json.load(f)
+            raw = read_json(args.config, "--config file")
         except FileNotFoundError:
             raise UsageError(f"no such file: {args.config}") from None
-        except json.JSONDecodeError as e:
-            raise UsageError(f"{args.config} is not valid JSON ({e.msg})") from None
         if not isinstance(raw, dict):
             raise UsageError(f"{args.config} must hold a JSON object of parameters")
         changes = {k.replace("-", "_"): policy.coerce(k, v) for k, v in raw.items()}

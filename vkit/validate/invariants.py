@@ -17,7 +17,6 @@ Nothing here prints or exits.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import asdict, dataclass
@@ -25,6 +24,7 @@ from typing import Any, Callable
 
 from vkit.apply.policy import same_value
 from vkit.errors import ExitCode, UsageError
+from vkit.jsonio import read_json
 from vkit.validate.formats import load_report
 
 PASS, FAIL, NA = "pass", "fail", "not_applicable"
@@ -795,12 +795,9 @@ def parse_expected_config(items: list[str]) -> dict:
             out[canonical(k)] = v
             continue
         try:
-            with open(item, encoding="utf-8") as f:
-                doc = json.load(f)
+            doc = read_json(item, "--expect-config file")
         except FileNotFoundError:
             raise UsageError(f"--expect-config takes K=V items or a JSON file; {item!r} is neither") from None
-        except json.JSONDecodeError as e:
-            raise UsageError(f"--expect-config file {item} is not valid JSON ({e.msg} at line {e.lineno})") from None
         if isinstance(doc, dict) and isinstance(doc.get("config"), dict):
             doc = doc["config"]
         if not isinstance(doc, dict) or "vkit" in doc or "completed" in doc:
