@@ -184,3 +184,15 @@ def test_a_stage_importing_a_later_one_is_found():
     assert stage_violations("from vkit.tune.runner import Runner\n", "vkit.measure.gauge")
     assert stage_violations("from vkit.apply import lifecycle\n", "vkit.validate.formats")
     assert stage_violations("from vkit.apply.policy import same_value\n", "vkit.validate.invariants") == []
+
+
+def test_no_tool_writes_state_keys():
+    """The state document is written through vkit.state's accessors; a tool only calls them."""
+    cli = os.path.join(ROOT, "cli")
+    found = []
+    for f in sorted(os.listdir(cli)):
+        if f.endswith(".py"):
+            tree = ast.parse(open(os.path.join(cli, f), encoding="utf-8").read())
+            found += [f"vkit/cli/{f}:{n.lineno}" for n in ast.walk(tree) if isinstance(n, ast.Call)
+                      and isinstance(n.func, ast.Attribute) and n.func.attr == "transaction"]
+    assert found == []

@@ -118,17 +118,6 @@ def held(args: argparse.Namespace, io: IO, tool: str) -> Iterator[tuple[StateFil
         yield sf, owner
 
 
-def record_settings(sf: StateFile, key: str, value: dict, force: bool) -> None:
-    """The tuning run's settings are fixed at its start; a resumed run must use the same ones."""
-    with sf.transaction() as st:
-        old = st.get(key)
-        if old and old != value and not force:
-            diff = sorted(k for k in set(old) | set(value) if old.get(k) != value.get(k))
-            raise UsageError(f"this state holds a tuning run with other settings ({', '.join(diff)}); resume it with the same "
-                             "flags, or pass --restart to start over (finished trials stay in the history)")
-        st[key] = value
-
-
 def runner_for(sf: StateFile, s: Settings, io: IO, tool: str, owner: str | None, run_id: str | None = None) -> Runner:
     """A runner whose measurements go to runs/<run_id>/ beside the state (when given); ``owner``
     holds the lease (None: a reading that needs none)."""

@@ -145,7 +145,7 @@ def _run(args: argparse.Namespace, io: IO) -> int:
     if args.kept:
         if args.inputs:
             raise UsageError("--kept reads the runs from the state file; do not also give files")
-        from vkit.state import StateFile, now_iso
+        from vkit.state import StateFile
         from vkit.tune.runner import kept_series
 
         sf = StateFile(args.state)
@@ -183,12 +183,8 @@ def _run(args: argparse.Namespace, io: IO) -> int:
                             change_date=res.get("change_date"), shift=res.get("shift"), detector=args.detector, n=res["n"])
         res["decision_id"] = did
         if args.record:
-            with sf.transaction() as st:
-                # A change restarts the kept configuration's series (as tune's sentinel does); otherwise its start stays.
-                reset = now_iso() if res["changed"] else (st.get("drift") or {}).get("reset")
-                st["drift"] = {"checked_id": did, "metric": args.metric, "changed": res["changed"], "detector": args.detector,
-                               "change_index": res.get("change_index"), "change_date": res.get("change_date"), "shift": res.get("shift"),
-                               "reset": reset}
+            sf.record_drift({"checked_id": did, "metric": args.metric, "changed": res["changed"], "detector": args.detector,
+                             "change_index": res.get("change_index"), "change_date": res.get("change_date"), "shift": res.get("shift")})
             io.progress(f"drift result recorded in {sf.path} ({did})")
     human = args.human or (io.is_tty() and not args.json)
     if human:

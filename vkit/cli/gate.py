@@ -180,11 +180,7 @@ def _run(args: argparse.Namespace, io: IO) -> int:
         did = sf.log.append(TOOL, "gate", trial=trial["id"], config=trial["config"], **summary)
         res["decision_id"] = did
         if args.record:
-            with sf.transaction() as st:
-                for t in st.get("trials") or []:
-                    if isinstance(t, dict) and str(t.get("id")) == str(trial["id"]):
-                        t["verdict"] = res["decision"]
-                        t["gate"] = {**summary, "decision_id": did}
+            sf.record_trial_verdict(trial["id"], res["decision"], {**summary, "decision_id": did})
             io.progress(f"verdict recorded in trial {trial['id']} ({did})")
     human = args.human or (io.is_tty() and not args.json)
     if human:

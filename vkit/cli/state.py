@@ -91,28 +91,20 @@ def _run(args: argparse.Namespace, io: IO) -> int:
 
 
 def _human_writes(sf: StateFile, args: argparse.Namespace, io: IO) -> int:
-    with sf.transaction() as st:
-        if args.clear_abnormal:
-            ab = st.get("abnormal") or {}
-            if not ab.get("flag"):
-                io.progress("environment is not ABNORMAL; nothing to clear")
-            else:
-                did = sf.log.append(TOOL, "abnormal_cleared", previous=ab, reason=args.reason, by="human")
-                st["abnormal"] = {"flag": False, "reason": None, "since": None, "cleared_by": did}
-                st["start_failures"] = 0
-                io.progress(f"ABNORMAL cleared ({did}); was: {ab.get('reason')}")
-        if args.break_lease:
-            lease = st.get("lease")
-            if not lease:
-                io.progress("no lease is held; nothing to break")
-            else:
-                stale = lease_staleness(lease)
-                did = sf.log.append(TOOL, "lease_broken", previous=lease, reason=args.reason or stale or "broken by a human", by="human")
-                st["lease"] = None
-                if stale is None:
-                    io.warn(f"the lease of {lease.get('owner')} looked live (pid {lease.get('pid')}); broken anyway ({did})")
-                else:
-                    io.progress(f"lease of {lease.get('owner')} broken ({stale}; {did})")
+    if args.clear_abnormal:
+        ab, did = sf.clear_abnormal(TOOL, args.reason)
+        if ab is None:
+            io.progress("environment is not ABNORMAL; nothing to clear")
+        else:
+            io.progress(f"ABNORMAL cleared ({did}); was: {ab.get('reason')}")
+    if args.break_lease:
+        lease, stale, did = sf.break_lease(TOOL, args.reason)
+        if lease is None:
+            io.progress("no lease is held; nothing to break")
+        elif stale is None:
+            io.warn(f"the lease of {lease.get('owner')} looked live (pid {lease.get('pid')}); broken anyway ({did})")
+        else:
+            io.progress(f"lease of {lease.get('owner')} broken ({stale}; {did})")
     return ExitCode.OK
 
 

@@ -69,17 +69,9 @@ def _run(args: argparse.Namespace, io: IO) -> int:
                "guards": settings.guards, "baseline_repeats": settings.baseline_repeats, "screen_repeats": settings.screen_repeats}
         prev = st.get("tune") or {}
         if args.restart or not prev or prev.get("finished"):
-            if prev:
-                with sf.transaction() as s2:
-                    s2.setdefault("archive", []).append({k: s2.get(k) for k in ("tune", "steps", "baseline", "baseline_mixed",
-                                                                                  "confirmations", "trials", "drift_checks")})
-                    for k in ("steps", "baseline", "baseline_mixed", "confirmations", "drift_checks"):
-                        s2.pop(k, None)
-                    s2["trials"] = []
             cfg["run_id"] = time.strftime("run-%Y%m%dT%H%M%S", time.gmtime())
             cfg["started"] = now_iso()
-            with sf.transaction() as s2:
-                s2["tune"] = cfg
+            sf.start_tune_run(cfg, archive=bool(prev))
         else:
             mine = {k: v for k, v in cfg.items()}
             theirs = {k: prev.get(k) for k in mine}
@@ -92,12 +84,12 @@ def _run(args: argparse.Namespace, io: IO) -> int:
         runner = ta.runner_for(sf, settings, io, TOOL, owner, run_id=run_id)
         policy = load_policy()
         try:
-            _machine(sf, "LEASE")
+            sf.set_machine_state("LEASE")
             if "1" in steps:
                 longest = ta.mixed_long_len(args) if "5" in steps else args.input_len
                 need = args.business_len or int((longest + args.output_len) * 1.25)
                 tuning.run_step1(runner, cands, need, args.concurrency, io.progress)
-            _machine(sf, "BASELINE")
+            sf.set_machine_state("BASELINE")
             b = runner.baseline()
             io.progress("baseline: " + ", ".join(f"{k} {v:.1f} (σ {b['sigma'].get(k, 0):.1%})" for k, v in b["metrics"].items()
                                                    if k in ("output_throughput", "p95_ttft_ms", "mean_tpot_ms")))
@@ -112,29 +104,27 @@ def _run(args: argparse.Namespace, io: IO) -> int:
                 io.progress(f"knowledge base {kb}: {len(matched)} earlier run(s) of this environment"
                             + (" (used to warm-start the Bayesian search)" if args.mode == "bo" else " (shown; staged mode does not warm-start)")
                             + (f"; {len(ignored)} ignored because the environment changed: " + "; ".join(ignored[:3]) if ignored else ""))
-            with sf.transaction() as s2:
-                s2["tune"]["knowledge"] = {"path": kb, "matched": [e.get("run_id") for e in matched], "ignored": ignored}
+            sf.update_tune_run(knowledge={"path": kb, "matched": [e.get("run_id") for e in matched], "ignored": ignored})
             if args.mode == "bo" and staged:
-                _machine(sf, "PROPOSE")
+                sf.set_machine_state("PROPOSE")
                 nxt, stop = tuning.bo_proposer(runner, policy, args.budget, args.seed, prior=tuning.prior_observations(matched))
                 tuning.run_screening_step(runner, "bo", nxt, io.progress, args.budget, stop)
                 _drift(runner, io)
             else:
                 for step in staged:
-                    _machine(sf, "PROPOSE")
+                    sf.set_machine_state("PROPOSE")
                     nxt, stop = tuning.staged_proposer(runner, policy, step, args.staged_candidates)
                     tuning.run_screening_step(runner, step, nxt, io.progress, args.budget, stop)
                     _drift(runner, io)
             if "5" in steps:
                 tuning.run_step5(runner, mixed, io.progress)
-            _machine(sf, "CONVERGE")
+            sf.set_machine_state("CONVERGE")
             if args.confirm_front > 0:
                 tuning.confirm_front(runner, ta.goal(settings), args.confirm_front, io.progress)
             result = build_result(runner, args, settings, t0)
             if not (sf.read().get("tune") or {}).get("kb_recorded"):
                 knowledge.record(kb, kb_key, kb_work, tuning.kb_observations(runner), result.get("recommendation"), run_id)
-                with sf.transaction() as s2:
-                    s2["tune"]["kb_recorded"] = True
+                sf.update_tune_run(kb_recorded=True)
         except VkitError as e:
             if e.code == ExitCode.UNAVAILABLE:
                 ab = (sf.read().get("abnormal") or {})
@@ -147,9 +137,7 @@ def _run(args: argparse.Namespace, io: IO) -> int:
 
     out_dir = args.report_dir or os.path.join(sf.dir, "reports", run_id)
     paths = report.write_report(result, out_dir)
-    with sf.transaction() as s2:
-        s2["tune"]["finished"] = now_iso()
-        s2["tune"]["report"] = paths
+    sf.update_tune_run(finished=now_iso(), report=paths)
     sf.log.append(TOOL, "converge", recommendation=result.get("recommendation"), report=paths)
     if args.json:
         io.emit_json(result)
@@ -165,11 +153,6 @@ def _server_info(runner) -> dict:
         return runner.load(b["runs"][0])["vkit"]["server"].get("version_info") or {}
     except (KeyError, IndexError, OSError, ValueError):
         return {}
-
-
-def _machine(sf, state: str) -> None:
-    with sf.transaction() as st:
-        st["machine_state"] = state
 
 
 def _drift(runner, io: IO) -> None:
