@@ -46,6 +46,19 @@ def read_json_lines(path: str, skip_bad: bool = False) -> list[tuple[int, Any]]:
         return list(json_lines(f.read(), skip_bad))
 
 
+def load_json_lines(path: str, what: str, hint: str = "") -> list[tuple[int, Any]]:
+    """``read_json_lines`` for an input named ``what`` (``records file``): a missing, unreadable
+    or bad file is refused in one wording, with ``hint`` saying what a line should hold."""
+    try:
+        return read_json_lines(path)
+    except FileNotFoundError:
+        raise UsageError(f"no such {what}: {path}") from None
+    except OSError as e:
+        raise UsageError(f"cannot read {what} {path}: {e.strerror}") from None
+    except BadLine as e:
+        raise UsageError(f"{path}:{e.line}: not valid JSON ({e.msg})" + (f"; {hint}" if hint else "")) from None
+
+
 def read_json(path: str, what: str) -> Any:
     """One JSON document from a file; ``what`` names it in the refusal (``parameter policy``).
     A missing file raises ``FileNotFoundError``, which the caller words for its input."""

@@ -13,7 +13,7 @@ import contextlib
 from vkit.cli import _tuneargs as ta
 from vkit.cli._common import IO, load_policy, make_parser, run
 from vkit.errors import ExitCode, UsageError
-from vkit.jsonio import BadLine, read_json_lines
+from vkit.jsonio import load_json_lines
 from vkit.state import StateFile
 
 TOOL = "sweep"
@@ -98,12 +98,7 @@ def _run(args: argparse.Namespace, io: IO) -> int:
 def _replay(args: argparse.Namespace, io: IO) -> int:
     from vkit import search
 
-    try:
-        recs = [r for _, r in read_json_lines(args.replay)]
-    except FileNotFoundError:
-        raise UsageError(f"no such decision log: {args.replay}") from None
-    except BadLine as e:
-        raise UsageError(f"{args.replay} is not JSON Lines ({e.msg})") from None
+    recs = [r for _, r in load_json_lines(args.replay, "decision log")]
     records = [r["audit"]["replay"] for r in recs if r.get("event") == "propose" and (r.get("audit") or {}).get("replay")]
     if not records:
         raise UsageError(f"{args.replay} holds no replayable proposals (Bayesian-search proposals carry their inputs)")

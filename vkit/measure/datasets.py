@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from vkit.errors import UsageError
-from vkit.jsonio import BadLine, read_json_lines
+from vkit.jsonio import load_json_lines
 
 # Words for text prompts: short, common, tokenised to about one token each by BPE tokenizers.
 _WORDS = (
@@ -120,13 +120,7 @@ def jsonl_requests(path: str, n: int | None, default_output_len: int | None, cha
     """A user's prompt file: one JSON object a line with ``prompt`` or ``messages`` and an
     optional ``output_len`` / ``max_tokens``. With ``n`` larger than the file, rows repeat."""
     rows = []
-    try:
-        lines = read_json_lines(path)
-    except FileNotFoundError:
-        raise UsageError(f"no such dataset file: {path}") from None
-    except BadLine as e:
-        raise UsageError(f"{path}:{e.line}: not valid JSON ({e.msg})") from None
-    for ln, obj in lines:
+    for ln, obj in load_json_lines(path, "dataset file"):
         if not isinstance(obj, dict) or not ("prompt" in obj or "messages" in obj):
             raise UsageError(f"{path}:{ln}: each line needs a 'prompt' or 'messages' field")
         rows.append(obj)

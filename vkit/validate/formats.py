@@ -37,7 +37,7 @@ import re
 from typing import Any, Iterable
 
 from vkit.errors import UsageError
-from vkit.jsonio import BadLine, read_json_lines
+from vkit.jsonio import load_json_lines
 
 FORMATS = ("vkit", "vllm-bench", "aisbench", "evalscope", "guidellm")
 METRICS = ("ttft", "tpot", "itl", "e2el")
@@ -218,16 +218,8 @@ def _phase_from_summary(rep: dict) -> None:
 
 def read_records(path: str) -> list[dict]:
     """Per-request records, JSON Lines (bench_stream ``--records``)."""
-    try:
-        lines = read_json_lines(path)
-    except FileNotFoundError:
-        raise UsageError(f"no such records file: {path}") from None
-    except OSError as e:
-        raise UsageError(f"cannot read records file {path}: {e.strerror}") from None
-    except BadLine as e:
-        raise UsageError(f"{path} line {e.line} is not valid JSON ({e.msg}); expected one request record a line") from None
     out = []
-    for n, rec in lines:
+    for n, rec in load_json_lines(path, "records file", "expected one request record a line"):
         if not isinstance(rec, dict):
             raise UsageError(f"{path} line {n} is not a JSON object; expected one request record a line")
         out.append(rec)
