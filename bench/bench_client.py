@@ -31,7 +31,7 @@ import requests
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from vkit.prom import parse  # noqa: E402
+from vkit.measure.prom import parse  # noqa: E402
 
 OUT = os.path.join(REPO, "bench", "results", "client.json")
 VLLM = os.path.join(os.environ.get("VKIT_VLLM_VENV") or os.path.join(REPO, ".venv-vllm"), "bin", "vllm")

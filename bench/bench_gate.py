@@ -13,7 +13,7 @@ Lognormal run-to-run noise σ = 2% (the seeds' figure). Rules compared on the sa
   at after every pair (2 … 20 pairs, interleaved ABBA), stopped at the first decision;
 - ``gate_seq_pooled``: the same with σ pooled from 16 earlier A/A runs: normal mixture.
 
-The sequential rules call gate's own vectorised rule (``vkit.gate.seq_bounds``,
+The sequential rules call gate's own vectorised rule (``vkit.decide.gate.seq_bounds``,
 ``call_primary``, ``Boundaries``, ``n_needed``) so the benchmark measures the shipped code.
 Settings: A/A, A/A with slow drift (0.5%/run), true gains of 3, 6 and 10% (and 6% with
 drift); the winner's curse (best of K = 8/16/32 equal candidates, 3 screening runs each,
@@ -40,9 +40,9 @@ from scipy import stats
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from vkit import drift as vdrift  # noqa: E402
-from vkit import gate as vgate  # noqa: E402
-from vkit import stats as vstats  # noqa: E402
+from vkit.decide import drift as vdrift  # noqa: E402
+from vkit.decide import gate as vgate  # noqa: E402
+from vkit.decide import stats as vstats  # noqa: E402
 
 RESULTS = os.path.join(ROOT, "bench", "results", "gate.json")
 SIGMA = 0.02

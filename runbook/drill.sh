@@ -31,7 +31,7 @@ say() { printf 'drill: %s\n' "$*" >&2; }
 stop_servers() {  # every server the drill's services recorded as running; never by name
     "$PY" - "$MAIN" "$CRASH" <<'PYEOF' >/dev/null 2>&1
 import os, sys
-from vkit import launcher
+from vkit.apply import launcher
 from vkit.state import StateFile
 for p in sys.argv[1:]:
     try:
@@ -62,7 +62,7 @@ TUNE=(--sandbox --concurrency 16 --input-len 256 --output-len 64 --num-prompts 1
 # search), so a candidate carries a fault through the same --set path as a real parameter.
 "$PY" -c '
 import json, sys
-from vkit.policy import Policy
+from vkit.apply.policy import Policy
 d = json.loads(json.dumps(Policy.load().data))
 for i, (p, t) in enumerate([("sim_fail_at_start", "bool"), ("sim_hang_health", "bool"), ("sim_crash_after", "int"),
                             ("sim_stall_stream_after", "int")]):
@@ -110,8 +110,8 @@ verify_rc() {  # post_start_verify on what the state says runs
 check_server() {  # check_server SNAP VERIFY_RC: on the kept configuration and serving, or ABNORMAL with its reason
     "$PY" - "$SNAP/$1.json" "$2" <<'PYEOF'
 import json, sys
-from vkit.launcher import alive
-from vkit.policy import to_serve_flags
+from vkit.apply.launcher import alive
+from vkit.apply.policy import to_serve_flags
 s, vrc = json.load(open(sys.argv[1])), int(sys.argv[2])
 run, kept, ab = s["service"].get("running") or {}, s["kept"]["config"], s.get("abnormal") or {}
 live = alive(run.get("pid"), run.get("ticks"))

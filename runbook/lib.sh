@@ -3,7 +3,7 @@
 stop_recorded_server() {  # stop_recorded_server STATE_FILE
     "$PY" - "$1" <<'PYEOF' >/dev/null 2>&1
 import sys
-from vkit import launcher
+from vkit.apply import launcher
 from vkit.state import StateFile
 try:
     launcher.stop(StateFile(sys.argv[1]).read()["service"].get("running"), grace_s=10)

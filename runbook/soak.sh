@@ -61,8 +61,8 @@ if os.path.exists(state):
 if st is None and not url:
     out(f"no state file {state} and no URL: give STATE=... (the tuned service) or URL=...", 4)
 if st is not None and (not url or url == st["service"]["url"].rstrip("/")):
-    from vkit.launcher import alive
-    from vkit.policy import to_serve_flags
+    from vkit.apply.launcher import alive
+    from vkit.apply.policy import to_serve_flags
     url = st["service"]["url"].rstrip("/")
     ab, lease = st.get("abnormal") or {}, st.get("lease")
     if ab.get("flag"):

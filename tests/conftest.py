@@ -38,3 +38,46 @@ def state_path(tmp_path):
 @pytest.fixture
 def repo():
     return REPO
+
+
+# -- test tiers ---------------------------------------------------------------------------------
+# unit: no process, no socket; e2e: starts processes (the simulator, scripts, bin/ tools); vllm:
+# real vLLM; peers: the peer tools against real vLLM; unmarked: in-process (a tool's main, a fake server on a thread). `make test-fast`
+# runs everything that is neither e2e nor vllm. A test that starts a process without the e2e
+# marker fails, so the fast tier stays fast. The host probes bench_stream's fingerprint and the
+# platform module run (nvidia-smi, npu-smi, rocm-smi, uname: milliseconds, skipped where absent)
+# do not count.
+HOST_PROBES = {"nvidia-smi", "npu-smi", "rocm-smi", "uname"}
+
+_SPAWNS: dict[str, list] = {}
+_NOW = {"test": None}
+
+
+def pytest_configure(config):
+    import subprocess
+
+    real_init = subprocess.Popen.__init__
+
+    def init(self, args, *a, **k):
+        real_init(self, args, *a, **k)  # only a process that started counts
+        prog = args[0] if isinstance(args, (list, tuple)) and args else args
+        if _NOW["test"] is not None and os.path.basename(str(prog)) not in HOST_PROBES:
+            _SPAWNS.setdefault(_NOW["test"], []).append(args)
+
+    subprocess.Popen.__init__ = init
+
+
+def pytest_runtest_logstart(nodeid, location):
+    _NOW["test"] = nodeid
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    if call.when != "teardown" or any(item.get_closest_marker(m) for m in ("e2e", "vllm", "peers")):
+        return
+    started = _SPAWNS.get(item.nodeid)
+    if started and rep.passed:
+        rep.outcome = "failed"
+        rep.longrepr = f"{item.nodeid} starts processes ({str(started[0])[:160]}) but is not marked e2e"

@@ -25,7 +25,7 @@ def sim_argv(port: int, *extra: str, model: str = "sim-8b") -> list[str]:
 def make_test_policy(tmp_path) -> str:
     """The shipped policy plus the simulator's fault flags as tunables, so tests can make a
     candidate fail through the same --set path a real parameter takes."""
-    from vkit.policy import Policy
+    from vkit.apply.policy import Policy
 
     data = json.loads(json.dumps(Policy.load().data))
     data["situational"] += [

@@ -9,7 +9,9 @@ import time
 
 import pytest
 
-from vkit import accel, fingerprint
+from vkit.measure import accel, fingerprint
+
+pytestmark = pytest.mark.e2e
 
 NPU_910B = """\
 +------------------------------------------------------------------------------------------------+

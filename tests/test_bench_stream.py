@@ -19,9 +19,9 @@ import pytest
 
 from tests.conftest import REPO, call
 from tests.fake_server import FakeServer
-from vkit.datasets import arrival_times, jsonl_requests, mixed_requests, random_requests
 from vkit.errors import UsageError
-from vkit.metrics import vllm_keys
+from vkit.measure.datasets import arrival_times, jsonl_requests, mixed_requests, random_requests
+from vkit.measure.summary import vllm_keys
 
 SMALL = ["--random-input-len", "8", "--random-output-len", "5", "-q"]
 
@@ -99,6 +99,7 @@ def test_no_stream_is_recorded_loudly_and_ttft_equals_e2el():
 
 
 @pytest.mark.parametrize("transport", ["loop", "threads"])
+@pytest.mark.e2e
 def test_sigint_writes_partial_summary_and_records(tmp_path, transport):
     rec = tmp_path / "r.jsonl"
     with FakeServer(token_delay=0.05) as s:
@@ -182,6 +183,7 @@ def test_api_key_from_env_is_never_written(monkeypatch):
     assert r.code == 2 and "VKIT_NOPE_UNSET" in r.err
 
 
+@pytest.mark.e2e
 def test_real_script_pipes_json(tmp_path):
     with FakeServer() as s:
         p = subprocess.run(
@@ -201,8 +203,8 @@ def test_loop_transport_on_https_is_a_usage_error_before_any_connection():
 def test_summary_of_a_run_interrupted_before_anything_ended():
     """A stop signal can land before the first request is sent (seen in a soak interrupted at a
     window's start): the summary says nothing completed, with zero throughput, and is partial."""
-    from vkit import bench
-    from vkit.datasets import Request
+    from vkit.measure import loadgen as bench
+    from vkit.measure.datasets import Request
 
     reqs = [Request(i, prompt=[1] * 8, input_len=8, output_len=4, ignore_eos=True) for i in range(4)]
     cfg = bench.BenchConfig(url="http://x", requests=reqs, max_concurrency=2)

@@ -60,6 +60,7 @@ def test_bad_flag_is_usage_error(tool):
 
 
 @pytest.mark.parametrize("tool", TOOLS)
+@pytest.mark.e2e
 def test_real_script_in_a_pipe(tool):
     # `tool --help | head -1` must end quietly (SIGPIPE default) from a plain checkout.
     p = subprocess.run(
@@ -68,6 +69,7 @@ def test_real_script_in_a_pipe(tool):
     assert p.returncode == 0 and p.stdout.startswith("usage:") and "Traceback" not in p.stderr
 
 
+@pytest.mark.e2e
 def test_state_smoke_pipe(tmp_path):
     st = str(tmp_path / "s.json")
     env = dict(os.environ, VKIT_STATE=st)
@@ -120,3 +122,23 @@ def test_state_default_from_env(tmp_path, monkeypatch):
     monkeypatch.setenv("VKIT_STATE", st)
     assert call("state", "init", "--url", "http://h:1", "--model", "m", "--", "x").code == 0
     assert os.path.exists(st)
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_main_takes_the_four_streams(tool):
+    import inspect
+
+    params = list(inspect.signature(importlib.import_module(f"vkit.cli.{tool}").main).parameters)
+    assert params == ["argv", "stdin", "stdout", "stderr"]
+
+
+def test_stdin_is_a_parameter(monkeypatch):
+    import io
+
+    from vkit.cli import check_invariants
+
+    text = open(os.path.join(REPO, "tests", "golden", "invariants", "aisbench_healthy.json"), encoding="utf-8").read()
+    monkeypatch.setattr(sys, "stdin", io.StringIO("not a report"))  # never read: the parameter is
+    out, err = io.StringIO(), io.StringIO()
+    code = check_invariants.main(["-", "--json"], stdin=io.StringIO(text), stdout=out, stderr=err)
+    assert code == 0 and json.loads(out.getvalue())["verdict"] == "valid", err.getvalue()

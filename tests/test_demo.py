@@ -9,9 +9,13 @@ import subprocess
 import sys
 import xml.etree.ElementTree as ET
 
+import pytest
+
 from tests.conftest import REPO
 from tests.sim_helpers import free_port
 from vkit.state import StateFile
+
+pytestmark = pytest.mark.e2e
 
 
 def test_demo_script_runs_the_staged_tune_steps_1_to_5(tmp_path):

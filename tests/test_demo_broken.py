@@ -12,6 +12,8 @@ import pytest
 from tests.conftest import REPO
 from tests.sim_helpers import free_port
 
+pytestmark = pytest.mark.e2e
+
 
 def _check(verdict: dict, cid: str) -> dict:
     return next(c for c in verdict["checks"] if c["id"] == cid)

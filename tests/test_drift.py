@@ -11,8 +11,10 @@ import numpy as np
 import pytest
 
 from tests.conftest import REPO, call
-from vkit import drift as vd
+from vkit.decide import drift as vd
 from vkit.state import StateFile, new_state
+
+pytestmark = pytest.mark.unit
 
 G = os.path.join(REPO, "tests", "golden", "gate")
 

@@ -11,6 +11,8 @@ import pytest
 
 from tests.conftest import REPO
 
+pytestmark = pytest.mark.e2e
+
 FAULTS = {"start_failure", "crash_mid_benchmark", "stalled_stream", "health_hang", "kill9_resume", "lease_held"}
 
 

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from tests.conftest import REPO, call
-from vkit import gate as vg
+from vkit.decide import gate as vg
 from vkit.errors import InvalidData, UsageError
 from vkit.state import StateFile, new_state
 
@@ -316,6 +316,7 @@ def test_state_sigma_and_change_date(tmp_path):
     assert r.code == 3 and "change point" in r.err
 
 
+@pytest.mark.e2e
 def test_real_script_in_a_pipe():
     cmd = (f"'{sys.executable}' bin/gate -q --baseline {' '.join(runs('aa_b', 6))} --candidate {' '.join(runs('gain_c', 6))}"
            f" | '{sys.executable}' -c 'import json,sys; print(json.load(sys.stdin)[\"decision\"])'")
@@ -324,7 +325,7 @@ def test_real_script_in_a_pipe():
 
 
 def _policy(tmp_path, monkeypatch, edit) -> None:
-    from vkit.policy import DEFAULT_POLICY
+    from vkit.apply.policy import DEFAULT_POLICY
 
     data = json.load(open(DEFAULT_POLICY))
     edit(data)
@@ -354,3 +355,15 @@ def test_gate_refuses_when_a_must_run_check_of_the_policy_was_not_run(tmp_path, 
     assert "must-run check soak" in r.err and "rule R9" in r.err
     r, d = gate("--ran", "soak", "--baseline", *runs("aa_b", 6), "--candidate", *runs("gain_c", 6))
     assert r.code == 0 and d["must_run"]["declared"] == ["soak"]
+
+
+def test_one_percentage_parser():
+    from vkit.cli._common import fraction_arg
+    from vkit.decide.percent import parse_fraction
+
+    assert parse_fraction("3%", "--floor") == pytest.approx(0.03) and parse_fraction(" 0.2 ", "x") == 0.2
+    with pytest.raises(UsageError, match="between 0 and 100%"):
+        parse_fraction("150%", "--sigma")
+    assert parse_fraction("0", "--floor", open_unit=False) == 0.0
+    assert fraction_arg(open_unit=False)("0.7") == 0.7
+    assert vg.parse_metric("p95_ttft_ms:-:5%", "guard").tolerance == parse_fraction("5%", "t")

@@ -14,8 +14,10 @@ import pytest
 
 from tests.conftest import REPO, call
 from tests.sim_helpers import free_port, make_test_policy, sim_argv
-from vkit import launcher
+from vkit.apply import launcher
 from vkit.state import StateFile
+
+pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture
@@ -276,8 +278,8 @@ def test_post_start_verify_reads_accelerator_memory_from_npu_smi(env, tmp_path, 
 def test_keep_requires_the_policy_post_start_check(env):
     """Rule R1 (post_start_verify after every restart), read from the policy: a candidate whose record
     lacks the passed check cannot become the rollback target."""
+    from vkit.apply.lifecycle import Lifecycle
     from vkit.errors import MustRunMissing
-    from vkit.lifecycle import Lifecycle
 
     assert rwr("--set", "max_num_seqs=64").code == 0
     assert env["sf"].read()["candidate"]["checks"] == ["post_start_verify"]

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from vkit.loopclient import LoopClient
+from vkit.measure.loopclient import LoopClient
 
 
 def _events(n: int) -> bytes:
@@ -181,7 +181,7 @@ def test_https_is_refused_with_a_clear_message():
 
 
 def test_sse_fast_path_agrees_with_the_full_parse():
-    from vkit.client import Result, SSEState
+    from vkit.measure.client import Result, SSEState
 
     def stream(sep: tuple) -> bytes:
         out = b""

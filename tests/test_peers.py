@@ -35,8 +35,8 @@ import pytest
 
 from tests.conftest import REPO, call
 from vkit.errors import ExitCode
-from vkit.formats import detect, load_report
-from vkit.invariants import Thresholds, evaluate
+from vkit.validate.formats import detect, load_report
+from vkit.validate.invariants import Thresholds, evaluate
 
 FIXTURES = os.path.join(REPO, "tests", "fixtures", "peers")
 REPORT = {"guidellm": "benchmarks.json", "aiperf": "profile_export_aiperf.json", "vllm-bench": "vllm_bench.json"}

@@ -8,8 +8,11 @@ import os
 import pytest
 
 from tests.conftest import REPO, call
+from vkit.apply.policy import Policy, parse_assignments, render_table, splice_table, to_serve_flags
+from vkit.cli._common import load_policy
 from vkit.errors import MustRunMissing, PolicyRefusal, UsageError
-from vkit.policy import Policy, parse_assignments, render_table, splice_table, to_serve_flags
+
+pytestmark = pytest.mark.unit
 
 
 @pytest.fixture
@@ -97,10 +100,10 @@ def test_site_policy_from_env(tmp_path, monkeypatch, policy):
     p.write_text(json.dumps(data))
     monkeypatch.setenv("VKIT_POLICY", str(p))
     with pytest.raises(PolicyRefusal, match="F99"):
-        Policy.load().check_change({"max_num_seqs": 8})
+        load_policy().check_change({"max_num_seqs": 8})
     p.write_text("{broken")
     with pytest.raises(UsageError, match="not valid JSON"):
-        Policy.load()
+        load_policy()
 
 
 def test_state_policy_command_prints_the_table():
@@ -108,3 +111,15 @@ def test_state_policy_command_prints_the_table():
     assert r.code == 0 and r.out == render_table(Policy.load())
     r = call("state", "policy", "--json")
     assert json.loads(r.out)["forbidden"][0]["id"] == "F1"
+
+
+def test_one_config_value_comparison():
+    from vkit.apply import verify
+    from vkit.apply.policy import TRUE, same_value
+    from vkit.validate import invariants
+
+    assert same_value(True, "1") and same_value("on", True) and same_value(False, "0") and same_value(0.9, "0.9")
+    assert same_value(16, "16.0") and same_value("FP8", "fp8") and same_value(None, "none")
+    assert not same_value(True, "0") and not same_value(64, "65") and not same_value("auto", "fp8")
+    assert invariants.same_value is same_value and verify.same_value is same_value
+    assert Policy.load().coerce("enable_prefix_caching", "1") is True and "1" in TRUE

@@ -12,7 +12,9 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from vkit import report
+from vkit.report import render as report
+
+pytestmark = pytest.mark.unit
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SAMPLE = os.path.join(HERE, "golden", "report", "sample_result.json")
@@ -391,9 +393,11 @@ def test_odd_values_never_crash(sample):
             for k in path[:-1]:
                 node = node[k]
             node[path[-1]] = odd
-            parse(report.render_html(doc))
-            report.render_markdown(doc)
-            report.render_terminal(doc, width=50, color=True)
+            root = parse(report.render_html(doc))
+            assert local(root.tag) == "html" and root.find("body") is not None, path
+            md, term = report.render_markdown(doc), report.render_terminal(doc, width=50, color=True)
+            assert md.startswith("# ") and md.endswith("Plots: see report.html.\n"), path
+            assert term.endswith("\n") and len(term.splitlines()) > 5, path
 
 
 def test_full_bench_summaries_show_the_key_metrics_only(sample):
@@ -409,7 +413,7 @@ def test_full_bench_summaries_show_the_key_metrics_only(sample):
 
 
 def test_confirmation_text_says_how_each_member_was_confirmed():
-    from vkit.report import confirmation_text
+    from vkit.report.render import confirmation_text
 
     acc = {"confirmed": True, "confirmation": {"decision": "accept", "claim": "p95_ttft_ms:-",
                                                "vs_kept": {"output_throughput": -0.004, "p95_ttft_ms": -0.126}}}

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from scipy import optimize, stats
 
+from vkit.apply.policy import Policy
 from vkit.errors import UsageError
-from vkit.policy import Policy
 from vkit.search import (
     GP,
     Objective,
@@ -41,6 +41,8 @@ from vkit.search import (
     replay_mismatches,
     space_from_policy,
 )
+
+pytestmark = pytest.mark.unit
 
 OBJ = [Objective("goodput", "max"), Objective("p95_ttft_ms", "min")]
 SPACE = [

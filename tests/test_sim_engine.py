@@ -14,6 +14,8 @@ from vkit.sim.metrics import build_1_2_5_buckets, go_float
 from vkit.sim.profiles import GPUS, MODELS, get_gpu, get_model
 from vkit.sim.tokenizer import OUTPUT_WORDS, Tokenizer, render_chat
 
+pytestmark = pytest.mark.unit
+
 
 def distinct_prompts(n: int, length: int, salt: int = 0) -> list[list[int]]:
     return [[256 + (k * 7919 + salt * 104729 + i) % 30000 for i in range(length)] for k in range(n)]

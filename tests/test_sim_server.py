@@ -16,8 +16,8 @@ import requests
 
 from tests.conftest import call
 from tests.sim_fixtures import SIM_BIN, SimProcess, free_port, sse_events, sse_json
-from vkit import prom
-from vkit.sim.metrics import ITL_BUCKETS, REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS, parse_prometheus_text
+from vkit.measure import prom
+from vkit.sim.metrics import ITL_BUCKETS, REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS
 
 FAST = ("--sim-speed", "20", "--max-model-len", "4096", "--sim-output-len-mean", "4")
 
@@ -35,6 +35,7 @@ def post(sim, path, body, **kw):
 
 # -- plain endpoints ----------------------------------------------------------------------------
 
+@pytest.mark.e2e
 def test_health_ping_version_models(sim):
     r = requests.get(sim.url + "/health", timeout=5)
     assert r.status_code == 200 and r.content == b""
@@ -53,6 +54,7 @@ def test_health_ping_version_models(sim):
 
 # -- completions ----------------------------------------------------------------------------------
 
+@pytest.mark.e2e
 def test_completion_defaults_to_16_tokens_and_token_id_prompts_are_exact(sim):
     r = post(sim, "/v1/completions", {"model": "sim-model", "prompt": "Hello world", "ignore_eos": True})
     assert r.status_code == 200
@@ -65,6 +67,7 @@ def test_completion_defaults_to_16_tokens_and_token_id_prompts_are_exact(sim):
     assert d["usage"] == {"prompt_tokens": 77, "total_tokens": 80, "completion_tokens": 3, "prompt_tokens_details": None}
 
 
+@pytest.mark.e2e
 def test_streaming_completion_sse_framing_and_usage_chunk(sim):
     r = post(sim, "/v1/completions", {"prompt": "a b c", "max_tokens": 7, "ignore_eos": True, "stream": True,
                                       "stream_options": {"include_usage": True}})
@@ -84,6 +87,7 @@ def test_streaming_completion_sse_framing_and_usage_chunk(sim):
     assert len(Tokenizer(128256).encode(text)) == 7
 
 
+@pytest.mark.e2e
 def test_streaming_chat_role_first_then_content_then_done(sim):
     r = post(sim, "/v1/chat/completions", {"model": "sim-model", "messages": [{"role": "user", "content": "hi"}],
                                            "max_tokens": 4, "ignore_eos": True, "stream": True})
@@ -96,6 +100,7 @@ def test_streaming_chat_role_first_then_content_then_done(sim):
     assert all(c["choices"][0]["finish_reason"] is None for c in chunks[:-1])
 
 
+@pytest.mark.e2e
 def test_continuous_usage_stats_on_every_chunk(sim):
     r = post(sim, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3,
                                            "ignore_eos": True, "stream": True,
@@ -105,6 +110,7 @@ def test_continuous_usage_stats_on_every_chunk(sim):
     assert [c["usage"]["completion_tokens"] for c in chunks] == [0, 1, 2, 3, 3]
 
 
+@pytest.mark.e2e
 def test_non_streaming_chat(sim):
     d = post(sim, "/v1/chat/completions", {"messages": [{"role": "system", "content": "be brief"},
                                                         {"role": "user", "content": [{"type": "text", "text": "hi"}]}],
@@ -113,6 +119,7 @@ def test_non_streaming_chat(sim):
     assert d["usage"]["completion_tokens"] == 5 and d["choices"][0]["finish_reason"] == "length"
 
 
+@pytest.mark.e2e
 def test_without_ignore_eos_the_model_stops_and_min_tokens_holds(sim):
     d = post(sim, "/v1/completions", {"prompt": "tell me", "max_tokens": 500}).json()
     assert d["choices"][0]["finish_reason"] == "stop" and 1 <= d["usage"]["completion_tokens"] <= 8
@@ -120,6 +127,7 @@ def test_without_ignore_eos_the_model_stops_and_min_tokens_holds(sim):
     assert d["choices"][0]["finish_reason"] == "stop" and d["usage"]["completion_tokens"] == 20
 
 
+@pytest.mark.e2e
 def test_keep_alive_serves_many_requests_on_one_connection(sim):
     with requests.Session() as s:
         for _ in range(5):
@@ -130,6 +138,7 @@ def test_keep_alive_serves_many_requests_on_one_connection(sim):
 
 # -- error bodies -----------------------------------------------------------------------------------
 
+@pytest.mark.e2e
 def test_error_bodies_match_vllm(sim):
     r = post(sim, "/v1/completions", {"model": "nope", "prompt": "x"})
     assert r.status_code == 404
@@ -153,15 +162,14 @@ def test_error_bodies_match_vllm(sim):
 
 # -- /metrics -----------------------------------------------------------------------------------------
 
-def _value(fams, family, sample, **labels):
-    for name, lab, v in fams[family]["samples"]:
-        if name == sample and all(lab.get(k) == val for k, val in labels.items()):
-            return v
+def _value(m, family, sample, **labels):
+    for _lab, v in m.get(sample, **labels):
+        return v
     raise KeyError((family, sample, labels))
 
 
 # The Prometheus text exposition format (0.0.4), written out independently of both the simulator's
-# writer (vkit/sim/metrics.py) and vkit's client-side parser (vkit/prom.py), so a format error in
+# writer (vkit/sim/metrics.py) and vkit's client-side parser (vkit/measure/prom.py), so a format error in
 # either cannot hide behind the other.
 _NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
 _LABEL_NAME = r"[a-zA-Z_][a-zA-Z0-9_]*"
@@ -272,6 +280,7 @@ def test_exposition_checker_catches_format_errors(bad, why):
         check_exposition(bad)
 
 
+@pytest.mark.e2e
 def test_metrics_are_consistent_with_the_requests_served():
     with SimProcess(*FAST) as sim:
         prompts = [list(range(300, 310)), list(range(400, 420)), list(range(500, 530))]
@@ -337,6 +346,7 @@ def test_metrics_are_consistent_with_the_requests_served():
     assert e2e_sum > hist("vllm:time_to_first_token_seconds")[2] > 0
 
 
+@pytest.mark.e2e
 def test_client_disconnect_aborts_the_request():
     with SimProcess("--sim-speed", "1", "--max-model-len", "4096") as sim:
         r = requests.post(sim.url + "/v1/completions", json={"prompt": "x", "max_tokens": 3000, "ignore_eos": True,
@@ -346,7 +356,7 @@ def test_client_disconnect_aborts_the_request():
         r.close()
         deadline = time.time() + 5
         while time.time() < deadline:
-            fams = parse_prometheus_text(requests.get(sim.url + "/metrics", timeout=5).text)
+            fams = prom.parse(requests.get(sim.url + "/metrics", timeout=5).text)
             if _value(fams, "vllm:request_success_total", "vllm:request_success_total", finished_reason="abort") == 1:
                 break
             time.sleep(0.05)
@@ -356,6 +366,7 @@ def test_client_disconnect_aborts_the_request():
 
 # -- lifecycle and logs ---------------------------------------------------------------------------------
 
+@pytest.mark.e2e
 def test_connection_refused_while_loading_then_ready_and_sigterm_exits_0():
     sim = SimProcess("--sim-startup-s", "1.5", "--max-model-len", "2k", wait=False)
     try:
@@ -377,6 +388,7 @@ def test_connection_refused_while_loading_then_ready_and_sigterm_exits_0():
     assert "Chunked prefill is enabled with max_num_batched_tokens=8192." in out
 
 
+@pytest.mark.e2e
 def test_periodic_stats_line_reports_wall_clock_throughput():
     with SimProcess("--sim-speed", "2", "--sim-stats-interval-s", "0.5", "--max-model-len", "4096") as sim:
         post(sim, "/v1/completions", {"prompt": list(range(300, 400)), "max_tokens": 50, "ignore_eos": True})
@@ -434,6 +446,7 @@ def test_bad_values_are_usage_errors():
 
 
 
+@pytest.mark.e2e
 def test_data_parallel_size_1_is_accepted_and_more_is_refused():
     from vkit.cli.sim_server import build_parser, normalize_argv
     assert build_parser().parse_args(["m"]).data_parallel_size == 1  # vLLM's default
@@ -465,6 +478,7 @@ def test_port_in_use_exit_1():
     assert r.code == 1 and "OSError: [Errno 98] Address already in use" in r.err
 
 
+@pytest.mark.e2e
 def test_bin_smoke_startup_failure_as_a_real_process():
     p = subprocess.run([sys.executable, SIM_BIN, "m", "--port", str(free_port()), "--sim-startup-s", "0",
                         "--sim-model", "qwen2.5-0.5b", "--max-model-len", "64k"], capture_output=True, text=True, timeout=60)
@@ -474,6 +488,7 @@ def test_bin_smoke_startup_failure_as_a_real_process():
 
 # -- faults ------------------------------------------------------------------------------------------
 
+@pytest.mark.e2e
 def test_fail_at_start():
     sim = SimProcess("--sim-fail-at-start", "--sim-startup-s", "0.2", wait=False)
     code = sim.proc.wait(timeout=20)
@@ -483,6 +498,7 @@ def test_fail_at_start():
     assert "RuntimeError: Engine core initialization failed." in err
 
 
+@pytest.mark.e2e
 def test_crash_after_n_requests():
     with SimProcess("--sim-speed", "1", "--sim-crash-after", "1", "--max-model-len", "4096") as sim:
         first = {}
@@ -507,6 +523,7 @@ def test_crash_after_n_requests():
     assert code == 1 and "EngineDeadError" in out
 
 
+@pytest.mark.e2e
 def test_hang_health_and_error_rate():
     with SimProcess("--sim-hang-health", "--sim-error-rate", "1", "--sim-startup-s", "0", wait=False) as sim:
         deadline = time.time() + 15
@@ -522,6 +539,7 @@ def test_hang_health_and_error_rate():
         assert r.status_code == 500 and r.json()["error"]["type"] == "InternalServerError"
 
 
+@pytest.mark.e2e
 def test_stalled_stream_goes_silent():
     with SimProcess(*FAST, "--sim-stall-stream-after", "3") as sim:
         r = requests.post(sim.url + "/v1/completions", json={"prompt": "x", "max_tokens": 10, "ignore_eos": True,
@@ -535,7 +553,7 @@ def test_stalled_stream_goes_silent():
 
 
 def test_prom_parser_label_escapes_in_one_pass():
-    from vkit import prom
+    from vkit.measure import prom
 
     m = prom.parse('x{a="p\\\\nq",b="say \\"hi\\"",c="l1\\nl2"} 1\n')
     (labels, v), = m.samples["x"]

@@ -19,6 +19,8 @@ import requests
 from tests.conftest import REPO
 from tests.sim_helpers import free_port
 
+pytestmark = pytest.mark.e2e
+
 K = 12
 WORKLOAD = ["--random-input-len", "256", "--random-output-len", "64", "--max-concurrency", "16", "--num-prompts", "400"]
 SUMMARY_KEYS = {"duration", "completed", "failed", "num_prompts", "output_throughput", "request_throughput",

@@ -104,6 +104,7 @@ while True:
 """
 
 
+@pytest.mark.e2e
 def test_writer_killed_mid_write_leaves_a_readable_state(state_path):
     _init(state_path)
     for delay in (0.15, 0.3, 0.45, 0.6):
@@ -195,6 +196,7 @@ def test_cli_write_failure_exit_4(state_path, monkeypatch):
     assert open(state_path).read() == before
 
 
+@pytest.mark.e2e
 def test_lease_contention_expiry_and_stale_pid(state_path):
     sf = _init(state_path)
     sf.acquire_lease("run-A", ttl_s=60)

@@ -1,4 +1,4 @@
-"""Known answers for vkit.stats: sample sizes, confidence-sequence widths and coverage, FDR."""
+"""Known answers for vkit.decide.stats: sample sizes, confidence-sequence widths and coverage, FDR."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from vkit import stats as st
+from vkit.decide import stats as st
+
+pytestmark = pytest.mark.unit
 
 
 def test_sample_size_normal_known_answer():

@@ -15,8 +15,10 @@ import pytest
 
 from tests.conftest import REPO, call
 from tests.sim_helpers import free_port
-from vkit import launcher
+from vkit.apply import launcher
 from vkit.state import StateFile
+
+pytestmark = pytest.mark.e2e
 
 FAST = ["--sandbox", "--concurrency", "16", "--input-len", "256", "--output-len", "64", "--num-prompts", "100",
         "--baseline-repeats", "3", "--screen-repeats", "1", "--confirm-blocks", "1", "--ready-timeout", "30",
@@ -160,7 +162,7 @@ def test_bo_mode_and_replay_of_its_proposals(svc):
     assert r.code == 0, r.err[-3000:]
     st = svc["sf"].read()
     bo = [t for t in st["trials"] if t["step"] == "bo"]
-    assert 1 <= len(bo) <= 4
+    assert len(bo) == 4  # the budget: the lattice holds many more points than 4
     assert len({json.dumps(t["config"], sort_keys=True) for t in bo}) == len(bo)  # never the same config twice
     log = os.path.join(os.path.dirname(svc["state"]), "decisions.jsonl")
     r = call("sweep", "--replay", log)
@@ -179,7 +181,7 @@ def test_bo_mode_and_replay_of_its_proposals(svc):
 
 
 def test_knowledge_base_matches_only_the_same_environment(tmp_path):
-    from vkit import knowledge
+    from vkit.tune import knowledge
 
     kb = str(tmp_path / "kb.jsonl")
     key = {"accelerator": {"kind": "nvidia", "model": "H200", "count": 8, "driver": "570"}, "server_version": "0.11.0",
@@ -214,7 +216,7 @@ def test_ablate_names_the_switch_that_paid(svc):
 
 
 def test_only_a_busy_client_earns_a_remeasure():
-    from vkit.runner import Runner
+    from vkit.tune.runner import Runner
 
     assert Runner.transient({"client_saturation"})
     assert Runner.transient({"client_saturation", "littles_law", "phase_order", "client_server_ttft_gap"})  # seen in CI
@@ -259,7 +261,7 @@ def test_drift_between_trials_is_detected_and_the_baseline_remeasured(svc):
     from vkit.cli import _tuneargs as ta
     from vkit.cli._common import IO
     from vkit.cli.tune import _drift
-    from vkit.runner import Runner, Settings, lease_env
+    from vkit.tune.runner import Runner, Settings
 
     # drift counted from now: every restart (each sentinel is a fresh start) sees the machine as slow as it has become
     init(svc, "max_num_seqs=16", extra=("--sim-drift", "4", "--sim-drift-since", f"{time.time():.0f}", "--sim-noise", "0.005"))
@@ -269,7 +271,7 @@ def test_drift_between_trials_is_detected_and_the_baseline_remeasured(svc):
     main, _ = ta.workloads(ns, "sim-8b")  # the workload exactly as tune builds it
     runner = Runner(sf, Settings(workload=main, baseline_repeats=4, ready_timeout_s=30), lambda m: None, tool_name="tune")
     io = IO(prog="tune", out=_io.StringIO(), err=_io.StringIO(), verbosity=0)
-    with sf.lease(runner.owner, 600, "tune"), lease_env(runner.owner):
+    with sf.lease(runner.owner, 600, "tune"):
         first = runner.baseline()
         for _ in range(16):
             _drift(runner, io)

@@ -27,6 +27,7 @@ from typing import Any, Iterator
 
 from vkit import __version__
 from vkit.errors import LeaseHeld, StateCorrupt, StateMissing, StateWriteError, UsageError
+from vkit.jsonio import read_json_lines
 
 SCHEMA_VERSION = 1
 
@@ -296,6 +297,67 @@ class StateFile:
                     self.release_lease(owner)
 
 
+    # -- what the tools record (their keys are written here, nowhere in vkit.cli) -------------
+    def clear_abnormal(self, tool: str, reason: str) -> tuple[dict | None, str | None]:
+        """A human clears ABNORMAL (logged): (the flag it held, the decision id), (None, None) when it was not set."""
+        with self.transaction() as st:
+            ab = st.get("abnormal") or {}
+            if not ab.get("flag"):
+                return None, None
+            did = self.log.append(tool, "abnormal_cleared", previous=ab, reason=reason, by="human")
+            st["abnormal"] = {"flag": False, "reason": None, "since": None, "cleared_by": did}
+            st["start_failures"] = 0
+            return ab, did
+
+    def break_lease(self, tool: str, reason: str | None) -> tuple[dict | None, str | None, str | None]:
+        """A human breaks the lease (logged): (the lease, why it looked stale or None if live, the decision id)."""
+        with self.transaction() as st:
+            lease = st.get("lease")
+            if not lease:
+                return None, None, None
+            stale = lease_staleness(lease)
+            did = self.log.append(tool, "lease_broken", previous=lease, reason=reason or stale or "broken by a human", by="human")
+            st["lease"] = None
+            return lease, stale, did
+
+    def record_trial_verdict(self, trial_id: str, verdict: str, gate: dict) -> None:
+        """gate --record: the verdict and its summary into trial ``trial_id``."""
+        with self.transaction() as st:
+            for t in st.get("trials") or []:
+                if isinstance(t, dict) and str(t.get("id")) == str(trial_id):
+                    t["verdict"] = verdict
+                    t["gate"] = gate
+
+    def record_drift(self, result: dict) -> None:
+        """drift --record: the result gate reads (``drift.change_date``)."""
+        with self.transaction() as st:
+            # A change restarts the kept configuration's series (as tune's sentinel does); otherwise its start stays.
+            reset = now_iso() if result.get("changed") else (st.get("drift") or {}).get("reset")
+            st["drift"] = dict(result, reset=reset)
+
+    TUNE_RUN_KEYS = ("tune", "steps", "baseline", "baseline_mixed", "confirmations", "trials", "drift_checks")
+
+    def start_tune_run(self, cfg: dict, archive: bool) -> None:
+        """A new tuning run: with ``archive``, the previous run's records move to ``archive`` first."""
+        if archive:
+            with self.transaction() as st:
+                st.setdefault("archive", []).append({k: st.get(k) for k in self.TUNE_RUN_KEYS})
+                for k in ("steps", "baseline", "baseline_mixed", "confirmations", "drift_checks"):
+                    st.pop(k, None)
+                st["trials"] = []
+        with self.transaction() as st:
+            st["tune"] = cfg
+
+    def update_tune_run(self, **fields: Any) -> None:
+        """Facts of the tuning run under way (``tune``): knowledge base, report, finished."""
+        with self.transaction() as st:
+            st["tune"].update(fields)
+
+    def set_machine_state(self, state: str) -> None:
+        with self.transaction() as st:
+            st["machine_state"] = state
+
+
 def make_lease(owner: str, ttl_s: float) -> dict:
     t = time.time()
     return {"owner": owner, "pid": os.getpid(), "host": socket.gethostname(), "acquired": t, "expires": t + ttl_s}
@@ -323,8 +385,8 @@ def lease_staleness(lease: dict, now: float | None = None) -> str | None:
 
 
 def default_owner(tool: str) -> str:
-    """``$VKIT_LEASE_OWNER`` when a parent run hands its lease down, else this process."""
-    return os.environ.get("VKIT_LEASE_OWNER") or f"{tool}@{socket.gethostname()}:{os.getpid()}"
+    """The lease owner of this process running ``tool``."""
+    return f"{tool}@{socket.gethostname()}:{os.getpid()}"
 
 
 class DecisionLog:
@@ -332,7 +394,7 @@ class DecisionLog:
 
     Lines are written with a single ``write`` on an ``O_APPEND`` descriptor under an
     flock, so concurrent tools never interleave. A truncated last line (a writer
-    killed mid-line) is skipped when reading.
+    killed mid-line) is skipped when reading, as by every JSON Lines reader (``vkit.jsonio``).
     """
 
     def __init__(self, path: str):
@@ -366,14 +428,8 @@ class DecisionLog:
         return did
 
     def read(self) -> list[dict]:
-        out: list[dict] = []
+        """Every event, oldest first (``vkit.jsonio``'s rule for a torn last line; a damaged line is skipped)."""
         try:
-            with open(self.path, encoding="utf-8") as f:
-                for line in f:
-                    if not line.endswith("\n"):
-                        break  # torn last line
-                    with contextlib.suppress(json.JSONDecodeError):
-                        out.append(json.loads(line))
+            return [v for _, v in read_json_lines(self.path, skip_bad=True)]
         except FileNotFoundError:
-            pass
-        return out
+            return []

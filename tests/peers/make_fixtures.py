@@ -36,7 +36,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-from vkit.server import Server, delta  # noqa: E402
+from vkit.measure.serverapi import Server, delta  # noqa: E402
 
 VLLM_VENV = os.environ.get("VKIT_VLLM_VENV") or os.path.join(REPO, ".venv-vllm")
 PEERS_VENV = os.environ.get("VKIT_PEERS_VENV") or os.path.join(REPO, ".venv-peers")

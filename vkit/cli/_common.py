@@ -13,8 +13,8 @@ A tool module looks like::
         io.emit_json(result)
         return ExitCode.OK
 
-    def main(argv=None, stdout=None, stderr=None):
-        return run(build_parser(), _run, argv, stdout, stderr)
+    def main(argv=None, stdin=None, stdout=None, stderr=None):
+        return run(build_parser(), _run, argv, stdout, stderr, stdin)
 """
 
 from __future__ import annotations
@@ -26,12 +26,17 @@ import json
 import os
 import signal
 import sys
+import threading
 import traceback
-from dataclasses import dataclass
-from typing import Any, Callable, Iterable, TextIO
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Iterator, TextIO
 
 from vkit import __version__
-from vkit.errors import EXIT_CODE_HELP, ExitCode, VkitError
+from vkit.apply.policy import Policy
+from vkit.decide.percent import parse_fraction
+from vkit.errors import EXIT_CODE_HELP, ExitCode, UsageError, VkitError
+from vkit.interrupts import Interrupts
+from vkit.state import default_owner
 
 DEFAULT_STATE = os.path.join("vkit-state", "vkit.json")
 
@@ -39,6 +44,24 @@ DEFAULT_STATE = os.path.join("vkit-state", "vkit.json")
 def default_state_path() -> str:
     """``$VKIT_STATE`` if set, else ``./vkit-state/vkit.json``."""
     return os.environ.get("VKIT_STATE") or DEFAULT_STATE
+
+
+# The environment is read here, in the CLI layer, and what it says is passed down to the library.
+def lease_owner(tool: str) -> str:
+    """``$VKIT_LEASE_OWNER`` when a parent run hands its lease down, else this process."""
+    return os.environ.get("VKIT_LEASE_OWNER") or default_owner(tool)
+
+
+def load_policy() -> Policy:
+    """The parameter policy: ``$VKIT_POLICY`` (a site's copy) if set, else the packaged table."""
+    return Policy.load(os.environ.get("VKIT_POLICY") or None)
+
+
+def kb_path(state_dir: str) -> str:
+    """The knowledge base: ``$VKIT_KB`` if set, else ``knowledge.jsonl`` beside the state file."""
+    from vkit.tune import knowledge
+
+    return os.environ.get("VKIT_KB") or knowledge.default_path(state_dir)
 
 
 def parent_parser(for_subcommand: bool = False) -> argparse.ArgumentParser:
@@ -98,6 +121,19 @@ def int_at_least(lo: int) -> Callable[[str], int]:
     return conv
 
 
+def fraction_arg(open_unit: bool = True) -> Callable[[str], float]:
+    """An argparse type: a number or a percentage (``vkit.decide.percent``), said as argparse says it."""
+
+    def conv(text: str) -> float:
+        try:
+            return parse_fraction(text, "value", open_unit)
+        except UsageError as e:
+            raise argparse.ArgumentTypeError(str(e).split(": ", 1)[1]) from None
+
+    conv.__name__ = "fraction"
+    return conv
+
+
 def _epilog(examples: Iterable[str], exit_notes: dict[int, str] | None = None) -> str:
     ex = list(examples)
     head = ("Examples:\n" + "\n".join(f"  {e}" for e in ex) + "\n\n") if ex else ""
@@ -142,6 +178,8 @@ class IO:
     err: TextIO
     verbosity: int = 1  # 0 quiet, 1 normal, 2+ verbose
     json: bool = False
+    stdin: TextIO | None = None
+    interrupts: Interrupts = field(default_factory=Interrupts)
 
     def emit_json(self, obj: Any) -> None:
         self.out.write(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
@@ -182,8 +220,34 @@ def _one_line(msg: str) -> str:
     return " ".join(str(msg).split())
 
 
-def _on_sigterm(signum, frame):  # noqa: ARG001
-    raise KeyboardInterrupt("SIGTERM")
+@contextlib.contextmanager
+def signals(interrupts: Interrupts, real: bool) -> Iterator[None]:
+    """The one place a tool sets signal handlers. A real process gets SIGPIPE back to the
+    default, so ``tool | head`` ends quietly. SIGINT and SIGTERM go to ``interrupts``: outside a
+    section that finishes safely both are the clean interrupt of Ctrl-C (exit 130), inside one
+    the section is told and ends what it started (vkit.interrupts)."""
+    if real and hasattr(signal, "SIGPIPE"):
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    old = {}
+    if threading.current_thread() is threading.main_thread():
+        def on_signal(signum, frame):  # noqa: ARG001
+            interrupts.notify("SIGTERM" if signum == signal.SIGTERM else "")
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            old[sig] = signal.signal(sig, on_signal)
+    try:
+        yield
+    finally:
+        for sig, h in old.items():
+            signal.signal(sig, h)
+
+
+def loop_signals(loop, stop: Callable[[], None]) -> None:
+    """``signals`` for a tool that runs an asyncio loop (sim_server): SIGTERM and SIGINT call
+    ``stop`` from the loop itself, so a stop is seen at once whichever thread the signal hits."""
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.add_signal_handler(sig, stop)
 
 
 def run(
@@ -192,18 +256,18 @@ def run(
     argv: list[str] | None = None,
     stdout: TextIO | None = None,
     stderr: TextIO | None = None,
+    stdin: TextIO | None = None,
 ) -> int:
     """Parse ``argv``, call ``body(args, io)``, map every outcome to an exit code.
 
-    When called as a real process (``stdout`` is None) SIGPIPE is restored to the
-    default, so ``tool | head`` ends quietly, and SIGTERM is turned into the same
-    clean interrupt as Ctrl-C so that tools can restore what they changed.
+    Signals while the tool runs: see ``signals``.
     """
-    real = stdout is None
-    if real:
-        if hasattr(signal, "SIGPIPE"):
-            signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-        signal.signal(signal.SIGTERM, _on_sigterm)
+    interrupts = Interrupts()
+    with signals(interrupts, real=stdout is None):
+        return _run_body(parser, body, argv, stdout, stderr, stdin, interrupts)
+
+
+def _run_body(parser, body, argv, stdout, stderr, stdin, interrupts: Interrupts) -> int:
     out = stdout if stdout is not None else sys.stdout
     err = stderr if stderr is not None else sys.stderr
     prog = parser.prog
@@ -214,7 +278,8 @@ def run(
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else ExitCode.USAGE)
         return int(code)
     verbosity = 0 if getattr(args, "quiet", False) else 1 + getattr(args, "verbose", 0)
-    tio = IO(prog=prog, out=out, err=err, verbosity=verbosity, json=getattr(args, "json", False))
+    tio = IO(prog=prog, out=out, err=err, verbosity=verbosity, json=getattr(args, "json", False),
+             stdin=stdin if stdin is not None else sys.stdin, interrupts=interrupts)
     show_tb = getattr(args, "traceback", False)
     try:
         rc = body(args, tio)
@@ -240,18 +305,3 @@ def run(
     finally:
         with contextlib.suppress(Exception):
             err.flush()
-
-
-def read_json_arg(path: str, stdin: TextIO | None = None) -> Any:
-    """Load JSON from a file path, or from stdin when ``path`` is ``-``."""
-    from vkit.errors import UsageError
-
-    try:
-        if path == "-":
-            return json.load(stdin or sys.stdin)
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except FileNotFoundError:
-        raise UsageError(f"no such file: {path}") from None
-    except json.JSONDecodeError as e:
-        raise UsageError(f"{path} is not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None

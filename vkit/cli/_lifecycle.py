@@ -1,17 +1,15 @@
-"""What restart_with_rollback and rollback share: lease, signals, progress, output."""
+"""What restart_with_rollback and rollback share: their flags, the lease owner, progress, output."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import signal
-import threading
 from typing import Callable
 
-from vkit.cli._common import IO
+from vkit.apply.lifecycle import Held, Interrupted, Lifecycle, Outcome, run_held
+from vkit.cli._common import IO, lease_owner, load_policy
 from vkit.errors import ExitCode
-from vkit.lifecycle import Interrupted, Lifecycle, Outcome
-from vkit.state import StateFile, default_owner
+from vkit.state import StateFile
 
 
 def add_lifecycle_args(p: argparse.ArgumentParser) -> None:
@@ -22,41 +20,16 @@ def add_lifecycle_args(p: argparse.ArgumentParser) -> None:
 
 
 def with_lifecycle(args: argparse.Namespace, io: IO, tool: str, body: Callable[[Lifecycle], Outcome]) -> int:
-    sf = StateFile(args.state)
-    sf.read()  # missing/corrupt state → exit 4/3 before anything is touched
-    owner = default_owner(tool)
-    hits = {"n": 0}
-
-    def on_signal(signum, frame):  # noqa: ARG001
-        hits["n"] += 1
-        if hits["n"] == 1:
-            io.warn("interrupt received: finishing safely (restoring the kept configuration if a restart is under way)")
-
-    old = {}
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            old[sig] = signal.signal(sig, on_signal)
-    lc = Lifecycle(sf, tool, owner, progress=io.progress, ready_timeout_s=args.ready_timeout, grace_s=args.grace,
-                   interrupted=lambda: hits["n"] > 0)
+    how = Held(owner=lease_owner(tool), ready_timeout_s=args.ready_timeout, grace_s=args.grace, lease_ttl_s=args.lease_ttl,
+               progress=io.progress, interrupts=io.interrupts, policy=load_policy(),
+               on_interrupt=lambda: io.warn("interrupt received: finishing safely (restoring the kept configuration if a restart is under way)"))
     try:
-        with sf.lease(owner, ttl_s=args.lease_ttl, tool=tool):
-            rec = lc.recover_orphan()
-            if rec is not None:
-                io.progress(f"recovery: {rec.message}")
-                if not rec.ok:
-                    emit(io, rec)
-                    return rec.code
-            out = body(lc)
+        code, out = run_held(StateFile(args.state), tool, how, body)
     except Interrupted as e:
         io.err.write(f"{tool}: {e}\n")
         return ExitCode.INTERRUPTED
-    finally:
-        for sig, h in old.items():
-            signal.signal(sig, h)
     emit(io, out)
-    if hits["n"] and out.ok:
-        return ExitCode.INTERRUPTED
-    return out.code
+    return code
 
 
 def emit(io: IO, out: Outcome) -> None:

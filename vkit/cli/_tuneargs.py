@@ -8,11 +8,11 @@ import json
 import os
 from typing import Iterator
 
-from vkit.cli._common import IO, int_at_least
+from vkit.cli._common import IO, int_at_least, lease_owner, load_policy
 from vkit.errors import UsageError
-from vkit.policy import Policy
-from vkit.runner import Runner, Settings, Workload, lease_env
-from vkit.state import StateFile, default_owner
+from vkit.measure.gauge import BenchOptions
+from vkit.state import StateFile
+from vkit.tune.runner import Runner, Settings, Workload
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -71,12 +71,10 @@ def parse_slo(items: list[str]) -> dict:
 def workloads(args: argparse.Namespace, model: str) -> tuple[Workload, Workload]:
     if args.num_prompts < 1 or args.concurrency < 1 or args.input_len < 1 or args.output_len < 1:
         raise UsageError("--num-prompts, --concurrency, --input-len and --output-len must be >= 1")
-    common = ["--model", model, "--random-output-len", str(args.output_len), "--num-prompts", str(args.num_prompts),
-              "--max-concurrency", str(args.concurrency), "--vocab-size", str(args.vocab_size),
-              "--stall-timeout", f"{args.stall_timeout:g}"]
-    main = Workload(["--dataset-name", "random", "--random-input-len", str(args.input_len), *common], seed=args.seed, name="main")
-    mixed = Workload(["--dataset-name", "mixed", "--random-input-len", str(args.input_len), "--mixed-long-len",
-                      str(mixed_long_len(args)), *common], seed=args.seed, name="mixed")
+    common = dict(model=model, random_input_len=args.input_len, random_output_len=args.output_len, num_prompts=args.num_prompts,
+                  max_concurrency=args.concurrency, vocab_size=args.vocab_size, stall_timeout=args.stall_timeout)
+    main = Workload(BenchOptions(dataset_name="random", **common), seed=args.seed, name="main")
+    mixed = Workload(BenchOptions(dataset_name="mixed", mixed_long_len=mixed_long_len(args), **common), seed=args.seed, name="mixed")
     return main, mixed
 
 
@@ -85,7 +83,7 @@ def mixed_long_len(args: argparse.Namespace) -> int:
 
 
 def settings(args: argparse.Namespace, main: Workload) -> Settings:
-    need = Policy.load().min_repeats()
+    need = load_policy().min_repeats()
     if args.baseline_repeats < need:
         raise UsageError(f"--baseline-repeats {args.baseline_repeats}: the parameter policy asks for at least {need} "
                          "repeats of the kept configuration before any gate (rule R3: σ_baseline is measured, not guessed)")
@@ -115,25 +113,15 @@ def held(args: argparse.Namespace, io: IO, tool: str) -> Iterator[tuple[StateFil
 
         raise Abnormal(f"the environment is ABNORMAL since {ab.get('since')}: {ab.get('reason')}; fix the cause, then "
                        "`state --clear-abnormal --reason ...`")
-    owner = default_owner(tool)
-    with sf.lease(owner, ttl_s=args.lease_ttl, tool=tool), lease_env(owner):
+    owner = lease_owner(tool)
+    with sf.lease(owner, ttl_s=args.lease_ttl, tool=tool):
         yield sf, owner
 
 
-def record_settings(sf: StateFile, key: str, value: dict, force: bool) -> None:
-    """The tuning run's settings are fixed at its start; a resumed run must use the same ones."""
-    with sf.transaction() as st:
-        old = st.get(key)
-        if old and old != value and not force:
-            diff = sorted(k for k in set(old) | set(value) if old.get(k) != value.get(k))
-            raise UsageError(f"this state holds a tuning run with other settings ({', '.join(diff)}); resume it with the same "
-                             "flags, or pass --restart to start over (finished trials stay in the history)")
-        st[key] = value
-
-
-def runner_for(sf: StateFile, s: Settings, io: IO, tool: str, run_id: str | None = None) -> Runner:
-    """A runner whose measurements go to runs/<run_id>/ beside the state (when given)."""
-    r = Runner(sf, s, io.progress, tool_name=tool)
+def runner_for(sf: StateFile, s: Settings, io: IO, tool: str, owner: str | None, run_id: str | None = None) -> Runner:
+    """A runner whose measurements go to runs/<run_id>/ beside the state (when given); ``owner``
+    holds the lease (None: a reading that needs none)."""
+    r = Runner(sf, s, io.progress, tool_name=tool, owner=owner or lease_owner(tool), policy=load_policy(), interrupts=io.interrupts)
     if run_id:
         r.runs_dir = os.path.join(sf.dir, "runs", run_id)
         os.makedirs(r.runs_dir, exist_ok=True)

@@ -9,19 +9,14 @@ plus vkit's own fields under ``"vkit"``; per-request records as JSON Lines with
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
-import shlex
-import signal
 import sys
-import threading
 
-from vkit.bench import BenchConfig, run_bench
 from vkit.cli._common import IO, int_at_least, make_parser, run
-from vkit.datasets import arrival_times, jsonl_requests, mixed_requests, random_requests
 from vkit.errors import ExitCode, StateMissing, UsageError
-from vkit.state import StateFile, atomic_write_text
+from vkit.measure.gauge import BenchOptions, build_config, check, measure
+from vkit.state import StateFile
 
 TOOL = "bench_stream"
 
@@ -106,118 +101,49 @@ def parse_goodput(items: list[str] | None) -> dict | None:
     return out
 
 
-def build_config(args: argparse.Namespace, argv: list[str]) -> BenchConfig:
-    url = args.url
-    if not url:
-        try:
-            url = StateFile(args.state).read()["service"]["url"]
-        except (StateMissing, KeyError, TypeError):  # a corrupted state file is exit 3, said as such
-            raise UsageError("no --url given and no service in the state file") from None
-    chat = args.endpoint == "chat"
-    n = args.num_prompts
-    w = args.num_warmups
-    if args.dataset_name == "random":
-        reqs = random_requests(n + w, args.random_input_len, args.random_output_len, args.random_range_ratio, args.seed,
-                               args.shared_prefix_len, args.vocab_size, text=chat)
-    elif args.dataset_name == "mixed":
-        long_len = args.mixed_long_len or 8 * args.random_input_len
-        reqs = mixed_requests(n + w, args.random_input_len, long_len, args.mixed_long_fraction, args.random_output_len,
-                              args.seed, args.vocab_size, text=chat)
-    else:
-        if not args.dataset_path:
-            raise UsageError("--dataset-name jsonl needs --dataset-path FILE")
-        reqs = jsonl_requests(args.dataset_path, n + w, args.random_output_len, chat, args.seed)
-    warm, meas = reqs[:w], reqs[w:]
-    for i, r in enumerate(meas):
-        r.index = i
-    api_key = None
-    if args.api_key_env:
-        api_key = os.environ.get(args.api_key_env)
-        if not api_key:
-            raise UsageError(f"--api-key-env {args.api_key_env}: that environment variable is not set")
-    arrivals = None if math.isinf(args.request_rate) else arrival_times(
-        n if args.duration is None else max(n, int(args.request_rate * args.duration) + 1), args.request_rate, args.burstiness, args.seed)
-    dataset = {
-        "name": args.dataset_name,
-        "path": args.dataset_path,
-        "random_input_len": args.random_input_len,
-        "random_output_len": args.random_output_len,
-        "random_range_ratio": args.random_range_ratio,
-        "shared_prefix_len": args.shared_prefix_len,
-        "vocab_size": args.vocab_size,
-        "mixed_long_len": args.mixed_long_len if args.dataset_name == "mixed" else None,
-        "mixed_long_fraction": args.mixed_long_fraction if args.dataset_name == "mixed" else None,
-        "num_prompts": n,
-        "duration_s": args.duration,  # a timed run: the requests sent vary, the duration is the gauge
-    }
-    return BenchConfig(
-        url=url,
-        model=args.model,
-        endpoint=args.endpoint,
-        requests=meas,
-        warmups=warm,
-        max_concurrency=args.max_concurrency,
-        request_rate=args.request_rate,
-        burstiness=args.burstiness,
-        arrivals=arrivals,
-        duration_s=args.duration,
-        stream=not args.no_stream,
-        goodput_slo_ms=parse_goodput(args.goodput),
-        api_key=api_key,
-        stall_timeout_s=args.stall_timeout,
-        scrape_interval_s=args.scrape_interval,
-        transport=args.transport,
-        drain_timeout_s=args.drain_timeout,
-        meta={"dataset": dataset, "seed": args.seed, "command": [TOOL] + list(argv), "command_line": shlex.join([TOOL] + list(argv))},
+def options(args: argparse.Namespace) -> BenchOptions:
+    return BenchOptions(
+        model=args.model, endpoint=args.endpoint, no_stream=args.no_stream, dataset_name=args.dataset_name,
+        dataset_path=args.dataset_path, random_input_len=args.random_input_len, random_output_len=args.random_output_len,
+        random_range_ratio=args.random_range_ratio, shared_prefix_len=args.shared_prefix_len, mixed_long_len=args.mixed_long_len,
+        mixed_long_fraction=args.mixed_long_fraction, vocab_size=args.vocab_size, num_prompts=args.num_prompts, seed=args.seed,
+        max_concurrency=args.max_concurrency, request_rate=args.request_rate, burstiness=args.burstiness, duration=args.duration,
+        num_warmups=args.num_warmups, stall_timeout=args.stall_timeout, drain_timeout=args.drain_timeout,
+        transport=args.transport, scrape_interval=args.scrape_interval, goodput=parse_goodput(args.goodput),
+        api_key_env=args.api_key_env,
     )
 
 
+def _url(args: argparse.Namespace) -> str:
+    if args.url:
+        return args.url
+    try:
+        return StateFile(args.state).read()["service"]["url"]
+    except (StateMissing, KeyError, TypeError):  # a corrupted state file is exit 3, said as such
+        raise UsageError("no --url given and no service in the state file") from None
+
+
 def _run(args: argparse.Namespace, io: IO) -> int:
-    argv = args._argv
-    if args.burstiness <= 0:
-        raise UsageError("--burstiness must be > 0")
-    if args.duration is not None and args.duration <= 0:
-        raise UsageError("--duration must be > 0")
-    cfg = build_config(args, argv)
-    cfg.meta["label"] = args.label
+    opts = options(args)
+    check(opts)
+    cfg = build_config(opts, _url(args), args._argv)
+    if args.api_key_env:
+        cfg.api_key = os.environ.get(args.api_key_env)
+        if not cfg.api_key:
+            raise UsageError(f"--api-key-env {args.api_key_env}: that environment variable is not set")
     if not cfg.stream:
         io.warn("streaming is OFF (--no-stream): TTFT will equal E2EL and every TTFT figure is void")
-    stop = threading.Event()
-    hits = {"n": 0}
-
-    def on_signal(signum, frame):  # noqa: ARG001
-        hits["n"] += 1
-        if hits["n"] == 1:
-            io.warn("interrupted: no new requests; waiting for in-flight ones (Ctrl-C again to stop waiting)")
-            stop.set()
-        else:
-            raise KeyboardInterrupt
-
-    old = {}
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            old[sig] = signal.signal(sig, on_signal)
 
     def progress(p: dict) -> None:
         tot = p["total"] if p["total"] is not None else "?"
         io.progress(f"{p['done']}/{tot} done, {p['output_tok_s']:.0f} out tok/s, {p['errors']} errors, {p['elapsed_s']:.1f} s")
 
-    try:
-        io.progress(f"{cfg.url}: {len(cfg.requests)} requests, "
-                    + (f"{cfg.max_concurrency} in flight" if cfg.max_concurrency else "no concurrency limit")
-                    + (f", {cfg.request_rate:g} req/s" if not math.isinf(cfg.request_rate) else ""))
-        out = run_bench(cfg, progress=progress, stop=stop)
-    finally:
-        for sig, h in old.items():
-            signal.signal(sig, h)
+    io.progress(f"{cfg.url}: {len(cfg.requests)} requests, "
+                + (f"{cfg.max_concurrency} in flight" if cfg.max_concurrency else "no concurrency limit")
+                + (f", {cfg.request_rate:g} req/s" if not math.isinf(cfg.request_rate) else ""))
+    out = measure(cfg, records=args.records, output=args.output, label=args.label, progress=progress, interrupts=io.interrupts,
+                  on_interrupt=lambda: io.warn("interrupted: no new requests; waiting for in-flight ones (Ctrl-C again to stop waiting)"))
     s = out.summary
-    s["label"] = args.label
-    if args.records:
-        s["vkit"]["records"] = os.path.abspath(args.records)
-        text = "".join(json.dumps(r, sort_keys=True, separators=(",", ":")) + "\n" for r in out.records)
-        atomic_write_text(args.records, text)
-    if args.output:
-        atomic_write_text(args.output, json.dumps(s, indent=2, sort_keys=True, default=str) + "\n")
     io.emit_json(s)
     io.progress(
         f"done: {s['completed']} ok, {s['failed']} failed in {s['duration']:.1f} s; {s['output_throughput']:.1f} out tok/s; "
@@ -230,8 +156,8 @@ def _run(args: argparse.Namespace, io: IO) -> int:
     return ExitCode.INTERRUPTED if out.partial else ExitCode.OK
 
 
-def main(argv: list[str] | None = None, stdout=None, stderr=None) -> int:
+def main(argv: list[str] | None = None, stdin=None, stdout=None, stderr=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     parser.set_defaults(_argv=argv)
-    return run(parser, _run, argv, stdout, stderr)
+    return run(parser, _run, argv, stdout, stderr, stdin)

@@ -4,8 +4,8 @@ broken gauge.
 Sits between the measurement and the decision: ``bench_stream ... | check_invariants | gate``.
 Reads a vkit summary (with its per-request records), a ``vllm bench serve --save-result``
 JSON, an AISBench perf result, an evalscope perf summary, a GuideLLM JSON or an AIPerf
-``profile_export_aiperf.json``; normalises it to
-vLLM's definitions (``vkit.formats``) and applies the invariants (``vkit.invariants``):
+``profile_export_aiperf.json``; normalises it to vLLM's definitions (``vkit.validate.formats``) and
+applies the invariants (``vkit.validate.invariants``):
 TTFT ≡ E2EL, decode timing, prefill faster than decode, Little's law, token accounting,
 sample sufficiency, errors, client saturation, client vs server TTFT, intended configuration.
 JSON verdict on stdout, a table for people on stderr. Exit 0 valid, 1 anomaly, 3 invalid.
@@ -14,15 +14,13 @@ JSON verdict on stdout, a table for people on stderr. Exit 0 valid, 1 anomaly, 3
 from __future__ import annotations
 
 import argparse
-import sys
 
 from vkit.cli._common import IO, isatty, make_parser, run
-from vkit.errors import ExitCode, UsageError
-from vkit.formats import FORMATS, load_report
-from vkit.invariants import Thresholds, evaluate, parse_expected_config, render_table, worst
+from vkit.errors import UsageError
+from vkit.validate.formats import FORMATS, load_report
+from vkit.validate.invariants import VERDICT_CODE, Thresholds, check_file, parse_expected_config, render_table, worst
 
 TOOL = "check_invariants"
-EXIT = {"valid": ExitCode.OK, "anomaly": ExitCode.REJECTED, "invalid": ExitCode.INVALID}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -104,15 +102,13 @@ def _run(args: argparse.Namespace, io: IO) -> int:
         raise UsageError("stdin (-) can be read only once")
     if args.records and len(reports) > 1:
         raise UsageError("--records belongs to one REPORT; check the reports one at a time")
-    if "-" in reports and sys.stdin is not None and isatty(sys.stdin):
+    if "-" in reports and io.stdin is not None and isatty(io.stdin):
         raise UsageError("no REPORT given and stdin is a terminal; pass a report file or pipe one in (bench_stream ... | check_invariants)")
     th = _thresholds(args)
     expect = parse_expected_config(args.expect_config)
     other = load_report(args.compare, args.compare_format) if args.compare else None
-    results = []
-    for path in reports:
-        rep = load_report(path, args.format, stdin=sys.stdin, records=args.records)
-        results.append(evaluate(rep, th, other=other, expect=expect))
+    results = [check_file(path, th, args.format, records=args.records, stdin=io.stdin, other=other, expect=expect).result
+               for path in reports]
     verdict = worst([r["verdict"] for r in results])
     human = args.human or (io.is_tty() and not args.json)
     if human:
@@ -123,8 +119,8 @@ def _run(args: argparse.Namespace, io: IO) -> int:
         if io.verbosity >= 1:
             for r in results:
                 io.err.write(render_table(r))
-    return EXIT[verdict]
+    return VERDICT_CODE[verdict]
 
 
-def main(argv: list[str] | None = None, stdout=None, stderr=None) -> int:
-    return run(build_parser(), _run, argv, stdout, stderr)
+def main(argv: list[str] | None = None, stdin=None, stdout=None, stderr=None) -> int:
+    return run(build_parser(), _run, argv, stdout, stderr, stdin)

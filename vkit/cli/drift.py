@@ -16,25 +16,14 @@ import argparse
 import json
 import math
 import os
-import sys
 
-from vkit.cli._common import IO, isatty, make_parser, run
-from vkit.drift import DEFAULT_DETECTOR, DETECTORS, detect
+from vkit.cli._common import IO, fraction_arg, isatty, make_parser, run
+from vkit.decide.drift import DEFAULT_DETECTOR, DETECTORS, detect
+from vkit.decide.gate import Run, check_same_gauge, load_summary, parse_date, sigma_from_state
 from vkit.errors import ExitCode, InvalidData, UsageError
-from vkit.gate import Run, check_same_gauge, load_summary, parse_date, sigma_from_state
+from vkit.jsonio import BadLine, json_lines
 
 TOOL = "drift"
-
-
-def _fraction(text: str) -> float:
-    t = text.strip()
-    try:
-        v = float(t[:-1]) / 100 if t.endswith("%") else float(t)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number or a percentage such as 2%") from None
-    if not (0 < v < 1):
-        raise argparse.ArgumentTypeError(f"{text!r} must be between 0 and 100%")
-    return v
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("inputs", nargs="*", metavar="FILE", help="summary JSON files, or JSON Lines of summaries or numbers; - reads stdin")
     p.add_argument("--kept", action="store_true", help="use the kept configuration's repeats listed in the state file (kept.repeats)")
     p.add_argument("--metric", default="output_throughput", help="metric to watch (default output_throughput)")
-    p.add_argument("--sigma", type=_fraction, default=None, metavar="REL",
+    p.add_argument("--sigma", type=fraction_arg(), default=None, metavar="REL",
                    help="relative σ pooled from earlier A/A runs (default: the state file's sigma_baseline with --kept, else estimated)")
     p.add_argument("--detector", choices=DETECTORS, default=DEFAULT_DETECTOR, help=f"detector that decides (default {DEFAULT_DETECTOR}); all are reported")
     p.add_argument("--no-sort", action="store_true", help="keep the order given even when every run has a date")
@@ -67,7 +56,7 @@ def _read_items(paths: list[str], io: IO) -> list[tuple[str, object]]:
     items: list[tuple[str, object]] = []
     for path in paths:
         if path == "-":
-            text, name = sys.stdin.read(), "<stdin>"
+            text, name = io.stdin.read(), "<stdin>"
         else:
             try:
                 with open(path, encoding="utf-8") as f:
@@ -85,13 +74,10 @@ def _read_items(paths: list[str], io: IO) -> list[tuple[str, object]]:
             continue
         except json.JSONDecodeError:
             pass
-        for n, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                items.append((f"{name}:{n}", json.loads(line)))
-            except json.JSONDecodeError as e:
-                raise UsageError(f"{name} line {n} is not JSON ({e.msg}); give summary files or JSON Lines") from None
+        try:
+            items += [(f"{name}:{n}", v) for n, v in json_lines(text)]
+        except BadLine as e:
+            raise UsageError(f"{name} line {e.line} is not JSON ({e.msg}); give summary files or JSON Lines") from None
     return items
 
 
@@ -159,8 +145,8 @@ def _run(args: argparse.Namespace, io: IO) -> int:
     if args.kept:
         if args.inputs:
             raise UsageError("--kept reads the runs from the state file; do not also give files")
-        from vkit.runner import kept_series
-        from vkit.state import StateFile, now_iso
+        from vkit.state import StateFile
+        from vkit.tune.runner import kept_series
 
         sf = StateFile(args.state)
         st = sf.read()
@@ -179,7 +165,7 @@ def _run(args: argparse.Namespace, io: IO) -> int:
         if args.record:
             raise UsageError("--record needs --kept (it writes the result into the state file)")
         inputs = args.inputs or ["-"]
-        if "-" in inputs and sys.stdin is not None and isatty(sys.stdin):
+        if "-" in inputs and io.stdin is not None and isatty(io.stdin):
             raise UsageError("no FILE given and stdin is a terminal; pass summary files, a JSON Lines file, or --kept")
         items = _read_items(inputs, io)
     values, labels, dates, warns = _series(items, args.metric, not args.no_sort)
@@ -197,12 +183,8 @@ def _run(args: argparse.Namespace, io: IO) -> int:
                             change_date=res.get("change_date"), shift=res.get("shift"), detector=args.detector, n=res["n"])
         res["decision_id"] = did
         if args.record:
-            with sf.transaction() as st:
-                # A change restarts the kept configuration's series (as tune's sentinel does); otherwise its start stays.
-                reset = now_iso() if res["changed"] else (st.get("drift") or {}).get("reset")
-                st["drift"] = {"checked_id": did, "metric": args.metric, "changed": res["changed"], "detector": args.detector,
-                               "change_index": res.get("change_index"), "change_date": res.get("change_date"), "shift": res.get("shift"),
-                               "reset": reset}
+            sf.record_drift({"checked_id": did, "metric": args.metric, "changed": res["changed"], "detector": args.detector,
+                             "change_index": res.get("change_index"), "change_date": res.get("change_date"), "shift": res.get("shift")})
             io.progress(f"drift result recorded in {sf.path} ({did})")
     human = args.human or (io.is_tty() and not args.json)
     if human:
@@ -218,5 +200,5 @@ def _run(args: argparse.Namespace, io: IO) -> int:
     return ExitCode.OK
 
 
-def main(argv: list[str] | None = None, stdout=None, stderr=None) -> int:
-    return run(build_parser(), _run, argv, stdout, stderr)
+def main(argv: list[str] | None = None, stdin=None, stdout=None, stderr=None) -> int:
+    return run(build_parser(), _run, argv, stdout, stderr, stdin)

@@ -15,12 +15,10 @@ from __future__ import annotations
 import argparse
 import math
 
-from vkit.cli._common import IO, int_at_least, make_parser, run
-from vkit.errors import ExitCode, UsageError
-from vkit.gate import (
-    ACCEPT,
+from vkit.cli._common import IO, fraction_arg, int_at_least, load_policy, make_parser, run
+from vkit.decide.gate import (
     DEFAULT_PRIMARY,
-    REJECT,
+    EXIT_CODE,
     GateInput,
     Settings,
     decide,
@@ -30,17 +28,9 @@ from vkit.gate import (
     parse_sigma,
     trial_inputs,
 )
+from vkit.errors import ExitCode, UsageError
 
 TOOL = "gate"
-EXIT = {ACCEPT: ExitCode.OK, REJECT: ExitCode.REJECTED}
-
-
-def _fraction(text: str) -> float:
-    t = text.strip()
-    try:
-        return float(t[:-1]) / 100 if t.endswith("%") else float(t)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number or a percentage such as 3%") from None
 
 
 _pos_int = int_at_least(1)
@@ -74,9 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--guard", action="append", default=[], metavar="METRIC[:+|-][:TOL]",
                    help="metric that must not worsen beyond TOL (e.g. p95_ttft_ms:-:5%%; default TOL max(2σ, floor)); repeatable, comma-separated")
     d.add_argument("--report", default=None, metavar="M1,M2", help="metrics to report with FDR control (default: the standard throughput and latency keys present)")
-    d.add_argument("--alpha", type=_fraction, default=0.05, metavar="A", help="type-I error of each one-sided test (default 0.05)")
-    d.add_argument("--power", type=_fraction, default=0.8, metavar="P", help="power for the sample size and the futility bound (default 0.8)")
-    d.add_argument("--floor", type=_fraction, default=0.03, metavar="REL", help="smallest relative gain that counts; threshold = max(2σ, floor) (default 3%%)")
+    d.add_argument("--alpha", type=fraction_arg(open_unit=False), default=0.05, metavar="A", help="type-I error of each one-sided test (default 0.05)")
+    d.add_argument("--power", type=fraction_arg(open_unit=False), default=0.8, metavar="P", help="power for the sample size and the futility bound (default 0.8)")
+    d.add_argument("--floor", type=fraction_arg(open_unit=False), default=0.03, metavar="REL", help="smallest relative gain that counts; threshold = max(2σ, floor) (default 3%%)")
     d.add_argument("--sigma", action="append", default=[], metavar="METRIC=REL",
                    help="relative σ pooled from earlier A/A runs (uses the normal-mixture sequence); default: the state file's sigma_baseline with --trial")
     mode = d.add_mutually_exclusive_group()
@@ -134,7 +124,7 @@ def _inputs(args: argparse.Namespace, io: IO) -> tuple[GateInput, dict | None]:
     inp = GateInput(baseline=baseline, candidate=candidate, fresh=fresh, primary=primary, guards=guards, report=report,
                     settings=settings, layout=layout, selected_from=selected, sigma_pool=sigma,
                     changed_at=None if args.ignore_drift else changed_at, check_drift=not args.ignore_drift,
-                    ran=list(args.ran))
+                    ran=list(args.ran), policy=load_policy())
     return inp, trial
 
 
@@ -190,11 +180,7 @@ def _run(args: argparse.Namespace, io: IO) -> int:
         did = sf.log.append(TOOL, "gate", trial=trial["id"], config=trial["config"], **summary)
         res["decision_id"] = did
         if args.record:
-            with sf.transaction() as st:
-                for t in st.get("trials") or []:
-                    if isinstance(t, dict) and str(t.get("id")) == str(trial["id"]):
-                        t["verdict"] = res["decision"]
-                        t["gate"] = {**summary, "decision_id": did}
+            sf.record_trial_verdict(trial["id"], res["decision"], {**summary, "decision_id": did})
             io.progress(f"verdict recorded in trial {trial['id']} ({did})")
     human = args.human or (io.is_tty() and not args.json)
     if human:
@@ -203,8 +189,8 @@ def _run(args: argparse.Namespace, io: IO) -> int:
         io.emit_json(res)
         if io.verbosity >= 1:
             io.err.write(render(res))
-    return EXIT.get(res["decision"], ExitCode.UNDECIDED)
+    return EXIT_CODE.get(res["decision"], ExitCode.UNDECIDED)
 
 
-def main(argv: list[str] | None = None, stdout=None, stderr=None) -> int:
-    return run(build_parser(), _run, argv, stdout, stderr)
+def main(argv: list[str] | None = None, stdin=None, stdout=None, stderr=None) -> int:
+    return run(build_parser(), _run, argv, stdout, stderr, stdin)

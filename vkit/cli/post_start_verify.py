@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import argparse
 
+from vkit.apply.policy import canonical
+from vkit.apply.verify import verify
 from vkit.cli._common import IO, make_parser, run
 from vkit.errors import ExitCode, StateMissing, UsageError
-from vkit.policy import canonical
 from vkit.state import StateFile
-from vkit.verify import verify
 
 TOOL = "post_start_verify"
 
@@ -69,5 +69,5 @@ def _run(args: argparse.Namespace, io: IO) -> int:
     return ExitCode.OK if v.ok else ExitCode.REJECTED
 
 
-def main(argv: list[str] | None = None, stdout=None, stderr=None) -> int:
-    return run(build_parser(), _run, argv, stdout, stderr)
+def main(argv: list[str] | None = None, stdin=None, stdout=None, stderr=None) -> int:
+    return run(build_parser(), _run, argv, stdout, stderr, stdin)

@@ -8,13 +8,12 @@ gate's decision, recorded later, or a human's (``--keep``).
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 
-from vkit.cli._common import IO, make_parser, run
+from vkit.apply.policy import parse_assignments
+from vkit.cli._common import IO, isatty, load_policy, make_parser, run
 from vkit.cli._lifecycle import add_lifecycle_args, with_lifecycle
 from vkit.errors import UsageError
-from vkit.policy import Policy, parse_assignments
+from vkit.jsonio import read_json
 
 TOOL = "restart_with_rollback"
 
@@ -42,24 +41,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _confirm(io: IO, changes: dict) -> None:
-    if not sys.stdin or not sys.stdin.isatty():
+    if not io.stdin or not isatty(io.stdin):
         raise UsageError("a production restart needs --yes (or --sandbox on an offline sandbox)")
     io.err.write(f"{TOOL}: restart the server with {changes}? [y/N] ")
     io.err.flush()
-    if sys.stdin.readline().strip().lower() not in ("y", "yes"):
+    if io.stdin.readline().strip().lower() not in ("y", "yes"):
         raise UsageError("restart not confirmed")
 
 
 def _run(args: argparse.Namespace, io: IO) -> int:
-    policy = Policy.load()
+    policy = load_policy()
     if args.config:
         try:
-            with open(args.config, encoding="utf-8") as f:
-                raw = json.load(f)
+            raw = read_json(args.config, "--config file")
         except FileNotFoundError:
             raise UsageError(f"no such file: {args.config}") from None
-        except json.JSONDecodeError as e:
-            raise UsageError(f"{args.config} is not valid JSON ({e.msg})") from None
         if not isinstance(raw, dict):
             raise UsageError(f"{args.config} must hold a JSON object of parameters")
         changes = {k.replace("-", "_"): policy.coerce(k, v) for k, v in raw.items()}
@@ -70,5 +66,5 @@ def _run(args: argparse.Namespace, io: IO) -> int:
     return with_lifecycle(args, io, TOOL, lambda lc: lc.restart(changes, allow=args.allow, keep=args.keep))
 
 
-def main(argv: list[str] | None = None, stdout=None, stderr=None) -> int:
-    return run(build_parser(), _run, argv, stdout, stderr)
+def main(argv: list[str] | None = None, stdin=None, stdout=None, stderr=None) -> int:
+    return run(build_parser(), _run, argv, stdout, stderr, stdin)

@@ -29,5 +29,5 @@ def _run(args: argparse.Namespace, io: IO) -> int:
     return with_lifecycle(args, io, TOOL, lambda lc: lc.rollback(reason=args.reason))
 
 
-def main(argv: list[str] | None = None, stdout=None, stderr=None) -> int:
-    return run(build_parser(), _run, argv, stdout, stderr)
+def main(argv: list[str] | None = None, stdin=None, stdout=None, stderr=None) -> int:
+    return run(build_parser(), _run, argv, stdout, stderr, stdin)

@@ -14,7 +14,7 @@ import os
 import re
 import sys
 
-from vkit.cli._common import IO, make_parser, run
+from vkit.cli._common import IO, loop_signals, make_parser, run
 from vkit.errors import ExitCode
 from vkit.sim.config import ServeOptions
 from vkit.sim.profiles import DEFAULT_GPU, DEFAULT_MODEL, GPUS, KV_DTYPE_BYTES, MODELS, get_gpu, get_model
@@ -270,13 +270,13 @@ def _run(args: argparse.Namespace, io: IO, parser: argparse.ArgumentParser) -> i
         dev_mode=env.get("VLLM_SERVER_DEV_MODE", "") in ("1", "true", "True"),
         non_default_args=nd,
     )
-    return serve(opts, settings, log)
+    return serve(opts, settings, log, on_loop=loop_signals)
 
 
-def main(argv: list[str] | None = None, stdout=None, stderr=None) -> int:
+def main(argv: list[str] | None = None, stdin=None, stdout=None, stderr=None) -> int:
     argv = normalize_argv(list(sys.argv[1:] if argv is None else argv))
     parser = build_parser()
-    return run(parser, lambda args, io: _run(args, io, parser), argv, stdout, stderr)
+    return run(parser, lambda args, io: _run(args, io, parser), argv, stdout, stderr, stdin)
 
 
 if __name__ == "__main__":

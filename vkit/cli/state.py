@@ -13,11 +13,11 @@ import json
 import shlex
 import time
 
-from vkit.cli._common import IO, add_subcommand, make_parser, run
+from vkit.apply.launcher import serve_argv
+from vkit.apply.policy import parse_assignments, render_table, to_serve_flags
+from vkit.cli._common import IO, add_subcommand, load_policy, make_parser, run
 from vkit.errors import ExitCode, UsageError
-from vkit.fingerprint import fingerprint
-from vkit.launcher import serve_argv
-from vkit.policy import Policy, parse_assignments, render_table, to_serve_flags
+from vkit.measure.fingerprint import fingerprint
 from vkit.state import StateFile, lease_staleness, new_state, now_iso
 
 TOOL = "state"
@@ -81,7 +81,7 @@ def _run(args: argparse.Namespace, io: IO) -> int:
     if cmd == "history":
         return _history(sf, args, io)
     if cmd == "policy":
-        policy = Policy.load()
+        policy = load_policy()
         if args.json:
             io.emit_json(policy.data)
         else:
@@ -91,28 +91,20 @@ def _run(args: argparse.Namespace, io: IO) -> int:
 
 
 def _human_writes(sf: StateFile, args: argparse.Namespace, io: IO) -> int:
-    with sf.transaction() as st:
-        if args.clear_abnormal:
-            ab = st.get("abnormal") or {}
-            if not ab.get("flag"):
-                io.progress("environment is not ABNORMAL; nothing to clear")
-            else:
-                did = sf.log.append(TOOL, "abnormal_cleared", previous=ab, reason=args.reason, by="human")
-                st["abnormal"] = {"flag": False, "reason": None, "since": None, "cleared_by": did}
-                st["start_failures"] = 0
-                io.progress(f"ABNORMAL cleared ({did}); was: {ab.get('reason')}")
-        if args.break_lease:
-            lease = st.get("lease")
-            if not lease:
-                io.progress("no lease is held; nothing to break")
-            else:
-                stale = lease_staleness(lease)
-                did = sf.log.append(TOOL, "lease_broken", previous=lease, reason=args.reason or stale or "broken by a human", by="human")
-                st["lease"] = None
-                if stale is None:
-                    io.warn(f"the lease of {lease.get('owner')} looked live (pid {lease.get('pid')}); broken anyway ({did})")
-                else:
-                    io.progress(f"lease of {lease.get('owner')} broken ({stale}; {did})")
+    if args.clear_abnormal:
+        ab, did = sf.clear_abnormal(TOOL, args.reason)
+        if ab is None:
+            io.progress("environment is not ABNORMAL; nothing to clear")
+        else:
+            io.progress(f"ABNORMAL cleared ({did}); was: {ab.get('reason')}")
+    if args.break_lease:
+        lease, stale, did = sf.break_lease(TOOL, args.reason)
+        if lease is None:
+            io.progress("no lease is held; nothing to break")
+        elif stale is None:
+            io.warn(f"the lease of {lease.get('owner')} looked live (pid {lease.get('pid')}); broken anyway ({did})")
+        else:
+            io.progress(f"lease of {lease.get('owner')} broken ({stale}; {did})")
     return ExitCode.OK
 
 
@@ -121,7 +113,7 @@ def _init(sf: StateFile, args: argparse.Namespace, io: IO) -> int:
         raise UsageError("state init needs --url URL (the server's base URL)")
     if not args.launch:
         raise UsageError("state init needs the launch argv after --, e.g. -- vllm serve /models/x --port 8000")
-    policy = Policy.load()
+    policy = load_policy()
     kept = parse_assignments(args.sets, policy)
     overrides = policy.check_change(kept, allow=args.allow)
     doc = new_state(args.url.rstrip("/"), args.model, args.launch, kept)
@@ -215,5 +207,5 @@ def _show(sf: StateFile, args: argparse.Namespace, io: IO) -> int:
     return ExitCode.OK
 
 
-def main(argv: list[str] | None = None, stdout=None, stderr=None) -> int:
-    return run(build_parser(), _run, argv, stdout, stderr)
+def main(argv: list[str] | None = None, stdin=None, stdout=None, stderr=None) -> int:
+    return run(build_parser(), _run, argv, stdout, stderr, stdin)

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 
 from vkit.cli import _tuneargs as ta
-from vkit.cli._common import IO, make_parser, run
+from vkit.cli._common import IO, load_policy, make_parser, run
 from vkit.errors import ExitCode, UsageError
-from vkit.policy import Policy
+from vkit.jsonio import load_json_lines
 from vkit.state import StateFile
 
 TOOL = "sweep"
@@ -49,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _run(args: argparse.Namespace, io: IO) -> int:
-    from vkit import tuning
+    from vkit.tune import steps as tuning
 
     if args.replay:
         return _replay(args, io)
@@ -59,7 +58,7 @@ def _run(args: argparse.Namespace, io: IO) -> int:
         with (ta.held(args, io, TOOL) if confirm else contextlib.nullcontext((StateFile(args.state), None))) as (sf, owner):
             main, _ = ta.workloads(args, sf.read()["service"]["model"])
             settings = ta.settings(args, main)
-            runner = ta.runner_for(sf, settings, io, TOOL, run_id="deliver" if confirm else None)
+            runner = ta.runner_for(sf, settings, io, TOOL, owner, run_id="deliver" if confirm else None)
             if confirm:
                 tuning.confirm_front(runner, ta.goal(settings), args.confirm_front, io.progress)
             out = tuning.deliver(runner, ta.goal(settings))
@@ -69,7 +68,7 @@ def _run(args: argparse.Namespace, io: IO) -> int:
         ta.check_confirmation(args)
         with ta.held(args, io, TOOL) as (sf, owner):
             main, _ = ta.workloads(args, sf.read()["service"]["model"])
-            runner = ta.runner_for(sf, ta.settings(args, main), io, TOOL, run_id="ablate")
+            runner = ta.runner_for(sf, ta.settings(args, main), io, TOOL, owner, run_id="ablate")
             out = tuning.run_ablation(runner, io.progress)
         io.emit_json(out)
         return ExitCode.OK
@@ -80,10 +79,10 @@ def _run(args: argparse.Namespace, io: IO) -> int:
         st = sf.read()
         main, _ = ta.workloads(args, st["service"]["model"])
         settings = ta.settings(args, main)
-        runner = ta.runner_for(sf, settings, io, TOOL, run_id=(st.get("tune") or {}).get("run_id") or "sweep")
+        runner = ta.runner_for(sf, settings, io, TOOL, owner, run_id=(st.get("tune") or {}).get("run_id") or "sweep")
         runner.baseline()
         tuning.guard_anomalies(runner)
-        policy = Policy.load()
+        policy = load_policy()
         if args.mode == "bo":
             nxt, stop = tuning.bo_proposer(runner, policy, args.budget, args.seed)
             rec = tuning.run_screening_step(runner, "bo", nxt, io.progress, args.budget, stop)
@@ -99,13 +98,7 @@ def _run(args: argparse.Namespace, io: IO) -> int:
 def _replay(args: argparse.Namespace, io: IO) -> int:
     from vkit import search
 
-    try:
-        with open(args.replay, encoding="utf-8") as f:
-            recs = [json.loads(line) for line in f if line.strip()]
-    except FileNotFoundError:
-        raise UsageError(f"no such decision log: {args.replay}") from None
-    except json.JSONDecodeError as e:
-        raise UsageError(f"{args.replay} is not JSON Lines ({e.msg})") from None
+    recs = [r for _, r in load_json_lines(args.replay, "decision log")]
     records = [r["audit"]["replay"] for r in recs if r.get("event") == "propose" and (r.get("audit") or {}).get("replay")]
     if not records:
         raise UsageError(f"{args.replay} holds no replayable proposals (Bayesian-search proposals carry their inputs)")
@@ -114,5 +107,5 @@ def _replay(args: argparse.Namespace, io: IO) -> int:
     return ExitCode.OK if not bad else ExitCode.REJECTED
 
 
-def main(argv: list[str] | None = None, stdout=None, stderr=None) -> int:
-    return run(build_parser(), _run, argv, stdout, stderr)
+def main(argv: list[str] | None = None, stdin=None, stdout=None, stderr=None) -> int:
+    return run(build_parser(), _run, argv, stdout, stderr, stdin)

@@ -2,7 +2,7 @@
 drift check between them → CONVERGE — and the report.
 
 The main job a field engineer runs (`make tune`, or `make demo` on the simulator). It composes
-the single-purpose tools through vkit.runner; every step can also be run alone with
+the single-purpose tools through vkit.tune.runner; every step can also be run alone with
 `sweep --step N`. Killed at any point, the same command continues from the state file.
 """
 
@@ -12,12 +12,11 @@ import argparse
 import os
 import time
 
-from vkit import knowledge
 from vkit.cli import _tuneargs as ta
-from vkit.cli._common import IO, make_parser, run
+from vkit.cli._common import IO, kb_path, load_policy, make_parser, run
 from vkit.errors import ExitCode, UsageError, VkitError
-from vkit.policy import Policy
 from vkit.state import now_iso
+from vkit.tune import knowledge
 
 TOOL = "tune"
 
@@ -49,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _run(args: argparse.Namespace, io: IO) -> int:
-    from vkit import tuning
+    from vkit.tune import steps as tuning
 
     try:
         steps = [x.strip() for x in args.steps.split(",") if x.strip()]
@@ -70,17 +69,9 @@ def _run(args: argparse.Namespace, io: IO) -> int:
                "guards": settings.guards, "baseline_repeats": settings.baseline_repeats, "screen_repeats": settings.screen_repeats}
         prev = st.get("tune") or {}
         if args.restart or not prev or prev.get("finished"):
-            if prev:
-                with sf.transaction() as s2:
-                    s2.setdefault("archive", []).append({k: s2.get(k) for k in ("tune", "steps", "baseline", "baseline_mixed",
-                                                                                  "confirmations", "trials", "drift_checks")})
-                    for k in ("steps", "baseline", "baseline_mixed", "confirmations", "drift_checks"):
-                        s2.pop(k, None)
-                    s2["trials"] = []
             cfg["run_id"] = time.strftime("run-%Y%m%dT%H%M%S", time.gmtime())
             cfg["started"] = now_iso()
-            with sf.transaction() as s2:
-                s2["tune"] = cfg
+            sf.start_tune_run(cfg, archive=bool(prev))
         else:
             mine = {k: v for k, v in cfg.items()}
             theirs = {k: prev.get(k) for k in mine}
@@ -90,52 +81,50 @@ def _run(args: argparse.Namespace, io: IO) -> int:
                                  "with the same flags, or pass --restart")
             io.progress(f"resuming tuning run {prev.get('run_id')} ({len(st['trials'])} trials recorded)")
         run_id = sf.read()["tune"]["run_id"]
-        runner = ta.runner_for(sf, settings, io, TOOL, run_id=run_id)
-        policy = Policy.load()
+        runner = ta.runner_for(sf, settings, io, TOOL, owner, run_id=run_id)
+        policy = load_policy()
         try:
-            _machine(sf, "LEASE")
+            sf.set_machine_state("LEASE")
             if "1" in steps:
                 longest = ta.mixed_long_len(args) if "5" in steps else args.input_len
                 need = args.business_len or int((longest + args.output_len) * 1.25)
                 tuning.run_step1(runner, cands, need, args.concurrency, io.progress)
-            _machine(sf, "BASELINE")
+            sf.set_machine_state("BASELINE")
             b = runner.baseline()
             io.progress("baseline: " + ", ".join(f"{k} {v:.1f} (σ {b['sigma'].get(k, 0):.1%})" for k, v in b["metrics"].items()
                                                    if k in ("output_throughput", "p95_ttft_ms", "mean_tpot_ms")))
             staged = [x for x in steps if x in ("2", "3", "4")]
             if staged:
                 tuning.guard_anomalies(runner)
-            kb = knowledge.kb_path(sf.dir)
+            kb = kb_path(sf.dir)
             kb_key = knowledge.fingerprint_key(sf.read(), _server_info(runner))
-            kb_work = {"bench_args": main.bench_args, "slo": settings.slo}
+            kb_work = {"bench_args": main.options.flags(), "slo": settings.slo}
             matched, ignored = knowledge.match(kb, kb_key, kb_work)
             if matched or ignored:
                 io.progress(f"knowledge base {kb}: {len(matched)} earlier run(s) of this environment"
                             + (" (used to warm-start the Bayesian search)" if args.mode == "bo" else " (shown; staged mode does not warm-start)")
                             + (f"; {len(ignored)} ignored because the environment changed: " + "; ".join(ignored[:3]) if ignored else ""))
-            with sf.transaction() as s2:
-                s2["tune"]["knowledge"] = {"path": kb, "matched": [e.get("run_id") for e in matched], "ignored": ignored}
+            sf.update_tune_run(knowledge={"path": kb, "matched": [e.get("run_id") for e in matched], "ignored": ignored})
             if args.mode == "bo" and staged:
-                _machine(sf, "PROPOSE")
+                sf.set_machine_state("PROPOSE")
                 nxt, stop = tuning.bo_proposer(runner, policy, args.budget, args.seed, prior=tuning.prior_observations(matched))
                 tuning.run_screening_step(runner, "bo", nxt, io.progress, args.budget, stop)
                 _drift(runner, io)
             else:
                 for step in staged:
-                    _machine(sf, "PROPOSE")
+                    sf.set_machine_state("PROPOSE")
                     nxt, stop = tuning.staged_proposer(runner, policy, step, args.staged_candidates)
                     tuning.run_screening_step(runner, step, nxt, io.progress, args.budget, stop)
                     _drift(runner, io)
             if "5" in steps:
                 tuning.run_step5(runner, mixed, io.progress)
-            _machine(sf, "CONVERGE")
+            sf.set_machine_state("CONVERGE")
             if args.confirm_front > 0:
                 tuning.confirm_front(runner, ta.goal(settings), args.confirm_front, io.progress)
             result = build_result(runner, args, settings, t0)
             if not (sf.read().get("tune") or {}).get("kb_recorded"):
                 knowledge.record(kb, kb_key, kb_work, tuning.kb_observations(runner), result.get("recommendation"), run_id)
-                with sf.transaction() as s2:
-                    s2["tune"]["kb_recorded"] = True
+                sf.update_tune_run(kb_recorded=True)
         except VkitError as e:
             if e.code == ExitCode.UNAVAILABLE:
                 ab = (sf.read().get("abnormal") or {})
@@ -144,13 +133,11 @@ def _run(args: argparse.Namespace, io: IO) -> int:
                                  f"{os.path.join(sf.dir, 'logs')}, fix the cause, then `state --clear-abnormal --reason ...` "
                                  f"and rerun the same command to continue\n")
             raise
-    from vkit import report
+    from vkit.report import render as report
 
     out_dir = args.report_dir or os.path.join(sf.dir, "reports", run_id)
     paths = report.write_report(result, out_dir)
-    with sf.transaction() as s2:
-        s2["tune"]["finished"] = now_iso()
-        s2["tune"]["report"] = paths
+    sf.update_tune_run(finished=now_iso(), report=paths)
     sf.log.append(TOOL, "converge", recommendation=result.get("recommendation"), report=paths)
     if args.json:
         io.emit_json(result)
@@ -168,11 +155,6 @@ def _server_info(runner) -> dict:
         return {}
 
 
-def _machine(sf, state: str) -> None:
-    with sf.transaction() as st:
-        st["machine_state"] = state
-
-
 def _drift(runner, io: IO) -> None:
     d = runner.sentinel()
     if d["changed"]:
@@ -181,7 +163,7 @@ def _drift(runner, io: IO) -> None:
 
 
 def build_result(runner, args, settings, t0: float) -> dict:
-    from vkit import tuning
+    from vkit.tune import steps as tuning
 
     st = runner.sf.read()
     svc = st["service"]
@@ -234,5 +216,5 @@ def build_result(runner, args, settings, t0: float) -> dict:
     }
 
 
-def main(argv: list[str] | None = None, stdout=None, stderr=None) -> int:
-    return run(build_parser(), _run, argv, stdout, stderr)
+def main(argv: list[str] | None = None, stdin=None, stdout=None, stderr=None) -> int:
+    return run(build_parser(), _run, argv, stdout, stderr, stdin)

@@ -171,7 +171,7 @@ def space_from_policy(policy: Any, names: list[str] | None = None, frozen: dict 
                       bounds: dict | None = None) -> list[Param]:
     """Build the search space from the parameter policy's "situational" rows.
 
-    ``policy``: a :class:`vkit.policy.Policy` or its data dict. ``names``: the parameters to
+    ``policy``: a :class:`vkit.apply.policy.Policy` or its data dict. ``names``: the parameters to
     search (default: the tunables of steps 2–4). ``frozen``: parameters that must not move
     (left out of the space). ``bounds``: ``{name: (low, high)}`` narrows a range (it must stay
     inside the policy's range), ``{name: [v1, v2, …]}`` gives an explicit lattice.

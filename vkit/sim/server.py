@@ -21,14 +21,13 @@ import json
 import os
 import random
 import selectors
-import signal
 import socket
 import time
 import traceback
 import zlib
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from vkit import __version__ as VKIT_VERSION
 from vkit.sim.config import Resolved, ServeOptions, SimStartupError, format_gib, resolve
@@ -96,14 +95,6 @@ class _StampedSelector(selectors.DefaultSelector):  # type: ignore[misc, valid-t
         ready = super().select(timeout)
         self.ready_at = time.perf_counter()
         return ready
-
-
-_SELECTOR: _StampedSelector | None = None
-
-
-def _ready_at() -> float:
-    """When the current batch of readable sockets was seen (now, outside the server's loop)."""
-    return _SELECTOR.ready_at if _SELECTOR is not None and _SELECTOR.ready_at else time.perf_counter()
 
 
 def error_body(message: str, err_type: str, code: int, param: str | None = None) -> dict:
@@ -321,7 +312,7 @@ class Conn(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.buf += data
-        self.t_rx = _ready_at()
+        self.t_rx = self.app.ready_at()
         if not self.busy:
             self._process()
 
@@ -395,7 +386,9 @@ class Conn(asyncio.Protocol):
 # -- the application -------------------------------------------------------------------------
 
 class SimApp:
-    def __init__(self, opts: ServeOptions, resolved: Resolved, settings: SimSettings, log: VllmLog):
+    def __init__(self, opts: ServeOptions, resolved: Resolved, settings: SimSettings, log: VllmLog,
+                 selector: _StampedSelector | None = None):
+        self.selector = selector
         self.opts = opts
         self.cfg = resolved
         self.s = settings
@@ -452,6 +445,11 @@ class SimApp:
         self._server: asyncio.base_events.Server | None = None
 
     # -- clock --------------------------------------------------------------------------------
+
+    def ready_at(self) -> float:
+        """When the current batch of readable sockets was seen (now, outside the server's loop)."""
+        sel = self.selector
+        return sel.ready_at if sel is not None and sel.ready_at else time.perf_counter()
     def vnow(self, w: float | None = None) -> float:
         return self.v0 + ((time.perf_counter() if w is None else w) - self.w0) * self.speed
 
@@ -930,14 +928,19 @@ def report_startup_error(e: SimStartupError, log: VllmLog) -> None:
                    f"{e.exc_type}: {e.message}")
 
 
-async def _serve(opts: ServeOptions, s: SimSettings, log: VllmLog) -> int:
+OnLoop = Callable[[asyncio.AbstractEventLoop, Callable[[], None]], None]
+
+
+async def _serve(opts: ServeOptions, s: SimSettings, log: VllmLog, selector: _StampedSelector, on_loop: OnLoop | None) -> int:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        try:
-            loop.add_signal_handler(sig, stop.set)
-        except (NotImplementedError, RuntimeError, ValueError):
-            pass
+    if on_loop is not None:
+        on_loop(loop, stop.set)  # the caller wires its signals to the stop (the CLI: SIGTERM, SIGINT)
+    return await _serve_until(opts, s, log, selector, stop)
+
+
+async def _serve_until(opts: ServeOptions, s: SimSettings, log: VllmLog, selector: _StampedSelector, stop: asyncio.Event) -> int:
+    loop = asyncio.get_running_loop()
     log.info("api_server.py:1839", f"vLLM API server version {SIM_VERSION}")
     log.info("utils.py:233", f"non-default args: {s.non_default_args!r}")
     log.warning("sim_server.py:1", (
@@ -993,7 +996,7 @@ async def _serve(opts: ServeOptions, s: SimSettings, log: VllmLog) -> int:
         log.info("core.py:218", f"init engine (profile, create kv cache, warmup model) took {s.startup_s - t_load:.2f} seconds",
                  ENGINE)
 
-        app = SimApp(opts, resolved, s, log)
+        app = SimApp(opts, resolved, s, log, selector)
         app.stop_event = stop
         sock.listen(2048)
         server = await loop.create_server(lambda: Conn(app), sock=sock)
@@ -1064,14 +1067,14 @@ async def _sleep_or_stop(seconds: float, stop: asyncio.Event) -> bool:
         return False
 
 
-def serve(opts: ServeOptions, settings: SimSettings, log: VllmLog) -> int:
-    """Run the server until SIGTERM/SIGINT (exit 0), a start-up failure or engine death (exit 1)."""
-    global _SELECTOR
-    _SELECTOR = _StampedSelector()
-    loop = asyncio.SelectorEventLoop(_SELECTOR)
+def serve(opts: ServeOptions, settings: SimSettings, log: VllmLog, on_loop: OnLoop | None = None) -> int:
+    """Run the server until the stop that ``on_loop(loop, stop)`` is handed is called (under the
+    CLI: SIGTERM/SIGINT, exit 0), a start-up failure or engine death (exit 1)."""
+    selector = _StampedSelector()
+    loop = asyncio.SelectorEventLoop(selector)
     try:
         asyncio.set_event_loop(loop)
-        return loop.run_until_complete(_serve(opts, settings, log))
+        return loop.run_until_complete(_serve(opts, settings, log, selector, on_loop))
     finally:
         try:
             for task in asyncio.all_tasks(loop):
@@ -1081,4 +1084,3 @@ def serve(opts: ServeOptions, settings: SimSettings, log: VllmLog) -> int:
         finally:
             asyncio.set_event_loop(None)
             loop.close()
-            _SELECTOR = None

@@ -29,7 +29,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(HERE))))
 
-from vkit.metrics import describe_ms, dist  # noqa: E402
+from vkit.measure.summary import describe_ms, dist  # noqa: E402
 
 
 def write(name: str, obj) -> None:

@@ -1,7 +1,7 @@
 """The knowledge base: finished tuning runs stored with the environment fingerprint they were
 measured in, so a later run can warm-start from them — only from matching entries.
 
-One JSON Lines file (``$VKIT_KB``, else ``knowledge.jsonl`` beside the state file), appended
+One JSON Lines file (tune takes ``$VKIT_KB``, else ``knowledge.jsonl`` beside the state file), appended
 atomically line by line. An entry matches when its fingerprint key (accelerator model, count
 and driver, server version, model, launch argv hash, simulator profile) and its workload are
 equal to the new run's; every other entry is reported as invalidated, with the first field
@@ -18,8 +18,8 @@ from vkit.state import DecisionLog, now_iso
 KEY_FIELDS = ("accelerator", "server_version", "model", "launch_hash", "simulator")
 
 
-def kb_path(state_dir: str) -> str:
-    return os.environ.get("VKIT_KB") or os.path.join(state_dir, "knowledge.jsonl")
+def default_path(state_dir: str) -> str:
+    return os.path.join(state_dir, "knowledge.jsonl")
 
 
 def fingerprint_key(state: dict, server_info: dict | None) -> dict:

@@ -11,17 +11,50 @@ rendered by :func:`render_table`.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from vkit.errors import MustRunMissing, PolicyRefusal, UsageError
+from vkit.jsonio import read_json
 
-DEFAULT_POLICY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "params.json")
+DEFAULT_POLICY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "params.json")
 
 TRUE = {"1", "true", "yes", "on"}
 FALSE = {"0", "false", "no", "off"}
+
+
+def config_value(v: Any) -> Any:
+    """A configuration value as compared: None for none/null/empty, booleans for the words in
+    TRUE and FALSE, numbers as floats, other text stripped and lower-cased."""
+    if v is None or isinstance(v, bool):
+        return v
+    if isinstance(v, (int, float)):
+        return float(v)
+    s = str(v).strip()
+    low = s.lower()
+    if low in ("none", "null", ""):
+        return None
+    if low in TRUE:
+        return True
+    if low in FALSE:
+        return False
+    try:
+        return float(s)
+    except ValueError:
+        return low
+
+
+def same_value(a: Any, b: Any) -> bool:
+    """Whether two spellings of a configuration value mean the same: 0.9 == '0.9', True == 'true'
+    == '1', 16 == '16.0' (the one comparison of configured, expected and reported values)."""
+    a, b = config_value(a), config_value(b)
+    if isinstance(a, bool) or isinstance(b, bool):
+        a = float(a) if isinstance(a, bool) else a
+        b = float(b) if isinstance(b, bool) else b
+    if isinstance(a, float) and isinstance(b, float):
+        return abs(a - b) <= 1e-9 * max(1.0, abs(a), abs(b))
+    return a == b
 
 
 def canonical(name: str) -> str:
@@ -42,14 +75,11 @@ class Policy:
 
     @classmethod
     def load(cls, path: str | None = None) -> "Policy":
-        path = path or os.environ.get("VKIT_POLICY") or DEFAULT_POLICY
+        path = path or DEFAULT_POLICY
         try:
-            with open(path, encoding="utf-8") as f:
-                data = json.load(f)
+            data = read_json(path, "parameter policy")
         except FileNotFoundError:
             raise UsageError(f"no parameter policy at {path}") from None
-        except json.JSONDecodeError as e:
-            raise UsageError(f"parameter policy {path} is not valid JSON ({e.msg} at line {e.lineno})") from None
         for key in ("forbidden", "must_change", "must_run", "situational"):
             if not isinstance(data.get(key), list):
                 raise UsageError(f"parameter policy {path} lacks the list {key!r}")

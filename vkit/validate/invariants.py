@@ -1,4 +1,4 @@
-"""The invariants check_invariants applies to a normalised report (``vkit.formats``):
+"""The invariants check_invariants applies to a normalised report (``vkit.validate.formats``):
 VALIDATE in the tuning state machine — no analysis on a broken gauge.
 
 Each check is a small pure function ``check(rep, th, ctx) -> dict`` returning::
@@ -17,13 +17,15 @@ Nothing here prints or exits.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
-from vkit.errors import UsageError
+from vkit.apply.policy import same_value
+from vkit.errors import ExitCode, UsageError
+from vkit.jsonio import read_json
+from vkit.validate.formats import load_report
 
 PASS, FAIL, NA = "pass", "fail", "not_applicable"
 INVALID, ANOMALY, INFO = "invalid", "anomaly", "info"
@@ -614,44 +616,13 @@ def check_client_server_ttft_gap(rep: dict, th: Thresholds, ctx: dict) -> dict:
     return _res(cid, title, PASS, INFO, f"client TTFT {_f(cli)} ms vs server {_f(srv)} ms (gap {gap:+.1f} ms).", **ev)
 
 
-_TRUE = {"true", "yes", "on"}
-_FALSE = {"false", "no", "off"}
 _ALIASES = {"cache_dtype": "kv_cache_dtype"}
-
-
-def _norm_value(v: Any) -> Any:
-    if v is None or isinstance(v, bool):
-        return v
-    if isinstance(v, (int, float)):
-        return float(v)
-    s = str(v).strip()
-    low = s.lower()
-    if low in ("none", "null", ""):
-        return None
-    if low in _TRUE:
-        return True
-    if low in _FALSE:
-        return False
-    try:
-        return float(s)
-    except ValueError:
-        return low
-
-
-def _same(a: Any, b: Any) -> bool:
-    a, b = _norm_value(a), _norm_value(b)
-    if isinstance(a, bool) or isinstance(b, bool):
-        a = float(a) if isinstance(a, bool) else a
-        b = float(b) if isinstance(b, bool) else b
-    if isinstance(a, float) and isinstance(b, float):
-        return abs(a - b) <= 1e-9 * max(1.0, abs(a), abs(b))
-    return a == b
 
 
 def reported_config(server: dict | None) -> dict:
     """What the server says it runs: max_model_len (/v1/models), cache_config labels (/metrics)
     and any ``config`` object, under vLLM's names."""
-    from vkit.policy import canonical
+    from vkit.apply.policy import canonical
 
     out: dict[str, Any] = {}
     if not server:
@@ -677,14 +648,14 @@ def check_server_config(rep: dict, th: Thresholds, ctx: dict) -> dict:
     if not have:
         return _res(cid, title, NA, INFO, "the report carries no server-reported configuration (a vkit summary does).",
                     expected=want)
-    from vkit.policy import canonical
+    from vkit.apply.policy import canonical
 
     mism, matched, unverified = {}, [], []
     for k, v in sorted(want.items()):
         key = _ALIASES.get(canonical(k), canonical(k))
         if key not in have:
             unverified.append(key)
-        elif _same(v, have[key]):
+        elif same_value(v, have[key]):
             matched.append(key)
         else:
             mism[key] = {"expected": v, "reported": have[key]}
@@ -790,9 +761,40 @@ def worst(verdicts: list[str]) -> str:
     return max(verdicts, key=lambda v: order[v]) if verdicts else "valid"
 
 
+VERDICT_CODE = {"valid": ExitCode.OK, "anomaly": ExitCode.REJECTED, "invalid": ExitCode.INVALID}
+
+
+@dataclass
+class Check:
+    """check_invariants' verdict on one report: ``code`` is the exit code the tool gives it."""
+
+    verdict: str
+    result: dict
+
+    @property
+    def code(self) -> ExitCode:
+        return VERDICT_CODE[self.verdict]
+
+    @property
+    def findings(self) -> list[str]:
+        return list(self.result.get("findings") or [])
+
+    @property
+    def failed(self) -> list[str]:
+        return [c.get("id") for c in self.result.get("checks", []) if c.get("status") == FAIL]
+
+
+def check_file(path: str, th: Thresholds | None = None, fmt: str = "auto", records: str | None = None,
+               stdin: Any = None, other: dict | None = None, expect: dict | None = None) -> Check:
+    """Read, normalise and check one report (``-`` reads ``stdin``): what check_invariants does
+    for each REPORT. Unreadable input raises ``UsageError``."""
+    res = evaluate(load_report(path, fmt, stdin=stdin, records=records), th, other=other, expect=expect)
+    return Check(res["verdict"], res)
+
+
 def parse_expected_config(items: list[str]) -> dict:
     """``k=v`` items and JSON files (a config object, or one holding ``"config"``) → dict."""
-    from vkit.policy import canonical
+    from vkit.apply.policy import canonical
 
     out: dict[str, Any] = {}
     for item in items or []:
@@ -803,12 +805,9 @@ def parse_expected_config(items: list[str]) -> dict:
             out[canonical(k)] = v
             continue
         try:
-            with open(item, encoding="utf-8") as f:
-                doc = json.load(f)
+            doc = read_json(item, "--expect-config file")
         except FileNotFoundError:
             raise UsageError(f"--expect-config takes K=V items or a JSON file; {item!r} is neither") from None
-        except json.JSONDecodeError as e:
-            raise UsageError(f"--expect-config file {item} is not valid JSON ({e.msg} at line {e.lineno})") from None
         if isinstance(doc, dict) and isinstance(doc.get("config"), dict):
             doc = doc["config"]
         if not isinstance(doc, dict) or "vkit" in doc or "completed" in doc:

@@ -1,9 +1,10 @@
-"""The per-trial state machine of sweep and tune, composed from vkit's own tools.
+"""The per-trial state machine of sweep and tune, composed from the functions vkit's tools call.
 
 APPLY (restart_with_rollback) → VERIFY (post_start_verify inside it, then the repeats)
 → VALIDATE (check_invariants on every run) → GATE (gate against the kept baseline)
-→ KEEP or REVERT. The tools are called through their ``main()`` — the same code path,
-flags and exit codes as ``bin/`` — never re-implemented here.
+→ KEEP or REVERT. Each phase calls the library function its tool calls (``lifecycle.run_held``,
+``gauge.measure``, ``invariants.check_file``, ``gate.decide``), with the same outcomes and
+exit codes as ``bin/``, never re-implemented here.
 
 Everything is recorded in the state file as it happens (``baseline``, ``trials``,
 ``confirmations``), so a run killed at any point continues where it stopped: a finished
@@ -22,57 +23,45 @@ Measurement design:
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import math
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import numpy as np
 
+from vkit.apply.lifecycle import Held, Lifecycle, Outcome, run_held
+from vkit.apply.policy import Policy, to_serve_flags
+from vkit.decide import gate as _gate
 from vkit.errors import Abnormal, ExitCode, Rejected, VkitError
-from vkit.lifecycle import Lifecycle
-from vkit.policy import to_serve_flags
+from vkit.interrupts import Interrupts
+from vkit.measure.gauge import BenchOptions, build_config, measure
 from vkit.state import StateFile, default_owner, now_iso, upsert
+from vkit.validate import invariants
 
 KEY_METRICS = ("output_throughput", "request_throughput", "request_goodput", "p95_ttft_ms", "p99_ttft_ms", "mean_ttft_ms",
                "mean_tpot_ms", "p95_tpot_ms", "mean_e2el_ms", "p95_e2el_ms")
 
 
-class Tools:
-    """vkit's tools, called in-process through their ``main()`` with captured streams."""
-
-    def __init__(self, state_path: str, log_path: str | None = None, echo: Callable[[str], None] | None = None):
-        self.state_path = state_path
-        self.log_path = log_path
-        self.echo = echo
-
-    def call(self, tool: str, *argv: str) -> tuple[int, str, str]:
-        import importlib
-
-        mod = importlib.import_module(f"vkit.cli.{tool}")
-        out, err = io.StringIO(), io.StringIO()
-        full = ["--state", self.state_path, *argv] if tool != "check_invariants" else list(argv)
-        code = mod.main(full, stdout=out, stderr=err)
-        if self.log_path:
-            with open(self.log_path, "a", encoding="utf-8") as f:
-                f.write(f"$ {tool} {' '.join(full)}\n{err.getvalue()}[exit {code}]\n")
-        return code, out.getvalue(), err.getvalue()
+def plain(obj: Any) -> Any:
+    """``obj`` as the JSON a tool writes and a state file holds (tuples as lists, numbers as
+    JSON numbers, anything else as its string)."""
+    return json.loads(json.dumps(obj, default=str))
 
 
 @dataclass
 class Workload:
     """How every configuration is measured (the gauge: identical for all trials)."""
 
-    bench_args: list[str]  # bench_stream flags without --seed/--records/-o
+    options: BenchOptions  # bench_stream's options; repeat k of a configuration uses seed + k
     seed: int = 1
     name: str = "main"
 
     def describe(self) -> dict:
-        return {"name": self.name, "bench_args": list(self.bench_args), "seed": self.seed}
+        """The workload as the state file records it (bench_stream's flags, the seed apart)."""
+        return {"name": self.name, "bench_args": self.options.flags(), "seed": self.seed}
 
 
 @dataclass
@@ -113,15 +102,19 @@ def aggregate(docs: list[dict]) -> dict:
 
 
 class Runner:
-    def __init__(self, sf: StateFile, settings: Settings, progress: Callable[[str], None], tool_name: str = "sweep"):
+    def __init__(self, sf: StateFile, settings: Settings, progress: Callable[[str], None], tool_name: str = "sweep",
+                 owner: str | None = None, policy: Policy | None = None, interrupts: Interrupts | None = None):
+        """``owner`` holds the lease the run's restarts work under; ``policy`` the parameter policy
+        (default the packaged one); ``interrupts`` come from the tool's signal handler."""
         self.sf = sf
         self.s = settings
         self.progress = progress
         self.tool_name = tool_name
         self.runs_dir = os.path.join(sf.dir, "runs")
         os.makedirs(self.runs_dir, exist_ok=True)
-        self.tools = Tools(sf.path, log_path=os.path.join(sf.dir, "tools.log"))
-        self.owner = default_owner(tool_name)
+        self.owner = owner or default_owner(tool_name)
+        self.policy = policy or Policy.load()
+        self.interrupts = interrupts or Interrupts()
 
     # -- state helpers ----------------------------------------------------
     def _abs(self, rel: str) -> str:
@@ -159,7 +152,7 @@ class Runner:
         request set finds its prompts in the prefix cache from an earlier series on the same process."""
         st = self.sf.read()
         run = st["service"].get("running") or {}
-        from vkit.launcher import alive
+        from vkit.apply.launcher import alive
 
         cand = st.get("candidate") or {}
         if (not fresh and run.get("config") == config and alive(run.get("pid"), run.get("ticks"))
@@ -171,17 +164,10 @@ class Runner:
         if removed:
             raise VkitError(f"a candidate cannot drop kept parameters ({', '.join(removed)})", ExitCode.INTERNAL)
         if not changes:
-            code, out, err = self.tools.call("rollback", "--json", "-q", "--ready-timeout", str(self.s.ready_timeout_s),
-                                             "--reason", "measure the kept configuration")
+            code, res, err = self._held("rollback", lambda lc: lc.rollback(reason="measure the kept configuration"))
         else:
-            argv = ["--json", "-q", "--sandbox" if self.s.sandbox else "--yes", "--ready-timeout", str(self.s.ready_timeout_s)]
-            for k, v in sorted(changes.items()):
-                argv += ["--set", f"{k}={v}"]
-            code, out, err = self.tools.call("restart_with_rollback", *argv)
-        try:
-            res = json.loads(out) if out.strip() else {}
-        except ValueError:
-            res = {}
+            typed = {k: self.policy.coerce(k, v) for k, v in sorted(changes.items())}
+            code, res, err = self._held("restart_with_rollback", lambda lc: lc.restart(typed))
         if code == ExitCode.UNAVAILABLE:
             raise VkitError(f"the environment is unavailable or ABNORMAL: {(res.get('message') or err.strip())}", ExitCode.UNAVAILABLE)
         if code == ExitCode.INTERRUPTED:
@@ -189,6 +175,15 @@ class Runner:
         if code not in (0, 1):
             raise VkitError(f"restart_with_rollback failed (exit {code}): {err.strip()[-300:]}", code)
         return code == 0, res
+
+    def _held(self, tool: str, body: Callable[[Lifecycle], Outcome]) -> tuple[int, dict, str]:
+        """A restart or rollback as ``tool`` makes it: (exit code, outcome, error message)."""
+        how = Held(owner=self.owner, ready_timeout_s=self.s.ready_timeout_s, interrupts=self.interrupts, policy=self.policy)
+        try:
+            code, out = run_held(self.sf, tool, how, body)
+        except VkitError as e:
+            return int(e.code), {}, f"{tool}: error: {' '.join(str(e).split())}"
+        return int(code), plain(out.as_dict()) if out is not None else {}, ""
 
     @staticmethod
     def _healthy(url: str) -> bool:
@@ -250,7 +245,7 @@ class Runner:
         if cfg == st["kept"]["config"]:
             reason = (f"the server of the kept configuration died during measurements twice ({errs}); "
                       "read the server log in the logs/ folder beside the state file")
-            Lifecycle(self.sf, self.tool_name, self.owner, progress=self.progress).mark_abnormal(reason)
+            Lifecycle(self.sf, self.tool_name, self.owner, progress=self.progress, policy=self.policy).mark_abnormal(reason)
             raise Abnormal(reason)
         path = _rel(os.path.join(self.runs_dir, label, f"rep{k}.json"), self.sf.dir)
         return path, doc, {"code": ExitCode.INVALID, "verdict": "invalid", "findings": ["server_died"]}
@@ -261,39 +256,45 @@ class Runner:
         os.makedirs(d, exist_ok=True)
         path = os.path.join(d, f"rep{k}.json")
         rec = os.path.join(d, f"rep{k}.jsonl")
-        code, out, err = self.tools.call("bench_stream", *w.bench_args, "--seed", str(w.seed + k), "-q", "--records", rec, "-o", path)
-        if code == ExitCode.INTERRUPTED:
-            raise KeyboardInterrupt
-        if code != 0:
-            raise VkitError(f"bench_stream failed (exit {code}): {err.strip()[-300:]}", ExitCode.UNAVAILABLE if code == 4 else code)
-        doc = json.loads(out)
-        ccode, cout, _ = self.tools.call("check_invariants", path, "--records", rec)
+        seed = w.seed + k
+        # the command that makes the same measurement by hand, recorded in the summary
+        command = ["--state", self.sf.path, *w.options.flags(), "--seed", str(seed), "-q", "--records", rec, "-o", path]
         try:
-            check = json.loads(cout)
-        except ValueError:
-            check = {}
-        check_brief = {"code": ccode, "verdict": check.get("verdict"), "findings": check.get("findings")}
+            cfg = build_config(replace(w.options, seed=seed), self.sf.read()["service"]["url"], command)
+            out = measure(cfg, records=rec, output=path, interrupts=self.interrupts)
+        except VkitError as e:
+            raise VkitError(f"bench_stream failed (exit {int(e.code)}): {' '.join(str(e).split())}",
+                            ExitCode.UNAVAILABLE if e.code == 4 else e.code) from None
+        if out.partial:
+            raise KeyboardInterrupt
+        doc = plain(out.summary)
+        try:
+            c = invariants.check_file(path, records=rec)
+            check_brief = {"code": int(c.code), "verdict": c.verdict, "findings": c.findings}
+        except VkitError as e:
+            check_brief = {"code": int(e.code), "verdict": None, "findings": None}
         return _rel(path, self.sf.dir), doc, check_brief
 
     def gate(self, baseline: list[str], candidate: list[str], fresh: bool = False, selected_from: int = 1,
              primary: str | None = None, guards: list[str] | None = None) -> dict:
-        argv = ["-q", "--baseline", *[self._abs(p) for p in baseline]]
-        argv += ["--fresh" if fresh else "--candidate", *[self._abs(p) for p in candidate]]
-        argv += ["--primary", primary or self.s.primary, "--selected-from", str(selected_from)]
-        for g in guards if guards is not None else self.s.guards:
-            argv += ["--guard", g]
+        primary = primary or self.s.primary
+        guards = guards if guards is not None else self.s.guards
         # σ pooled from this run's baseline repeats, for the primary and every guard (normal-mixture sequences)
         sig = (self.sf.read().get("sigma_baseline") or {})
-        for spec in [primary or self.s.primary, *(guards if guards is not None else self.s.guards)]:
+        pool = {}
+        for spec in [primary, *guards]:
             m = spec.split(":")[0]
             if isinstance(sig.get(m), (int, float)) and 0 < sig[m] < 1:
-                argv += ["--sigma", f"{m}={sig[m]}"]
-        code, out, err = self.tools.call("gate", *argv)
+                pool[m] = float(sig[m])
+        runs = {"fresh" if fresh else "candidate": [self._abs(p) for p in candidate]}
         try:
-            res = json.loads(out)
-        except ValueError:
-            res = {"decision": "invalid", "why": err.strip().splitlines()[-1] if err.strip() else f"gate exit {code}"}
-        res["exit_code"] = code
+            inp = _gate.GateInput(baseline=[self._abs(p) for p in baseline], primary=_gate.parse_metric(primary, "primary"),
+                                  guards=_gate.parse_guards(guards), selected_from=selected_from, sigma_pool=pool,
+                                  policy=self.policy, **runs)
+            res = plain(_gate.decide(inp))
+        except VkitError as e:
+            return {"decision": "invalid", "why": f"gate: error: {' '.join(str(e).split())}", "exit_code": int(e.code)}
+        res["exit_code"] = int(_gate.EXIT_CODE.get(res["decision"], ExitCode.UNDECIDED))
         return res
 
     # -- BASELINE -------------------------------------------------------------
@@ -431,7 +432,7 @@ class Runner:
             conf["decision"] = "start_failed"
             self.save_conf(conf)
             return conf
-        lc = Lifecycle(self.sf, self.tool_name, self.owner, progress=self.progress)
+        lc = Lifecycle(self.sf, self.tool_name, self.owner, progress=self.progress, policy=self.policy)
         did = lc.keep(reason=f"gate accepted {tid} on fresh interleaved runs: {conf.get('why')}", decision="gate")
         conf["decision"] = "kept"
         conf["decision_id"] = did
@@ -527,7 +528,7 @@ class Runner:
     def sentinel(self) -> dict:
         """Re-measure the kept configuration once and look for a level change in everything measured
         of it since the last alarm (``kept_series``); on a change, the alarm time resets the series."""
-        from vkit.drift import MIN_RUNS, detect
+        from vkit.decide.drift import MIN_RUNS, detect
 
         self.restore_kept(fresh=True)
         st = self.sf.read()
@@ -564,8 +565,6 @@ def kept_series(st: dict, load: Callable[[str], dict]) -> list[tuple[str, dict]]
     it and the B runs of the confirmation that kept it. Only runs measured the same way as the
     newest one count (step 5's mixed workload is another gauge). tune's sentinel and
     ``drift --kept`` judge this one series."""
-    from vkit import gate as _gate
-
     kept = st["kept"]["config"]
     paths = [r.get("path") if isinstance(r, dict) else r for r in (st.get("kept") or {}).get("repeats") or []]
     trials = {t["id"]: t for t in st.get("trials", [])}
@@ -592,20 +591,6 @@ def kept_series(st: dict, load: Callable[[str], dict]) -> list[tuple[str, dict]]
         return []
     last = _gate.gauge_of(rows[-1][2])
     return [(p, doc) for _, p, doc in rows if _gate.gauge_of(doc) == last]
-
-
-@contextlib.contextmanager
-def lease_env(owner: str):
-    """Hand the run's lease down to the tools it calls."""
-    old = os.environ.get("VKIT_LEASE_OWNER")
-    os.environ["VKIT_LEASE_OWNER"] = owner
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop("VKIT_LEASE_OWNER", None)
-        else:
-            os.environ["VKIT_LEASE_OWNER"] = old
 
 
 def elapsed(t0: float) -> str:

@@ -10,10 +10,10 @@ Timing: each socket's bytes are stamped with ``perf_counter()`` right after its
 ``recv`` returns, before any parsing, so a busy batch does not delay the stamps of the
 sockets read after it by their parsing time. The clock starts just before the request's
 first byte is sent (as ``vllm bench serve``). SSE events are handled by
-``vkit.client.SSEState``, the same code the threaded transport uses.
+``vkit.measure.client.SSEState``, the same code the threaded transport uses.
 
 Plain ``http://`` only; ``https://`` URLs use the threaded transport
-(``vkit.client.StreamClient``).
+(``vkit.measure.client.StreamClient``).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import socket
 import time
 import urllib.parse
 
-from vkit.client import Result, SSEState, error_message
+from vkit.measure.client import Result, SSEState, error_message
 
 _READ = selectors.EVENT_READ
 _WRITE = selectors.EVENT_WRITE

@@ -40,6 +40,7 @@ import re
 from typing import Any, Iterable
 
 from vkit.errors import UsageError
+from vkit.jsonio import load_json_lines
 
 FORMATS = ("vkit", "vllm-bench", "aisbench", "evalscope", "guidellm", "aiperf")
 METRICS = ("ttft", "tpot", "itl", "e2el")
@@ -232,21 +233,8 @@ def _phase_from_summary(rep: dict) -> None:
 
 def read_records(path: str) -> list[dict]:
     """Per-request records, JSON Lines (bench_stream ``--records``)."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            lines = f.read().splitlines()
-    except FileNotFoundError:
-        raise UsageError(f"no such records file: {path}") from None
-    except OSError as e:
-        raise UsageError(f"cannot read records file {path}: {e.strerror}") from None
     out = []
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise UsageError(f"{path} line {n} is not valid JSON ({e.msg}); expected one request record a line") from None
+    for n, rec in load_json_lines(path, "records file", "expected one request record a line"):
         if not isinstance(rec, dict):
             raise UsageError(f"{path} line {n} is not a JSON object; expected one request record a line")
         out.append(rec)

@@ -34,7 +34,7 @@ simulation of N(0, 1) streams to a 5% chance of any false alarm over the whole s
 stream length and per σ mode (pooled or estimated). ``calibrate()`` is that simulation; its
 output is stored in ``THRESHOLDS``; regenerate with
 
-    python3 -c "import vkit.drift as d; print(d.calibrate())"
+    python3 -c "import vkit.decide.drift as d; print(d.calibrate())"
 
 (20 000 streams per cell, seed 20260101; about a minute on two cores). A stream longer
 than the longest calibrated length is judged on its last ``max(LENGTHS)`` runs.

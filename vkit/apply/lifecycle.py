@@ -19,12 +19,13 @@ import os
 from dataclasses import dataclass, field
 from typing import Callable
 
-from vkit import launcher
+from vkit.apply import launcher
+from vkit.apply.launcher import Running
+from vkit.apply.policy import Policy
+from vkit.apply.verify import CACHE_CONFIG_KEYS, verify
 from vkit.errors import Abnormal, ExitCode, VkitError
-from vkit.launcher import Running
-from vkit.policy import Policy
+from vkit.interrupts import Interrupts
 from vkit.state import StateFile, now_iso, pid_alive
-from vkit.verify import CACHE_CONFIG_KEYS, verify
 
 
 class Interrupted(VkitError):
@@ -261,3 +262,37 @@ class Lifecycle:
             s2["machine_state"] = "KEEP"
         return did
 
+
+
+@dataclass
+class Held:
+    """How a restart or rollback runs: its lease, its timeouts, where it reports."""
+
+    owner: str
+    ready_timeout_s: float = 600.0
+    grace_s: float = 15.0
+    lease_ttl_s: float = 3600.0
+    progress: Callable[[str], None] = lambda s: None
+    interrupts: Interrupts = field(default_factory=Interrupts)
+    on_interrupt: Callable[[], None] | None = None
+    policy: Policy | None = None
+
+
+def run_held(sf: StateFile, tool: str, how: Held, body: Callable[[Lifecycle], Outcome]) -> tuple[int, Outcome | None]:
+    """``body`` under the lease, after recovering a restart an earlier run left unfinished: what
+    restart_with_rollback and rollback do. An interrupt lets the step under way finish safely
+    (a restart rolls back). Returns the exit code and the outcome (None when interrupted)."""
+    sf.read()  # missing/corrupt state → exit 4/3 before anything is touched
+    with how.interrupts.deferred(on_first=how.on_interrupt) as stop:
+        lc = Lifecycle(sf, tool, how.owner, progress=how.progress, ready_timeout_s=how.ready_timeout_s, grace_s=how.grace_s,
+                       interrupted=stop.is_set, policy=how.policy)
+        with sf.lease(how.owner, ttl_s=how.lease_ttl_s, tool=tool):
+            rec = lc.recover_orphan()
+            if rec is not None:
+                how.progress(f"recovery: {rec.message}")
+                if not rec.ok:
+                    return rec.code, rec
+            out = body(lc)
+    if stop.is_set() and out.ok:
+        return ExitCode.INTERRUPTED, out
+    return out.code, out

@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import hashlib
-import io
 import json
 import math
 import os
@@ -55,10 +54,12 @@ from typing import Any, Callable, Iterable
 import numpy as np
 from scipy import stats as _sps
 
-from vkit import drift as _drift
-from vkit import stats as st
-from vkit.errors import InvalidData, Unavailable, UsageError, VkitError
-from vkit.policy import Policy
+from vkit.apply.policy import Policy
+from vkit.decide import drift as _drift
+from vkit.decide import stats as st
+from vkit.decide.percent import parse_fraction
+from vkit.errors import ExitCode, InvalidData, UsageError, VkitError
+from vkit.validate import invariants
 
 DEFAULT_PRIMARY = "output_throughput:+"
 # Metrics reported (not decided on) when every run has them; primary and guards are added.
@@ -81,6 +82,7 @@ GAUGE_TOP = ("endpoint_type", "backend", "model_id", "num_prompts", "max_concurr
 GAUGE_VKIT = ("stream", "endpoint", "ignore_eos", "warmups", "goodput_slo_ms", "client.name", "client.version", "dataset")
 
 ACCEPT, REJECT, UNDECIDED = "accept", "reject", "undecided"
+EXIT_CODE = {ACCEPT: ExitCode.OK, REJECT: ExitCode.REJECTED}  # anything else: undecided
 MAX_PROJECT = 200  # furthest look-ahead for "how many more runs"
 MIN_FIXED_RUNS = 3  # --fixed never decides on fewer runs per arm
 
@@ -112,17 +114,6 @@ def infer_direction(name: str) -> int | None:
     return None
 
 
-def _parse_fraction(text: str, what: str) -> float:
-    t = text.strip()
-    try:
-        v = float(t[:-1]) / 100 if t.endswith("%") else float(t)
-    except ValueError:
-        raise UsageError(f"{what}: {text!r} is not a number or a percentage such as 5%") from None
-    if not (0 < v < 1):
-        raise UsageError(f"{what}: {text!r} must be between 0 and 100%")
-    return v
-
-
 def parse_metric(text: str, role: str) -> MetricSpec:
     """``name``, ``name:+``, ``name:-`` or (guards) ``name:-:5%``."""
     parts = [p.strip() for p in text.split(":")]
@@ -144,7 +135,7 @@ def parse_metric(text: str, role: str) -> MetricSpec:
     if len(parts) == 3 and parts[2]:
         if role == "primary":
             raise UsageError(f"--primary {text!r}: a tolerance belongs to a guard; the primary's threshold is max(2σ, --floor)")
-        tol = _parse_fraction(parts[2], f"--guard {text}")
+        tol = parse_fraction(parts[2], f"--guard {text}")
     return MetricSpec(name, direction, role, tol)
 
 
@@ -303,7 +294,7 @@ def load_summary(path: str, arm: str, fresh: bool = False) -> Run:
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise UsageError(f"{path} is not valid JSON ({e})") from None
     if not isinstance(doc, dict) or "completed" not in doc:
-        from vkit.formats import detect
+        from vkit.validate.formats import detect
 
         fmt = detect(doc)
         hint = f" (it looks like {fmt})" if fmt else ""
@@ -316,25 +307,20 @@ def load_summary(path: str, arm: str, fresh: bool = False) -> Run:
 Checker = Callable[[str], tuple[int, dict | None, str]]
 
 
-def check_invariants_inproc(path: str) -> tuple[int, dict | None, str]:
-    """Run check_invariants on one file through its CLI contract: exit code, JSON, stderr."""
+def check_invariants(path: str) -> tuple[int, dict | None, str]:
+    """check_invariants' verdict on one file: its exit code, its result and, when the file
+    cannot be read, the reason."""
     try:
-        from vkit.cli import check_invariants
-    except ImportError as e:  # pragma: no cover - the module ships with vkit
-        raise Unavailable(f"check_invariants is not available ({e}); gate will not decide on unchecked data") from None
-    out, err = io.StringIO(), io.StringIO()
-    code = check_invariants.main([path, "-q"], stdout=out, stderr=err)
-    try:
-        doc = json.loads(out.getvalue()) if out.getvalue().strip() else None
-    except json.JSONDecodeError:
-        doc = None
-    return code, doc, err.getvalue()
+        c = invariants.check_file(path)
+    except VkitError as e:
+        return int(e.code), None, " ".join(str(e).split())
+    return int(c.code), c.result, ""
 
 
 def validate(runs: list[Run], allow_anomaly: bool, checker: Checker | None = None) -> list[str]:
     """check_invariants on every run: invalid → InvalidData; anomaly → InvalidData unless
     allowed (then a warning). Returns the warnings. Sets ``run.verdict``."""
-    checker = checker or check_invariants_inproc
+    checker = checker or check_invariants
     warnings = []
     for r in runs:
         code, doc, err = checker(r.path)
@@ -356,10 +342,9 @@ def validate(runs: list[Run], allow_anomaly: bool, checker: Checker | None = Non
                 "the data cannot support any verdict; fix the gauge and re-measure"
             )
         elif code == 2:
-            last = err.strip().splitlines()[-1] if err.strip() else "usage error"
-            raise UsageError(f"check_invariants could not read {r.path}: {last}")
+            raise UsageError(f"check_invariants could not read {r.path}: {err or 'usage error'}")
         else:
-            raise VkitError(f"check_invariants failed on {r.path} (exit {code}): {err.strip()[-300:]}")
+            raise VkitError(f"check_invariants failed on {r.path} (exit {code}): {err}")
     return warnings
 
 
@@ -822,7 +807,7 @@ class GateInput:
     sigma_pool: dict = field(default_factory=dict)
     changed_at: _dt.datetime | None = None
     check_drift: bool = True
-    policy: Policy | None = None  # None: the parameter policy ($VKIT_POLICY or the packaged table)
+    policy: Policy | None = None  # None: the packaged parameter policy (the CLI passes $VKIT_POLICY's)
     ran: list[str] = field(default_factory=list)  # must-run checks the caller ran outside gate (--ran)
 
 
@@ -1088,5 +1073,5 @@ def parse_sigma(values: Iterable[str]) -> dict:
             if "=" not in part:
                 raise UsageError(f"--sigma {part!r}: expected METRIC=REL, e.g. output_throughput=2%")
             k, x = part.split("=", 1)
-            out[k.strip()] = _parse_fraction(x, f"--sigma {part}")
+            out[k.strip()] = parse_fraction(x, f"--sigma {part}")
     return out

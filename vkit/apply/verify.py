@@ -18,8 +18,9 @@ from dataclasses import asdict, dataclass, field
 import requests
 import sseclient
 
-from vkit import accel
-from vkit.prom import PromParseError, parse
+from vkit.apply.policy import same_value
+from vkit.measure import accel
+from vkit.measure.prom import PromParseError, parse
 
 # Families every vkit tool relies on (V1 names; an older alias is accepted where vLLM renamed one).
 REQUIRED_FAMILIES = [
@@ -75,16 +76,6 @@ class Verification:
                 "seconds": self.seconds, "checks": [asdict(c) for c in self.checks]}
 
 
-def _same(a, b) -> bool:
-    """Compare an expected value with a label/JSON value: 0.9 == '0.9', True == 'True'."""
-    if isinstance(a, bool) or isinstance(b, bool) or str(a).lower() in ("true", "false"):
-        return str(a).lower() == str(b).lower()
-    try:
-        return float(a) == float(b)
-    except (TypeError, ValueError):
-        return str(a) == str(b)
-
-
 def verify(url: str, model: str, expect: dict | None = None, timeout_s: float = 30.0, api_key: str | None = None) -> Verification:
     t0 = time.time()
     url = url.rstrip("/")
@@ -122,7 +113,7 @@ def verify(url: str, model: str, expect: dict | None = None, timeout_s: float = 
         else:
             ev = {"served": ids, "max_model_len": served.get("max_model_len")}
             want = expect.pop("max_model_len", None)
-            if want is not None and not _same(want, served.get("max_model_len")):
+            if want is not None and not same_value(want, served.get("max_model_len")):
                 checks.append(Check("model", "fail", ev | {"expected_max_model_len": want},
                                     f"max_model_len is {served.get('max_model_len')}, the configuration asked for {want}"))
             else:
@@ -179,7 +170,7 @@ def verify(url: str, model: str, expect: dict | None = None, timeout_s: float = 
         for k in CACHE_CONFIG_KEYS:
             if k in expect:
                 want = expect.pop(k)
-                if k in cc and not _same(want, cc[k]):
+                if k in cc and not same_value(want, cc[k]):
                     wrong[k] = {"expected": want, "server": cc[k]}
         if missing:
             checks.append(Check("metrics", "fail", ev, f"/metrics lacks {', '.join(missing)}"))

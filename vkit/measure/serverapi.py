@@ -8,7 +8,7 @@ from typing import Any
 import requests
 
 from vkit.errors import Unavailable
-from vkit.prom import Metrics, PromParseError, parse
+from vkit.measure.prom import Metrics, PromParseError, parse
 
 # Families vkit reads from /metrics (V1 names; older names are tried as fallbacks).
 COUNTERS = {

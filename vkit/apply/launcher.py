@@ -29,8 +29,8 @@ from typing import Callable
 
 import requests
 
+from vkit.apply.policy import to_serve_flags
 from vkit.errors import UsageError
-from vkit.policy import to_serve_flags
 
 
 def serve_argv(launch: dict, config: dict) -> list[str]:

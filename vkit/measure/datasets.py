@@ -10,13 +10,13 @@ the same request set.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from vkit.errors import UsageError
+from vkit.jsonio import load_json_lines
 
 # Words for text prompts: short, common, tokenised to about one token each by BPE tokenizers.
 _WORDS = (
@@ -120,20 +120,10 @@ def jsonl_requests(path: str, n: int | None, default_output_len: int | None, cha
     """A user's prompt file: one JSON object a line with ``prompt`` or ``messages`` and an
     optional ``output_len`` / ``max_tokens``. With ``n`` larger than the file, rows repeat."""
     rows = []
-    try:
-        with open(path, encoding="utf-8") as f:
-            for ln, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise UsageError(f"{path}:{ln}: not valid JSON ({e.msg})") from None
-                if not isinstance(obj, dict) or not ("prompt" in obj or "messages" in obj):
-                    raise UsageError(f"{path}:{ln}: each line needs a 'prompt' or 'messages' field")
-                rows.append(obj)
-    except FileNotFoundError:
-        raise UsageError(f"no such dataset file: {path}") from None
+    for ln, obj in load_json_lines(path, "dataset file"):
+        if not isinstance(obj, dict) or not ("prompt" in obj or "messages" in obj):
+            raise UsageError(f"{path}:{ln}: each line needs a 'prompt' or 'messages' field")
+        rows.append(obj)
     if not rows:
         raise UsageError(f"{path} holds no requests")
     count = n or len(rows)

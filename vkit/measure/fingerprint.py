@@ -9,7 +9,8 @@ import os
 import platform
 import socket
 
-from vkit import __version__, accel
+from vkit import __version__
+from vkit.measure import accel
 
 
 def _run(argv: list[str]) -> str:

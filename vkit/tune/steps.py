@@ -1,4 +1,4 @@
-"""The tuning order of seed 000, driven through the per-trial state machine of ``vkit.runner``.
+"""The tuning order of seed 000, driven through the per-trial state machine of ``vkit.tune.runner``.
 
 Step 1 max-model-len (start-up success, KV capacity, TTFT stability) → frozen; step 2
 max-num-batched-tokens with max-num-seqs fixed; step 3 max-num-seqs at the best budget with
@@ -18,12 +18,12 @@ import shlex
 from typing import Any, Callable
 
 from vkit import search
+from vkit.apply.launcher import serve_argv
+from vkit.apply.lifecycle import Lifecycle
+from vkit.apply.policy import Policy, to_serve_flags
 from vkit.errors import ExitCode, Rejected, VkitError
-from vkit.launcher import serve_argv
-from vkit.lifecycle import Lifecycle
-from vkit.policy import Policy, to_serve_flags
-from vkit.runner import Runner, Workload
 from vkit.state import now_iso, upsert
+from vkit.tune.runner import Runner, Workload
 
 OBJECTIVES = [search.Objective("output_throughput", "max"), search.Objective("p95_ttft_ms", "min")]
 STEP_NAMES = {"1": "max-model-len", "2": "max-num-batched-tokens", "3": "max-num-seqs", "4": "grid around the knee",
@@ -142,7 +142,7 @@ def run_step1(runner: Runner, candidates: list[int], need_len: int, target_concu
     kept = runner.sf.read()["kept"]["config"]
     if kept.get("max_model_len") != chosen:
         runner.apply(dict(kept, max_model_len=chosen))
-        lc = Lifecycle(runner.sf, runner.tool_name, runner.owner, progress=progress)
+        lc = Lifecycle(runner.sf, runner.tool_name, runner.owner, progress=progress, policy=runner.policy)
         did = lc.keep(reason=f"step 1: max-model-len {chosen} is the smallest candidate >= {need_len} that starts with room "
                              f"for {target_concurrency} sequences (a business decision, frozen from now on)", decision="step1")
         t1 = next(x for x in runner.sf.read()["trials"] if x["step"] == "1" and x["config"].get("max_model_len") == chosen)
@@ -463,8 +463,7 @@ def deliver(runner: Runner, goal: dict) -> dict:
 
 
 def _concurrency(w: Workload) -> int | None:
-    a = w.bench_args
-    return int(a[a.index("--max-concurrency") + 1]) if "--max-concurrency" in a else None
+    return w.options.max_concurrency
 
 
 def run_ablation(runner: Runner, progress: Callable[[str], None]) -> dict:

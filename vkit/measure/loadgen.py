@@ -16,7 +16,6 @@ import json
 import math
 import queue
 import resource
-import signal
 import sys
 import threading
 import time
@@ -26,13 +25,14 @@ from typing import Any, Callable
 import numpy as np
 
 from vkit import __version__
-from vkit.accel import Sampler
-from vkit.client import Result, StreamClient, request_body
-from vkit.datasets import Request
 from vkit.errors import Unavailable, UsageError
-from vkit.fingerprint import fingerprint
-from vkit.loopclient import LoopClient
-from vkit.metrics import (
+from vkit.measure.accel import Sampler
+from vkit.measure.client import Result, StreamClient, request_body
+from vkit.measure.datasets import Request
+from vkit.measure.fingerprint import fingerprint
+from vkit.measure.loopclient import LoopClient
+from vkit.measure.serverapi import Server, cache_config, delta, families, gauges
+from vkit.measure.summary import (
     describe_ms,
     dist,
     goodput_ok,
@@ -41,7 +41,6 @@ from vkit.metrics import (
     peak_per_second,
     tpot_of,
 )
-from vkit.server import Server, cache_config, delta, families, gauges
 
 MAX_THREADS = 1024
 
@@ -335,17 +334,8 @@ def _run_phase_loop(
             tokens += r.completion_tokens or 0
             errors += 0 if r.ok else 1
 
-    # A signal only sets `stop` (the loop notices within 0.1 s), so an interrupt never lands halfway
-    # through parsing a response; a second one raises KeyboardInterrupt and ends the wait.
-    def on_signal(signum, frame):
-        if stop.is_set():
-            raise KeyboardInterrupt
-        stop.set()
-
-    old_handlers = {}
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            old_handlers[sig] = signal.signal(sig, on_signal)
+    # Under the CLI a first interrupt only sets `stop` (vkit.interrupts: the loop notices within 0.1 s),
+    # so it never lands halfway through parsing a response; a second one raises KeyboardInterrupt and ends the wait.
     try:
         while True:
             try:
@@ -388,8 +378,6 @@ def _run_phase_loop(
                     break  # a second Ctrl-C: stop waiting
                 stop.set()
     finally:
-        for sig, h in old_handlers.items():
-            signal.signal(sig, h)
         t_end = pc()
         collect(lc.abort_all("interrupted before the response ended"))
         lc.close()

@@ -292,7 +292,7 @@ class SSEState:
 
 
 def request_body(req: Any, model: str, chat: bool, stream: bool, max_tokens: int | None = None) -> dict:
-    """The JSON body for a ``vkit.datasets.Request``, as ``vllm bench serve`` sends it."""
+    """The JSON body for a ``vkit.measure.datasets.Request``, as ``vllm bench serve`` sends it."""
     body: dict = {"model": model, "stream": stream, "temperature": 0.0}
     if stream:
         body["stream_options"] = {"include_usage": True}

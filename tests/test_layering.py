@@ -1,0 +1,198 @@
+"""Imports point down: bin/ → vkit/cli/ → the library, and the library never imports vkit.cli."""
+
+from __future__ import annotations
+
+import ast
+import os
+
+import pytest
+
+pytestmark = pytest.mark.unit
+
+ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "vkit")
+
+
+def _absolute(module: str, node: ast.ImportFrom) -> str:
+    """The absolute name a ``from ... import`` refers to, inside the package ``module`` belongs to."""
+    if not node.level:
+        return node.module or ""
+    parts = module.split(".")[:-node.level]
+    return ".".join(parts + ([node.module] if node.module else []))
+
+
+def imported(source: str, module: str) -> list[tuple[int, str]]:
+    """(line, module name) for every import in ``source``, the module ``module``'s text:
+    import statements at any depth, ``from`` imports (relative ones resolved, each imported
+    name as a possible submodule) and ``importlib.import_module`` / ``__import__`` of a literal."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = _absolute(module, node)
+            out.append((node.lineno, base))
+            out += [(node.lineno, f"{base}.{a.name}" if base else a.name) for a in node.names]
+        elif isinstance(node, ast.Call) and node.args:
+            f = node.func
+            name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+            target = _literal_prefix(node.args[0])
+            if name in ("import_module", "__import__") and target:
+                out.append((node.lineno, target))
+    return out
+
+
+def _literal_prefix(arg: ast.expr) -> str | None:
+    """A string literal, or the literal start of an f-string (``f"vkit.cli.{tool}"`` → ``vkit.cli.``)."""
+    if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+        return arg.value
+    if isinstance(arg, ast.JoinedStr) and arg.values and isinstance(arg.values[0], ast.Constant):
+        return str(arg.values[0].value)
+    return None
+
+
+def cli_edges(source: str, module: str) -> list[str]:
+    return [f"{module}:{line} imports {name}" for line, name in imported(source, module)
+            if name == "vkit.cli" or name.startswith("vkit.cli.")]
+
+
+def library_modules() -> list[tuple[str, str]]:
+    mods = []
+    for d, dirs, files in os.walk(ROOT):
+        rel = os.path.relpath(d, os.path.dirname(ROOT))
+        if rel.split(os.sep)[:2] == ["vkit", "cli"]:
+            dirs[:] = []
+            continue
+        for f in sorted(files):
+            if f.endswith(".py"):
+                name = ".".join(rel.split(os.sep) + ([] if f == "__init__.py" else [f[:-3]]))
+                mods.append((name, os.path.join(d, f)))
+    return mods
+
+
+def test_the_library_never_imports_the_cli():
+    mods = library_modules()
+    assert len(mods) > 20 and ("vkit.tune.runner", os.path.join(ROOT, "tune", "runner.py")) in mods
+    edges = []
+    for name, path in mods:
+        with open(path, encoding="utf-8") as f:
+            edges += cli_edges(f.read(), name)
+    assert edges == []
+
+
+@pytest.mark.parametrize("source", [
+    "import vkit.cli.gate\n",
+    "from vkit.cli import check_invariants\n",
+    "from vkit import cli\n",
+    "def f():\n    from vkit.cli._common import IO\n",
+    "from ..cli import gate\n",
+    "import importlib\nm = importlib.import_module('vkit.cli.rollback')\n",
+    "import importlib\ndef call(tool):\n    return importlib.import_module(f'vkit.cli.{tool}')\n",
+])
+def test_an_edge_is_found(source):
+    assert cli_edges(source, "vkit.search.space")
+
+
+def test_no_edge_in_library_imports():
+    src = "import vkit.client\nfrom vkit import gate\nfrom . import space\nfrom vkit.climate import x\n"
+    assert cli_edges(src, "vkit.search.front") == []
+
+
+def signal_setups(source: str) -> list[int]:
+    """Lines that install a signal handler: ``signal.signal``, ``signal(...)`` imported from
+    signal, ``loop.add_signal_handler``."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call):
+            f = node.func
+            if isinstance(f, ast.Attribute) and (f.attr == "add_signal_handler"
+                                                 or (f.attr == "signal" and isinstance(f.value, ast.Name) and f.value.id == "signal")):
+                lines.append(node.lineno)
+            elif isinstance(f, ast.Name) and f.id == "signal":
+                lines.append(node.lineno)
+    return lines
+
+
+def module_state(source: str) -> list[int]:
+    """Lines that rebind module state from inside a function (``global``)."""
+    return [n.lineno for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Global)]
+
+
+def test_the_library_installs_no_signal_handler_and_keeps_no_module_state():
+    found = []
+    for name, path in library_modules():
+        with open(path, encoding="utf-8") as f:
+            src = f.read()
+        found += [f"{name}:{n} installs a signal handler" for n in signal_setups(src)]
+        found += [f"{name}:{n} rebinds module state (global)" for n in module_state(src)]
+    assert found == []
+
+
+@pytest.mark.parametrize("source, finder", [
+    ("import signal\nsignal.signal(signal.SIGINT, print)\n", signal_setups),
+    ("from signal import signal, SIGTERM\nsignal(SIGTERM, print)\n", signal_setups),
+    ("async def f(loop, stop):\n    loop.add_signal_handler(15, stop.set)\n", signal_setups),
+    ("_SEL = None\ndef f():\n    global _SEL\n    _SEL = 1\n", module_state),
+])
+def test_signal_and_state_finders_find(source, finder):
+    assert finder(source)
+
+
+def test_sending_a_signal_is_not_installing_one():
+    assert signal_setups("import os, signal\nos.killpg(1, signal.SIGTERM)\n") == []
+
+
+SHARED = {"errors", "state", "interrupts", "jsonio"}
+# What each stage package may import besides the shared modules: data flows measure → validate →
+# decide → apply → tune; the parameter policy (apply.policy) is read by validate and decide too.
+STAGE_DEPS = {
+    "measure": set(),
+    "validate": {"apply.policy"},
+    "decide": {"validate", "apply.policy"},
+    "apply": {"measure"},
+    "tune": {"measure", "validate", "decide", "apply", "search"},
+    "search": set(),
+    "sim": set(),
+    "report": set(),
+}
+
+
+def stage_violations(source: str, module: str) -> list[str]:
+    stage = module.split(".")[1]
+    allowed = STAGE_DEPS.get(stage)
+    if allowed is None:
+        return []
+    bad = []
+    for line, name in imported(source, module):
+        parts = name.split(".")
+        if parts[0] != "vkit" or len(parts) < 2 or parts[1] in SHARED or parts[1] == stage or parts[1].startswith("__"):
+            continue
+        if parts[1] in STAGE_DEPS and not any(".".join(parts[1:]).startswith(a) for a in allowed):
+            bad.append(f"{module}:{line} imports {name}")
+    return bad
+
+
+def test_stages_import_only_the_stages_before_them():
+    found = []
+    for name, path in library_modules():
+        if name.count(".") >= 2:
+            with open(path, encoding="utf-8") as f:
+                found += stage_violations(f.read(), name)
+    assert found == []
+
+
+def test_a_stage_importing_a_later_one_is_found():
+    assert stage_violations("from vkit.tune.runner import Runner\n", "vkit.measure.gauge")
+    assert stage_violations("from vkit.apply import lifecycle\n", "vkit.validate.formats")
+    assert stage_violations("from vkit.apply.policy import same_value\n", "vkit.validate.invariants") == []
+
+
+def test_no_tool_writes_state_keys():
+    """The state document is written through vkit.state's accessors; a tool only calls them."""
+    cli = os.path.join(ROOT, "cli")
+    found = []
+    for f in sorted(os.listdir(cli)):
+        if f.endswith(".py"):
+            tree = ast.parse(open(os.path.join(cli, f), encoding="utf-8").read())
+            found += [f"vkit/cli/{f}:{n.lineno}" for n in ast.walk(tree) if isinstance(n, ast.Call)
+                      and isinstance(n.func, ast.Attribute) and n.func.attr == "transaction"]
+    assert found == []

@@ -1,0 +1,7 @@
+"""TUNE: the state machine of a tuning run, composed from the stages before it.
+
+``runner`` (one trial: APPLY → VERIFY → VALIDATE → GATE → KEEP or REVERT, resumable from the
+state file), ``steps`` (the staged steps, Bayesian search, delivery, ablation), ``knowledge``
+(the knowledge base of finished runs). Imports every stage package and ``vkit.search``; nothing
+below imports it.
+"""
