@@ -40,6 +40,8 @@ def main() -> int:
     ap.add_argument("--folds", type=int, default=5)
     ap.add_argument("--worst", type=int, default=10)
     ap.add_argument("--ramp-steps", default="0,20,40,80", help="closed-loop ramps to try (see sim_calibrate)")
+    ap.add_argument("--free", default=",".join(FREE), help="parameters to fit (see sim_calibrate)")
+    ap.add_argument("--out", default=RESULTS, help="result file (default: bench/results/fidelity.json)")
     args = ap.parse_args()
     missing = [p for p in args.runs if not os.path.exists(p)]
     if missing:
@@ -47,9 +49,11 @@ def main() -> int:
         return 0
     t0 = time.time()
     ramps = tuple(int(x) for x in args.ramp_steps.split(","))
-    report, params, stderr = calibrate(args.runs, list(FREE), args.folds, "group", 6, 0,
+    free = [n for n in args.free.split(",") if n]
+    report, params, stderr = calibrate(args.runs, free, args.folds, "group", 6, 0,
                                        lambda m: print(f"bench_fidelity: {m}", file=sys.stderr, flush=True), ramps)
-    write_profile(PROFILE, params, stderr, {"runs": args.runs},
+    write_profile(PROFILE if args.out == RESULTS else os.path.splitext(args.out)[0] + "_profile.json", params, stderr,
+                  {"runs": args.runs},
                   workload={"closed_loop_ramp_steps": report["closed_loop_ramp_steps"] or None})
 
     def rel_err(row, which, metric):
@@ -84,12 +88,13 @@ def main() -> int:
         "stderr": report["stderr"],
         "at_bound": report["at_bound"],
         "queue_bound_rows": report["queue_bound_rows"],
+        "below_memory_floor": report.get("below_memory_floor", []),
         "worst_held_out_rows": worst,
-        "argv": ["python3", "bench/bench_fidelity.py", "--ramp-steps", args.ramp_steps]
+        "argv": ["python3", "bench/bench_fidelity.py", "--ramp-steps", args.ramp_steps, "--free", args.free]
         + ([] if args.runs == [DEFAULT_RUNS] else ["--runs", *args.runs]),
     }
-    os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
-    with open(RESULTS, "w", encoding="utf-8") as f:
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w", encoding="utf-8") as f:
         json.dump(out, f, indent=2, sort_keys=True)
         f.write("\n")
     for name in ("default", "fitted", "kfold", "leave_group_out"):
@@ -97,7 +102,7 @@ def main() -> int:
         if d:
             print(f"{name:16s} TTFT MAPE {d['ttft']['mape_pct']:5.1f}% bias {d['ttft']['bias_pct']:+5.1f}%   "
                   f"TPOT MAPE {d['tpot']['mape_pct']:5.1f}% bias {d['tpot']['bias_pct']:+5.1f}%")
-    print(f"wrote {RESULTS}")
+    print(f"wrote {args.out}")
     return 0
 
 

@@ -222,3 +222,14 @@ def test_sim_server_loads_a_profile_into_its_engine(tmp_path):
                  VllmLog(io.StringIO(), io.StringIO()))
     assert isinstance(app.engine.cost, PhysCost) and app.engine.cost.params == params
     assert app.version_info()["sim_profile"] == path
+
+
+def test_tpot_memory_floor_reads_weights_and_the_batch_kv_at_peak_bandwidth():
+    from vkit.sim.calibrate import tpot_memory_floor_s
+
+    run = Run("qwen3-32b", "H100-80G", 2, "fp8", 4000, 1000, 48, 0.1, 0.01163)
+    m = get_model("qwen3-32b")
+    weights = m.body_params + m.lm_head_params * 2  # FP8 linear layers, 16-bit LM head
+    kv = 48 * 4500 * 2 * 64 * 8 * 128 * 2  # K and V, 64 layers, 8 KV heads x 128, bf16, mean context 4500
+    assert tpot_memory_floor_s(run) == pytest.approx((weights + kv) / (2 * 3.35e12), rel=1e-12)
+    assert tpot_memory_floor_s(run, "fp8") == pytest.approx((weights + kv / 2) / (2 * 3.35e12), rel=1e-12)

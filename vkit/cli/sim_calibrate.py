@@ -18,7 +18,17 @@ import numpy as np
 
 from vkit.cli._common import IO, make_parser, run
 from vkit.errors import ExitCode, UsageError
-from vkit.sim.calibrate import FREE, Problem, error_stats, fit, kfold, leave_group_out, measured_regime, read_runs
+from vkit.sim.calibrate import (
+    FREE,
+    Problem,
+    error_stats,
+    fit,
+    kfold,
+    leave_group_out,
+    measured_regime,
+    read_runs,
+    tpot_memory_floor_s,
+)
 from vkit.sim.calibrated import CostParams, write_profile
 
 
@@ -130,6 +140,10 @@ def calibrate(run_paths: list[str], free: list[str], folds: int, group_by: str, 
                 row[name] = {"ttft_s": float(pred[i, 0]), "tpot_s": float(pred[i, 1])}
         rows.append(row)
     report["per_row"] = rows
+    report["below_memory_floor"] = [
+        {"run": r.label(), "measured_tpot_s": r.tpot_s, "floor_s": tpot_memory_floor_s(r),
+         "floor_fp8_kv_s": tpot_memory_floor_s(r, "fp8")}
+        for r in runs if r.tpot_s < tpot_memory_floor_s(r)]
     known = [(row["measured_regime"], row["regime"]) for row in rows if row["measured_regime"]]
     report["queue_bound_rows"] = {"measured": len(known), "reproduced": sum(a == b for a, b in known)}
     return report, params, res["stderr"]
@@ -158,6 +172,10 @@ def _text(report: dict, out) -> None:
     for g, e in report["groups"].items():
         h = e.get("logo")
         out.write(f"  {g:36s} n={e['rows']:3d}  {stats(e['fitted'])}" + (f"  | held out {stats(h)}" if h else "") + "\n")
+    for b in report["below_memory_floor"]:
+        out.write(f"measured TPOT below the HBM floor of the simulated configuration: {b['run']}: "
+                  f"{b['measured_tpot_s'] * 1e3:.1f} ms < {b['floor_s'] * 1e3:.1f} ms (with an FP8 KV cache: "
+                  f"{b['floor_fp8_kv_s'] * 1e3:.1f} ms)\n")
     q = report["queue_bound_rows"]
     out.write(f"queue-bound rows (by the measurement): {q['measured']}, reproduced as queue-bound: {q['reproduced']}\n")
 

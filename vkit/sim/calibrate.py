@@ -260,6 +260,20 @@ def leave_group_out(problem: Problem, key: str = "group", **kw) -> tuple[np.ndar
     return pred, groups
 
 
+def tpot_memory_floor_s(run: Run, kv_cache_dtype: str = "auto") -> float:
+    """The least TPOT the hardware allows in a decode step at the run's concurrency: every GPU reads
+    its share of the weights and the batch's KV cache (mean context isl + osl/2) at 100 % of peak
+    HBM bandwidth. A measured TPOT below it means the run's configuration differs from the one
+    simulated (e.g. an FP8 KV cache the row does not record)."""
+    from vkit.sim.profiles import KV_DTYPE_BYTES
+
+    m, g = get_model(run.model), get_gpu(run.gpu)
+    kvb = KV_DTYPE_BYTES.get(kv_cache_dtype) or m.dtype_bytes
+    weights = (m.weight_bytes_for(run.quantization) - (0 if m.tie_word_embeddings else m.embedding_params * m.dtype_bytes))
+    kv_per_token = 2 * m.layers * max(1, m.kv_heads // run.tp) * run.tp * m.head_dim * kvb
+    return (weights + run.concurrency * (run.isl + run.osl / 2) * kv_per_token) / (g.hbm_bytes_per_s * run.tp)
+
+
 def measured_regime(run: Run) -> str | None:
     """What the measurement itself says: queue-bound when the mean TTFT is at least half of a
     request's decode time (requests wait a large part of another's lifetime for admission);
