@@ -200,6 +200,11 @@ def test_sim_calibrate_bad_input_is_exit_2(tmp_path):
     assert r.code == 2 and r.err.startswith("sim_calibrate: error: cannot read")
     r = call("sim_calibrate", str(tmp_path / "none.csv"), "-o", str(tmp_path / "p.json"), "--free", "bogus")
     assert r.code == 2 and "--free: unknown parameter(s) bogus" in r.err
+    csv_path = tmp_path / "runs.csv"
+    csv_path.write_text("model_path,system,isl,osl,batch_size,tp_size,silicon_ttft_ms,silicon_tpot_ms\n"
+                        "Qwen/Qwen3-32B,h100_sxm,1024,128,8,2,154.2,18.0\n")
+    r = call("sim_calibrate", str(csv_path), "-o", str(tmp_path / "p.json"), "--select", "llama")
+    assert r.code == 2 and r.err == "sim_calibrate: error: --select llama: no run belongs to such a group\n"
 
 
 def test_sim_server_loads_a_profile_into_its_engine(tmp_path):

@@ -41,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
             "sim_calibrate ../shared/calibration/vllm_measured_runs.csv -o h100.json",
             "sim_calibrate runs.csv -o p.json --folds 0 --group-by none     # fit only, no held-out refits",
             "sim_calibrate runs.csv -o p.json --free mfu,mbu,decode_step_overhead_s --json",
+            "sim_calibrate runs.csv -o qwen.json --select qwen3-32b/H100-80G/bf16   # one model's twin",
         ],
         exit_notes={2: "unreadable or malformed runs file, unknown parameter", 3: "the fit did not converge"},
         common=False,
@@ -59,6 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ramp-steps", default="0,20,40,80", metavar="N1,N2,...",
                    help="closed-loop ramp lengths to try: the batch's first requests enter over N steps "
                         "(0 = one request's lifetime); the best fit is kept (default: 0,20,40,80)")
+    p.add_argument("--select", default="", metavar="GROUP[,GROUP...]",
+                   help="use only runs whose group (model/GPU/precision/TP, e.g. qwen3-32b/H100-80G/bf16) "
+                        "starts with one of these (default: all runs)")
     p.add_argument("--json", action="store_true", help="write the report as JSON to stdout instead of text")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr, errors only")
     p.add_argument("--traceback", action="store_true", help="print a Python traceback on internal errors")
@@ -66,12 +70,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def calibrate(run_paths: list[str], free: list[str], folds: int, group_by: str, waves: int, seed: int,
-              progress=lambda msg: None, ramps: tuple[int, ...] = (0,)) -> tuple[dict, CostParams, dict]:
+              progress=lambda msg: None, ramps: tuple[int, ...] = (0,),
+              select: tuple[str, ...] = ()) -> tuple[dict, CostParams, dict]:
     """The whole calibration: (report, fitted params, stderr). Shared with bench/bench_fidelity.py.
 
     ``ramps``: closed-loop ramp lengths in steps to try (0 = one request's lifetime); each needs its
     own recorded schedules, the one with the smallest residual cost is kept."""
     runs = read_runs(run_paths)
+    if select:
+        runs = [r for r in runs if any(r.group.lower().startswith(p.lower()) for p in select)]
+        if not runs:
+            raise UsageError(f"--select {','.join(select)}: no run belongs to such a group")
     best = None
     ramp_costs = {}
     for ramp in ramps:
@@ -193,8 +202,9 @@ def _run(args: argparse.Namespace, io: IO) -> int:
         raise UsageError(f"--ramp-steps: expected integers >= 0, got {args.ramp_steps!r}") from None
     if not ramps or min(ramps) < 0:
         raise UsageError(f"--ramp-steps: expected integers >= 0, got {args.ramp_steps!r}")
+    select = tuple(x.strip() for x in args.select.split(",") if x.strip())
     report, params, stderr = calibrate(args.runs, free, args.folds, args.group_by, args.waves, args.seed, io.progress,
-                                       ramps)
+                                       ramps, select)
     summary = {k: v for k, v in report.items() if k != "per_row"}
     write_profile(args.output, params, {n: stderr.get(n) for n in free},
                   {"runs": args.runs, "free": free, "report": summary},
