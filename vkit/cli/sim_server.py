@@ -17,7 +17,7 @@ import sys
 from vkit.cli._common import IO, loop_signals, make_parser, run
 from vkit.errors import ExitCode
 from vkit.sim.config import ServeOptions
-from vkit.sim.profiles import DEFAULT_GPU, DEFAULT_MODEL, GPUS, KV_DTYPE_BYTES, MODELS, get_gpu, get_model
+from vkit.sim.profiles import DEFAULT_GPU, DEFAULT_MODEL, GPUS, KV_DTYPE_BYTES, MODELS, WEIGHT_QUANT_BYTES, get_gpu, get_model
 from vkit.sim.server import SimSettings, serve
 from vkit.sim.vlog import VllmLog
 
@@ -161,8 +161,11 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--disable-uvicorn-access-log", action="store_true", help="no per-request access log line")
     ig = p.add_argument_group("accepted and ignored, so that vllm serve command lines run unchanged")
     for flag in ("--load-format", "--dtype", "--seed", "--distributed-executor-backend", "--uvicorn-log-level",
-                 "--tokenizer", "--generation-config", "--swap-space", "--quantization", "--download-dir"):
+                 "--tokenizer", "--generation-config", "--swap-space", "--download-dir"):
         ig.add_argument(flag, default=None, metavar="X", help=argparse.SUPPRESS)
+    v.add_argument("--quantization", default=None, metavar="METHOD",
+                   help="fp8: 1-byte weights and FP8 GEMMs (memory, KV capacity and step time follow); "
+                        "other methods are accepted and not modelled (default: none)")
     for flag in ("--enforce-eager", "--async-scheduling", "--trust-remote-code"):
         ig.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=argparse.SUPPRESS)
     for flag in ("--disable-log-requests", "--enable-log-requests"):
@@ -199,6 +202,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="achieved fraction of peak FLOP/s in compute-bound steps (default: 0.5)")
     s.add_argument("--sim-mbu", type=probability, default=0.8, metavar="F",
                    help="achieved fraction of peak memory bandwidth in memory-bound steps (default: 0.8)")
+    s.add_argument("--sim-profile", default=None, metavar="FILE",
+                   help="step-cost parameters fitted by sim_calibrate to measured runs; --sim-mfu / --sim-mbu "
+                        "given explicitly override its values (default: the built-in roofline)")
     f = p.add_argument_group("fault injection (sim_server only)")
     f.add_argument("--sim-fail-at-start", action="store_true",
                    help="fail while loading the model with CUDA out of memory, exit 1")
@@ -211,6 +217,19 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--sim-error-rate", type=probability, default=0.0, metavar="P",
                    help="answer each generation request with a 500 with probability P (default: 0)")
     return p
+
+
+def profile_cost_params(args: argparse.Namespace, parser: argparse.ArgumentParser):
+    """The CostParams of ``--sim-profile`` (None without one), with explicit --sim-mfu/--sim-mbu applied."""
+    if not args.sim_profile:
+        return None
+    from dataclasses import replace
+
+    from vkit.sim.calibrated import load_profile
+
+    params = load_profile(args.sim_profile)["cost_params"]
+    over = {k: getattr(args, "sim_" + k) for k in ("mfu", "mbu") if getattr(args, "sim_" + k) != parser.get_default("sim_" + k)}
+    return replace(params, **over) if over else params
 
 
 def _non_default_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> dict:
@@ -255,14 +274,17 @@ def _run(args: argparse.Namespace, io: IO, parser: argparse.ArgumentParser) -> i
         long_prefill_token_threshold=args.long_prefill_token_threshold,
         max_num_partial_prefills=args.max_num_partial_prefills,
         allow_long_max_model_len=env.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "").lower() in ("1", "true"),
+        quantization=args.quantization if args.quantization in WEIGHT_QUANT_BYTES else None,
     )
+    cost_params = profile_cost_params(args, parser)
     nd = {"model": model, **_non_default_args(parser, args)}
     settings = SimSettings(
         host=host, port=args.port, gpu_name=opts.gpu.name, model_name=opts.model_profile.name,
         speed=args.sim_speed, startup_s=args.sim_startup_s, noise=args.sim_noise, drift_per_hour=args.sim_drift,
         drift_since=args.sim_drift_since,
         seed=seed, pathology=args.sim_pathology, output_len_mean=args.sim_output_len_mean,
-        mfu=args.sim_mfu, mbu=args.sim_mbu, fail_at_start=args.sim_fail_at_start,
+        mfu=args.sim_mfu, mbu=args.sim_mbu, cost_params=cost_params, profile_path=args.sim_profile,
+        fail_at_start=args.sim_fail_at_start,
         crash_after=args.sim_crash_after, hang_health=args.sim_hang_health,
         stall_stream_after=args.sim_stall_stream_after, error_rate=args.sim_error_rate,
         access_log=not args.disable_uvicorn_access_log, log_stats=not args.disable_log_stats,

@@ -7,6 +7,9 @@
 - ``tokenizer`` the simple deterministic tokenizer and chat template
 - ``server``    the asyncio HTTP/1.1 server that maps virtual time to wall time
 - ``vlog``      vLLM-format log lines
+- ``predict``   steady-state what-ifs on the engine in virtual time (``bin/sim_predict``)
+- ``calibrated`` the step-cost model with fitted parameters and its profile file (``--sim-profile``)
+- ``calibrate`` fitting those parameters to measured runs (``bin/sim_calibrate``)
 
 The engine has no I/O and takes time as an argument, so it can be driven in pure
 virtual time (see ``vkit.sim.harness``) for fast, deterministic experiments.

@@ -67,6 +67,7 @@ class ServeOptions:
     long_prefill_token_threshold: int = 0
     max_num_partial_prefills: int = 1
     allow_long_max_model_len: bool = False
+    quantization: str | None = None  # --quantization: None (the model's dtype) or "fp8" (weights)
 
 
 @dataclass
@@ -230,7 +231,7 @@ def resolve(o: ServeOptions) -> Resolved:
 
     # Engine start-up: load, profile, size the KV cache.
     total = gpu.memory_bytes
-    weights = m.weight_bytes // tp
+    weights = m.weight_bytes_for(o.quantization) // tp
     if weights > total:
         raise SimStartupError(
             "engine", "torch.OutOfMemoryError",

@@ -25,6 +25,8 @@ class GpuProfile:
     hbm_bytes_per_s: float  # peak memory bandwidth
     link_bytes_per_s: float  # one-direction GPU-to-GPU bandwidth per device (tensor parallel)
     allreduce_latency_s: float  # small-message all-reduce latency (tensor parallel)
+    peak_fp8_flops: float = 0.0  # dense FP8 tensor throughput, FLOP/s; 0 = no FP8 tensor cores
+    aliases: tuple[str, ...] = ()  # other names for the device (e.g. AIConfigurator's system names)
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,7 @@ class ModelProfile:
     tie_word_embeddings: bool
     dtype: str = "bfloat16"
     dtype_bytes: int = 2
+    aliases: tuple[str, ...] = ()  # other Hugging Face ids with the same architecture (base / instruct)
 
     @property
     def embedding_params(self) -> int:
@@ -63,14 +66,28 @@ class ModelProfile:
     def weight_bytes(self) -> int:
         return self.params * self.dtype_bytes
 
+    def weight_bytes_for(self, quantization: str | None) -> int:
+        """Weight bytes under ``--quantization``: ``fp8`` stores the linear layers' weights in one
+        byte each and keeps the embedding table(s) and the LM head in the model's dtype, as vLLM's
+        FP8 (W8A8) checkpoints and online ``--quantization fp8`` do."""
+        if not quantization:
+            return self.weight_bytes
+        n_emb = 1 if self.tie_word_embeddings else 2
+        return self.body_params * WEIGHT_QUANT_BYTES[quantization] + n_emb * self.embedding_params * self.dtype_bytes
+
+
+# Bytes per weight of the linear layers under ``--quantization`` (weights only; activations stay 16-bit
+# where the GPU has no FP8 tensor cores: vLLM then runs FP8 weights through a weight-only kernel).
+WEIGHT_QUANT_BYTES = {"fp8": 1}
 
 GPUS: dict[str, GpuProfile] = {
     g.name: g
     for g in (
-        GpuProfile("H200", "NVIDIA H200", 143771 * MiB, 989.5e12, 4.8e12, 450e9, 8e-6),
-        GpuProfile("H100-80G", "NVIDIA H100 80GB HBM3", 81559 * MiB, 989.5e12, 3.35e12, 450e9, 8e-6),
+        GpuProfile("H200", "NVIDIA H200", 143771 * MiB, 989.5e12, 4.8e12, 450e9, 8e-6, 1978.9e12, ("h200_sxm",)),
+        GpuProfile("H100-80G", "NVIDIA H100 80GB HBM3", 81559 * MiB, 989.5e12, 3.35e12, 450e9, 8e-6, 1978.9e12,
+                   ("h100_sxm", "H100-SXM")),
         GpuProfile("A100-80G", "NVIDIA A100-SXM4-80GB", 81920 * MiB, 312e12, 2.039e12, 300e9, 10e-6),
-        GpuProfile("L40S", "NVIDIA L40S", 46068 * MiB, 362.05e12, 864e9, 32e9, 20e-6),
+        GpuProfile("L40S", "NVIDIA L40S", 46068 * MiB, 362.05e12, 864e9, 32e9, 20e-6, 733e12),
         GpuProfile("Ascend-910B", "Ascend910B3", 65536 * MiB, 313e12, 1.6e12, 196e9, 15e-6),
     )
 }
@@ -87,6 +104,12 @@ MODELS: dict[str, ModelProfile] = {
             "llama-3.1-70b", "meta-llama/Llama-3.1-70B-Instruct", 70_553_706_496,
             layers=80, hidden=8192, intermediate=28672, heads=64, kv_heads=8, head_dim=128,
             vocab=128256, max_position_embeddings=131072, tie_word_embeddings=False,
+            aliases=("meta-llama/Llama-3.1-70B", "meta-llama/Meta-Llama-3.1-70B-Instruct"),
+        ),
+        ModelProfile(
+            "qwen3-32b", "Qwen/Qwen3-32B", 32_762_123_264,
+            layers=64, hidden=5120, intermediate=25600, heads=64, kv_heads=8, head_dim=128,
+            vocab=151936, max_position_embeddings=40960, tie_word_embeddings=False,
         ),
         ModelProfile(
             "qwen2.5-7b", "Qwen/Qwen2.5-7B-Instruct", 7_615_616_512,
@@ -116,13 +139,14 @@ KV_DTYPE_BYTES = {
 
 def get_gpu(name: str) -> GpuProfile:
     for key, g in GPUS.items():
-        if key.lower() == name.lower():
+        if key.lower() == name.lower() or name.lower() in (a.lower() for a in g.aliases):
             return g
     raise UsageError(f"unknown --sim-gpu {name!r}; built-ins: {', '.join(GPUS)}")
 
 
 def get_model(name: str) -> ModelProfile:
     for key, m in MODELS.items():
-        if key.lower() == name.lower() or m.hf_id.lower() == name.lower():
+        if key.lower() == name.lower() or m.hf_id.lower() == name.lower() or name.lower() in (
+                a.lower() for a in m.aliases):
             return m
     raise UsageError(f"unknown --sim-model {name!r}; built-ins: {', '.join(MODELS)}")

@@ -66,6 +66,8 @@ class SimSettings:
     output_len_mean: int = 128
     mfu: float = 0.5
     mbu: float = 0.8
+    cost_params: object | None = None  # vkit.sim.calibrated.CostParams from --sim-profile; None: built-in roofline
+    profile_path: str | None = None
     fail_at_start: bool = False
     crash_after: int | None = None
     hang_health: bool = False
@@ -411,8 +413,16 @@ class SimApp:
             long_prefill_token_threshold=resolved.long_prefill_token_threshold,
             short_prefill_pathology=settings.pathology == "short-prefill",
         )
-        cost = CostModel(m, opts.gpu, resolved.tensor_parallel_size, resolved.kv_dtype_bytes,
-                         mfu=settings.mfu, mbu=settings.mbu)
+        if settings.cost_params is not None or opts.quantization:
+            from vkit.sim.calibrated import CostParams, PhysCost
+
+            params = settings.cost_params if settings.cost_params is not None else CostParams(
+                mfu=settings.mfu, mbu=settings.mbu)
+            cost = PhysCost(m, opts.gpu, resolved.tensor_parallel_size, resolved.kv_dtype_bytes, params,
+                            opts.quantization)
+        else:
+            cost = CostModel(m, opts.gpu, resolved.tensor_parallel_size, resolved.kv_dtype_bytes,
+                             mfu=settings.mfu, mbu=settings.mbu)
         since = settings.drift_since
         offset = max(0.0, time.time() - since) * settings.speed if since is not None else 0.0
         noise = Noise(settings.noise, settings.drift_per_hour, settings.seed, regime_gap_s=0.5,
@@ -534,7 +544,7 @@ class SimApp:
             "version": SIM_VERSION, "sim": True, "sim_server": f"vkit {VKIT_VERSION}",
             "sim_speed": s.speed, "sim_gpu": s.gpu_name, "sim_tensor_parallel_size": self.cfg.tensor_parallel_size,
             "sim_model": s.model_name, "sim_seed": s.seed, "sim_noise": s.noise, "sim_drift": s.drift_per_hour, "sim_drift_since": s.drift_since,
-            "sim_pathology": s.pathology,
+            "sim_pathology": s.pathology, "sim_profile": s.profile_path,
         }
 
     def models(self) -> dict:

@@ -1,0 +1,225 @@
+"""sim_calibrate: fit the simulator's cost model to measured vLLM runs and write a sim profile.
+
+``bin/sim_calibrate RUNS.csv... -o PROFILE.json`` reads measured runs (the calibration CSV
+format: closed loop at batch_size, fixed ISL/OSL, mean TTFT and TPOT), simulates each at its
+batch size, fits the free cost parameters by bounded least squares on log errors and prints
+per-metric MAPE and signed bias on the fitted rows and on held-out rows (k-fold and
+leave-one-group-out), and every parameter with its standard error. ``sim_server --sim-profile``
+and ``sim_predict --sim-profile`` load the profile. See runbook/sim_calibrate.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import numpy as np
+
+from vkit.cli._common import IO, make_parser, run
+from vkit.errors import ExitCode, UsageError
+from vkit.sim.calibrate import (
+    FREE,
+    Problem,
+    error_stats,
+    fit,
+    kfold,
+    leave_group_out,
+    measured_regime,
+    read_runs,
+    tpot_memory_floor_s,
+)
+from vkit.sim.calibrated import CostParams, write_profile
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = make_parser(
+        "sim_calibrate",
+        "Fit the simulator's step-cost parameters to measured vLLM runs (least squares on log errors) and "
+        "write a sim profile for sim_server / sim_predict --sim-profile.",
+        examples=[
+            "sim_calibrate ../shared/calibration/vllm_measured_runs.csv -o h100.json",
+            "sim_calibrate runs.csv -o p.json --folds 0 --group-by none     # fit only, no held-out refits",
+            "sim_calibrate runs.csv -o p.json --free mfu,mbu,decode_step_overhead_s --json",
+            "sim_calibrate runs.csv -o qwen.json --select qwen3-32b/H100-80G/bf16   # one model's twin",
+        ],
+        exit_notes={2: "unreadable or malformed runs file, unknown parameter", 3: "the fit did not converge"},
+        common=False,
+    )
+    p.add_argument("runs", nargs="+", metavar="RUNS", help="measured runs, calibration CSV format")
+    p.add_argument("-o", "--output", required=True, metavar="PROFILE.json", help="where to write the fitted profile")
+    p.add_argument("--folds", type=int, default=5, metavar="K", help="k-fold held-out check, 0 = none (default: 5)")
+    p.add_argument("--group-by", choices=["group", "model_group", "none"], default="group",
+                   help="leave-one-group-out check: group = model/GPU/precision/TP, model_group = model/GPU/precision "
+                        "(default: group)")
+    p.add_argument("--free", default=",".join(FREE), metavar="P1,P2,...",
+                   help=f"parameters to fit (default: all: {', '.join(FREE)})")
+    p.add_argument("--waves", type=int, default=6, metavar="N",
+                   help="simulated requests per row = N x batch size, the first 2 x batch size left out (default: 6)")
+    p.add_argument("--seed", type=int, default=0, metavar="N", help="seed of the k-fold split (default: 0)")
+    p.add_argument("--ramp-steps", default="0,20,40,80", metavar="N1,N2,...",
+                   help="closed-loop ramp lengths to try: the batch's first requests enter over N steps "
+                        "(0 = one request's lifetime); the best fit is kept (default: 0,20,40,80)")
+    p.add_argument("--select", default="", metavar="GROUP[,GROUP...]",
+                   help="use only runs whose group (model/GPU/precision/TP, e.g. qwen3-32b/H100-80G/bf16) "
+                        "starts with one of these (default: all runs)")
+    p.add_argument("--json", action="store_true", help="write the report as JSON to stdout instead of text")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr, errors only")
+    p.add_argument("--traceback", action="store_true", help="print a Python traceback on internal errors")
+    return p
+
+
+def calibrate(run_paths: list[str], free: list[str], folds: int, group_by: str, waves: int, seed: int,
+              progress=lambda msg: None, ramps: tuple[int, ...] = (0,),
+              select: tuple[str, ...] = ()) -> tuple[dict, CostParams, dict]:
+    """The whole calibration: (report, fitted params, stderr). Shared with bench/bench_fidelity.py.
+
+    ``ramps``: closed-loop ramp lengths in steps to try (0 = one request's lifetime); each needs its
+    own recorded schedules, the one with the smallest residual cost is kept."""
+    runs = read_runs(run_paths)
+    if select:
+        runs = [r for r in runs if any(r.group.lower().startswith(p.lower()) for p in select)]
+        if not runs:
+            raise UsageError(f"--select {','.join(select)}: no run belongs to such a group")
+    best = None
+    ramp_costs = {}
+    for ramp in ramps:
+        t0 = time.time()
+        label = "one lifetime" if not ramp else f"{ramp} steps"
+        problem = Problem(runs, waves=waves, ramp_steps=ramp or None,
+                          progress=lambda i, n, lb=label: progress(f"ramp {lb}: simulated {i}/{n} runs")
+                          if i % 40 == 0 or i == n else None)
+        res = fit(problem, names=free)
+        ramp_costs[str(ramp)] = res["cost"]
+        progress(f"ramp {label}: schedules and fit in {time.time() - t0:.0f} s, residual cost {res['cost']:.3f}")
+        if best is None or res["cost"] < best[1]["cost"]:
+            best = (problem, res, ramp)
+    problem, res, ramp = best
+    if res["status"] <= 0:
+        from vkit.errors import InvalidData
+
+        raise InvalidData(f"the fit did not converge (least_squares status {res['status']})")
+    params = res["params"]
+    meas = problem.measured()
+    fitted = problem.predict(params)
+    default = problem.default_predict()
+    report: dict = {
+        "rows": len(runs),
+        "free": free,
+        "closed_loop_ramp_steps": ramp,
+        "ramp_costs": ramp_costs,
+        "params": {n: getattr(params, n) for n in free},
+        "stderr": res["stderr"],
+        "at_bound": res["at_bound"],
+        "fitted": error_stats(fitted, meas),
+        "default": error_stats(default, meas),
+        "groups": {},
+    }
+    held: dict[str, np.ndarray] = {}
+    if folds and folds > 1 and len(runs) >= folds:
+        progress(f"{folds}-fold held-out refits")
+        held["kfold"] = kfold(problem, folds, seed=seed, names=free)
+        report["kfold"] = error_stats(held["kfold"], meas)
+    if group_by != "none":
+        progress(f"leave-one-{group_by}-out refits")
+        pred, groups = leave_group_out(problem, key=group_by, names=free)
+        ok = ~np.isnan(pred[:, 0])
+        if ok.any():
+            held["logo"] = pred
+            report["leave_group_out"] = error_stats(pred[ok], meas[ok])
+            report["leave_group_out"]["by"] = group_by
+    regimes = problem.regimes(params)
+    for g in sorted({r.group for r in runs}):
+        ii = [i for i, r in enumerate(runs) if r.group == g]
+        entry = {"rows": len(ii), "fitted": error_stats(fitted[ii], meas[ii]),
+                 "default": error_stats(default[ii], meas[ii])}
+        for name, pred in held.items():
+            jj = [i for i in ii if not np.isnan(pred[i, 0])]
+            if jj:
+                entry[name] = error_stats(pred[jj], meas[jj])
+        report["groups"][g] = entry
+    rows = []
+    for i, r in enumerate(runs):
+        row = {"run": r.label(), "source": r.source, "measured": {"ttft_s": r.ttft_s, "tpot_s": r.tpot_s},
+               "fitted": {"ttft_s": float(fitted[i, 0]), "tpot_s": float(fitted[i, 1])},
+               "default": {"ttft_s": float(default[i, 0]), "tpot_s": float(default[i, 1])},
+               "regime": regimes[i], "measured_regime": measured_regime(r)}
+        for name, pred in held.items():
+            if not np.isnan(pred[i, 0]):
+                row[name] = {"ttft_s": float(pred[i, 0]), "tpot_s": float(pred[i, 1])}
+        rows.append(row)
+    report["per_row"] = rows
+    report["below_memory_floor"] = [
+        {"run": r.label(), "measured_tpot_s": r.tpot_s, "floor_s": tpot_memory_floor_s(r),
+         "floor_fp8_kv_s": tpot_memory_floor_s(r, "fp8")}
+        for r in runs if r.tpot_s < tpot_memory_floor_s(r)]
+    known = [(row["measured_regime"], row["regime"]) for row in rows if row["measured_regime"]]
+    report["queue_bound_rows"] = {"measured": len(known), "reproduced": sum(a == b for a, b in known)}
+    return report, params, res["stderr"]
+
+
+def _text(report: dict, out) -> None:
+    def stats(d: dict) -> str:
+        return "  ".join(f"{m.upper()} MAPE {d[m]['mape_pct']:5.1f}% bias {d[m]['bias_pct']:+5.1f}%" for m in ("ttft", "tpot"))
+
+    out.write(f"{report['rows']} measured runs (simulated figures vs measured means)\n")
+    out.write(f"  default (uncalibrated)   {stats(report['default'])}\n")
+    out.write(f"  fitted rows              {stats(report['fitted'])}\n")
+    if "kfold" in report:
+        out.write(f"  held out, k-fold         {stats(report['kfold'])}\n")
+    if "leave_group_out" in report:
+        out.write(f"  held out, leave-one-{report['leave_group_out']['by']}-out {stats(report['leave_group_out'])}\n")
+    r = report["closed_loop_ramp_steps"]
+    out.write(f"closed-loop ramp kept: {'one request lifetime' if not r else f'{r} steps'} "
+              f"(residual cost per ramp: {report['ramp_costs']})\n")
+    out.write("parameters (± standard error from the Jacobian):\n")
+    for n, v in report["params"].items():
+        se = report["stderr"].get(n)
+        mark = "  (at its bound)" if n in report["at_bound"] else ""
+        out.write(f"  {n:24s} {v:12.6g}" + (f" ± {se:.3g}" if se is not None else "") + mark + "\n")
+    out.write("per group (fitted / held-out leave-one-group-out):\n")
+    for g, e in report["groups"].items():
+        h = e.get("logo")
+        out.write(f"  {g:36s} n={e['rows']:3d}  {stats(e['fitted'])}" + (f"  | held out {stats(h)}" if h else "") + "\n")
+    for b in report["below_memory_floor"]:
+        out.write(f"measured TPOT below the HBM floor of the simulated configuration: {b['run']}: "
+                  f"{b['measured_tpot_s'] * 1e3:.1f} ms < {b['floor_s'] * 1e3:.1f} ms (with an FP8 KV cache: "
+                  f"{b['floor_fp8_kv_s'] * 1e3:.1f} ms)\n")
+    q = report["queue_bound_rows"]
+    out.write(f"queue-bound rows (by the measurement): {q['measured']}, reproduced as queue-bound: {q['reproduced']}\n")
+
+
+def _run(args: argparse.Namespace, io: IO) -> int:
+    free = [n.strip() for n in args.free.split(",") if n.strip()]
+    unknown = [n for n in free if n not in FREE]
+    if unknown or not free:
+        raise UsageError(f"--free: unknown parameter(s) {', '.join(unknown) or '(none given)'}; known: {', '.join(FREE)}")
+    if args.waves < 3:
+        raise UsageError(f"--waves must be >= 3, got {args.waves}")
+    try:
+        ramps = tuple(int(x) for x in args.ramp_steps.split(",") if x.strip())
+    except ValueError:
+        raise UsageError(f"--ramp-steps: expected integers >= 0, got {args.ramp_steps!r}") from None
+    if not ramps or min(ramps) < 0:
+        raise UsageError(f"--ramp-steps: expected integers >= 0, got {args.ramp_steps!r}")
+    select = tuple(x.strip() for x in args.select.split(",") if x.strip())
+    report, params, stderr = calibrate(args.runs, free, args.folds, args.group_by, args.waves, args.seed, io.progress,
+                                       ramps, select)
+    summary = {k: v for k, v in report.items() if k != "per_row"}
+    write_profile(args.output, params, {n: stderr.get(n) for n in free},
+                  {"runs": args.runs, "free": free, "report": summary},
+                  workload={"closed_loop_ramp_steps": report["closed_loop_ramp_steps"] or None})
+    io.progress(f"wrote {args.output}")
+    if args.json:
+        io.emit_json(report)
+    else:
+        _text(report, io.out)
+    return ExitCode.OK
+
+
+def main(argv: list[str] | None = None, stdout=None, stderr=None) -> int:
+    return run(build_parser(), _run, list(sys.argv[1:] if argv is None else argv), stdout, stderr)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,381 @@
+"""What-if prediction on the simulated engine, in virtual time (no sockets, no clocks).
+
+``predict(scenario)`` configures the engine exactly as ``sim_server`` would for the same flags,
+drives it with a fixed-length workload — closed loop at ``concurrency`` (a new request the moment
+one finishes, like ``vllm bench serve --max-concurrency`` / AIPerf ``--concurrency``) or Poisson
+arrivals at ``rate`` — and reports the steady state: the first ``warmup`` requests are left out
+of every figure.
+
+Closed loop with fixed lengths has a property the calibration uses: which requests every step
+schedules does not depend on how long the steps take (a request arrives exactly when another
+finishes, i.e. at a step boundary), so one run records the schedule (:class:`Trace`) and any
+cost model's durations can be replayed on it with numpy (``Trace.summary(durations)``), exactly
+what a new run would give. With Poisson arrivals the schedule depends on time and each cost
+model needs its own run.
+
+Regimes, from the engine's own counters over the measured window:
+
+- ``queue-bound``: admission was blocked by capacity (KV blocks or max-num-seqs: requests kept
+  waiting although the step had token budget left) in at least 10% of the steps, and the mean
+  queue time (first scheduled − arrival) exceeds the mean time from first schedule to first token;
+- ``prefill-bound``: otherwise, if steps that carry prompt tokens take at least half of the
+  window's time;
+- ``decode-bound``: otherwise.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from vkit.errors import UsageError
+from vkit.sim.calibrated import CostParams, PhysCost
+from vkit.sim.config import ServeOptions, resolve
+from vkit.sim.engine import CostModel, Engine, EngineConfig, Request
+from vkit.sim.profiles import get_gpu, get_model
+
+# ServeOptions fields a scenario may set (vllm serve flags, in ServeOptions' names).
+SERVE_FIELDS = (
+    "max_model_len", "max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill", "enable_prefix_caching",
+    "scheduling_policy", "gpu_memory_utilization", "block_size", "kv_cache_dtype", "num_gpu_blocks_override",
+    "long_prefill_token_threshold", "max_num_partial_prefills",
+)
+REGIMES = ("queue-bound", "prefill-bound", "decode-bound")
+
+
+@dataclass
+class Scenario:
+    model: str
+    gpu: str
+    isl: int
+    osl: int
+    tp: int = 1
+    quantization: str | None = None
+    concurrency: int | None = None
+    rate: float | None = None
+    num_prompts: int | None = None  # default: 10 x concurrency (closed loop), 400 (Poisson)
+    warmup: int | None = None  # default: 2 x concurrency (closed loop), num_prompts // 10 (Poisson)
+    seed: int = 0
+    serve: dict = field(default_factory=dict)
+    ramp_steps: int | None = None  # closed loop: the slots' first requests enter over this many steps
+
+    def counts(self) -> tuple[int, int]:
+        if self.concurrency:
+            n = self.num_prompts if self.num_prompts is not None else 10 * self.concurrency
+            w = self.warmup if self.warmup is not None else 2 * self.concurrency
+        else:
+            n = self.num_prompts if self.num_prompts is not None else 400
+            w = self.warmup if self.warmup is not None else n // 10
+        return n, w
+
+    def check(self) -> None:
+        if self.isl < 1 or self.osl < 1:
+            raise UsageError("input and output lengths must be >= 1")
+        if (self.concurrency is None) == (self.rate is None):
+            raise UsageError("give exactly one of --max-concurrency C and --request-rate R")
+        if self.concurrency is not None and self.concurrency < 1:
+            raise UsageError(f"--max-concurrency must be >= 1, got {self.concurrency}")
+        if self.rate is not None and not self.rate > 0:
+            raise UsageError(f"--request-rate must be > 0, got {self.rate}")
+        n, w = self.counts()
+        if n < 1 or w < 0 or w >= n:
+            raise UsageError(f"need 0 <= warmup < num-prompts (got warmup {w}, num-prompts {n})")
+        unknown = sorted(set(self.serve) - set(SERVE_FIELDS))
+        if unknown:
+            raise UsageError(f"unknown serve option(s): {', '.join(unknown)}")
+
+
+class _Recorder:
+    """Wraps a cost model and records each step's features (the engine calls it once per step)."""
+
+    def __init__(self, cost):
+        self.cost = cost
+        self.rows: list[tuple[int, int, int, int, int]] = []
+
+    def step_time(self, tokens, pairs, kv_tokens, sampled, nreqs):
+        self.rows.append((tokens, pairs, kv_tokens, sampled, nreqs))
+        return self.cost.step_time(tokens, pairs, kv_tokens, sampled, nreqs)
+
+
+def build(sc: Scenario, params: CostParams | None = None):
+    """(engine, resolved, recorder) configured as sim_server configures them for these flags."""
+    sc.check()
+    model, gpu = get_model(sc.model), get_gpu(sc.gpu)
+    opts = ServeOptions(model=model.hf_id, gpu=gpu, model_profile=model, tensor_parallel_size=sc.tp,
+                        quantization=sc.quantization, **sc.serve)
+    r = resolve(opts)
+    cfg = EngineConfig(
+        max_model_len=r.max_model_len, max_num_seqs=r.max_num_seqs, max_num_batched_tokens=r.max_num_batched_tokens,
+        num_gpu_blocks=r.num_gpu_blocks, block_size=r.block_size, enable_chunked_prefill=r.enable_chunked_prefill,
+        enable_prefix_caching=r.enable_prefix_caching, policy=r.scheduling_policy,
+        long_prefill_token_threshold=r.long_prefill_token_threshold,
+    )
+    if params is None and not sc.quantization:
+        cost = CostModel(model, gpu, r.tensor_parallel_size, r.kv_dtype_bytes)
+    else:
+        cost = PhysCost(model, gpu, r.tensor_parallel_size, r.kv_dtype_bytes, params, sc.quantization)
+    rec = _Recorder(cost)
+    if sc.isl + sc.osl > r.max_model_len:
+        raise UsageError(f"input + output length {sc.isl + sc.osl} exceeds max_model_len {r.max_model_len}")
+    engine = Engine(cfg, rec, lambda req: 1000 + (req.num_output % 97), 2, None)
+    return engine, r, rec
+
+
+@dataclass
+class Trace:
+    """One run's schedule: per step its features and counters, per request its steps."""
+
+    scenario: Scenario
+    resolved: object
+    feats: np.ndarray  # (steps, 5): tokens, pairs, kv tokens, sampled, requests
+    blocked: np.ndarray  # (steps,) bool: admission blocked by capacity after this step
+    preempted: np.ndarray  # (steps,) preemptions in the step
+    running: np.ndarray  # (steps,) requests scheduled
+    kv_usage: np.ndarray  # (steps,) KV usage after the step
+    arrival_step: np.ndarray  # (N,) index of the first step that could schedule the request
+    sched_step: np.ndarray  # (N,) step that first scheduled it
+    token_steps: np.ndarray  # (N, osl) steps whose end emitted each output token
+    arrival_time: np.ndarray | None  # (N,) Poisson arrivals (None for closed loop)
+    step_start: np.ndarray | None  # (steps,) start times of the run (Poisson)
+    durations: np.ndarray  # (steps,) the run's own durations
+    warmup: int
+
+    @property
+    def closed_loop(self) -> bool:
+        return self.arrival_time is None
+
+    def step_times(self, cost: PhysCost) -> np.ndarray:
+        f = self.feats
+        return cost.step_times(f[:, 0], f[:, 1], f[:, 2], f[:, 3], f[:, 4])
+
+    def means(self, durations: np.ndarray, frontend_s: float = 0.0) -> tuple[float, float]:
+        """(mean TTFT, mean TPOT) of the measured requests for these step durations (closed loop)."""
+        end = np.cumsum(durations)
+        start = end - durations
+        w = self.warmup
+        arr = start[self.arrival_step[w:]]
+        first = end[self.token_steps[w:, 0]]
+        last = end[self.token_steps[w:, -1]]
+        osl = self.token_steps.shape[1]
+        tpot = float(((last - first) / (osl - 1)).mean()) if osl > 1 else 0.0
+        return float((first - arr).mean()) + frontend_s, tpot
+
+    def summary(self, durations: np.ndarray | None = None, frontend_s: float = 0.0) -> dict:
+        """Steady-state figures for these step durations (closed loop: any cost model's; Poisson:
+        only the run's own)."""
+        d = self.durations if durations is None else np.asarray(durations, dtype=float)
+        if self.closed_loop:
+            end = np.cumsum(d)
+            start = end - d
+            arr = start[self.arrival_step]
+        else:
+            if durations is not None:
+                raise ValueError("a Poisson trace can only be summarised with its own durations")
+            start = self.step_start
+            end = start + d
+            arr = self.arrival_time
+        arr = arr - frontend_s  # the client sent it this much earlier than the engine saw it
+        w = self.warmup
+        tok = end[self.token_steps[w:]]
+        a = arr[w:]
+        ttft = tok[:, 0] - a
+        e2el = tok[:, -1] - a
+        osl = tok.shape[1]
+        tpot = (tok[:, -1] - tok[:, 0]) / (osl - 1) if osl > 1 else np.zeros(len(a))
+        itl = np.diff(tok, axis=1).ravel() if osl > 1 else np.zeros(0)
+        first = start[self.sched_step[w:]]
+        queue = first - a
+        t0, t1 = float(a.min()), float(tok[:, -1].max())
+        span = max(t1 - t0, 1e-12)
+        win = (start >= t0) & (end <= t1 + 1e-12)
+        if not win.any():
+            win = np.ones(len(d), dtype=bool)
+        dw = d[win]
+        f = self.feats[win]
+        prefill_share = float(dw[f[:, 0] != f[:, 4]].sum() / max(dw.sum(), 1e-12))
+        blocked_share = float(self.blocked[win].mean())
+        mean_queue = float(queue.mean())
+        mean_prefill = float((ttft - queue).mean())
+        if blocked_share >= 0.10 and mean_queue > mean_prefill:
+            regime = "queue-bound"
+        elif prefill_share >= 0.5:
+            regime = "prefill-bound"
+        else:
+            regime = "decode-bound"
+        n = len(a)
+        sc = self.scenario
+        r = self.resolved
+        return {
+            "requests": n,
+            "duration_s": span,
+            "ttft_s": _dist(ttft),
+            "tpot_s": _dist(tpot),
+            "itl_s": _dist(itl),
+            "e2el_s": _dist(e2el),
+            "queue_s": _dist(queue),
+            "output_throughput_tok_s": n * sc.osl / span,
+            "total_throughput_tok_s": n * (sc.isl + sc.osl) / span,
+            "request_throughput_req_s": n / span,
+            "regime": regime,
+            "counters": {
+                "steps": int(win.sum()),
+                "preemptions": int(self.preempted[win].sum()),
+                "prefill_time_share": prefill_share,
+                "capacity_blocked_step_share": blocked_share,
+                "mean_queue_s": mean_queue,
+                "mean_prefill_s": mean_prefill,
+                "mean_running": float(self.running[win].mean()),
+                "mean_step_tokens": float(f[:, 0].mean()),
+                "kv_usage_mean": float(self.kv_usage[win].mean()),
+            },
+            "kv_cache": {
+                "num_gpu_blocks": r.num_gpu_blocks,
+                "tokens": r.kv_cache_tokens,
+                "max_concurrency_at_max_model_len": r.max_concurrency,
+                "max_concurrency_at_workload_len": r.kv_cache_tokens / (sc.isl + sc.osl),
+            },
+        }
+
+
+def _dist(x: np.ndarray) -> dict:
+    if len(x) == 0:
+        return {"mean": 0.0, "p50": 0.0, "p95": 0.0, "p99": 0.0}
+    p50, p95, p99 = np.percentile(x, [50, 95, 99])
+    return {"mean": float(x.mean()), "p50": float(p50), "p95": float(p95), "p99": float(p99)}
+
+
+def run_trace(sc: Scenario, params: CostParams | None = None, max_steps: int = 5_000_000) -> Trace:
+    """Drive the engine through the scenario and record its schedule."""
+    engine, r, rec = build(sc, params)
+    n_req, warmup = sc.counts()
+    vocab = get_model(sc.model).vocab
+    rng = random.Random(sc.seed)
+    base = [rng.randrange(256, vocab) for _ in range(sc.isl)]
+    if sc.rate:
+        t, arrivals = 0.0, []
+        for _ in range(n_req):
+            t += rng.expovariate(sc.rate)
+            arrivals.append(t)
+    else:
+        arrivals = None
+    budget = r.max_num_batched_tokens
+    chunked = r.enable_chunked_prefill
+    a_stamp: dict[int, int] = {}
+    arrival_step = np.zeros(n_req, dtype=np.int64)
+    sched_step = np.full(n_req, -1, dtype=np.int64)
+    token_steps = np.zeros((n_req, sc.osl), dtype=np.int64)
+    blocked, preempted, running, kv_usage, starts = [], [], [], [], []
+    nxt = 0
+    done = 0
+    t = 0.0
+    step = 0
+    pending: list[tuple[int, int]] = []  # closed loop: (step it reaches the engine, request id)
+    if arrivals is None:
+        # The C slots' first requests enter evenly over `ramp_steps` steps (default: one request's
+        # lifetime, osl steps). With fixed lengths the phases a ramp sets persist: slots that start
+        # in the same step finish, and come back, together.
+        c = min(sc.concurrency, n_req)
+        span = sc.ramp_steps if sc.ramp_steps is not None else sc.osl
+        pending = [(i * span // c, i) for i in range(c)]
+        nxt = c
+
+    def admit(i: int, arrival_step: int) -> None:
+        prompt = list(base)
+        prompt[0] = 256 + i % (vocab - 256)
+        req = Request(str(i), prompt, sc.osl, ignore_eos=True, arrival=t if arrivals is None else arrivals[i])
+        req.user = i
+        arrival_step_of[i] = arrival_step
+        engine.add_request(req)
+
+    arrival_step_of = arrival_step
+    if arrivals is not None:
+        nxt = 0
+    while done < n_req:
+        if arrivals is None:
+            if pending and not engine.has_work():
+                # an idle engine runs the next request the moment it arrives: pull the queue forward
+                shift = min(a for a, _ in pending) - step
+                if shift > 0:
+                    pending = [(a - shift, i) for a, i in pending]
+            due = [p for p in pending if p[0] <= step]
+            if due:
+                pending = [p for p in pending if p[0] > step]
+                for _a, i in due:
+                    # arrival stamped at the start of the step after the one that freed the slot
+                    admit(i, min(step, a_stamp.get(i, step)))
+        else:
+            while nxt < n_req and arrivals[nxt] <= t:
+                admit(nxt, step)
+                nxt += 1
+            if not engine.has_work():
+                t = arrivals[nxt]
+                continue
+        res = engine.step(t)
+        if not res.scheduled:
+            if arrivals is not None and nxt < n_req:
+                t = max(t, arrivals[nxt])
+                continue
+            raise UsageError("the engine cannot schedule the waiting requests (KV cache too small for one prompt?)")
+        for q in res.new_scheduled:
+            sched_step[q.user] = step
+        for q in res.token_reqs:
+            token_steps[q.user, q.num_output - 1] = step
+        for _ in res.finished:
+            done += 1
+            if arrivals is None and nxt < n_req:
+                # the client sees the last token after this step; its next request reaches the
+                # engine while step+1 runs, so step+2 is the first that can schedule it
+                a_stamp[nxt] = step + 1
+                pending.append((step + 2, nxt))
+                nxt += 1
+        waiting = engine.num_waiting()
+        left = budget - res.num_tokens
+        if waiting:
+            head = engine.waiting.peek()
+            need = 1 if chunked else len(head.token_ids) - head.num_computed
+            blocked.append(left >= need or engine.num_running() >= r.max_num_seqs)
+        else:
+            blocked.append(False)
+        preempted.append(res.num_preempted)
+        running.append(len(res.scheduled))
+        kv_usage.append(engine.kv_usage())
+        starts.append(t)
+        t += res.duration
+        step += 1
+        if step > max_steps:
+            raise RuntimeError("simulation did not finish")
+    feats = np.asarray(rec.rows, dtype=float)
+    return Trace(
+        scenario=sc, resolved=r, feats=feats, blocked=np.asarray(blocked), preempted=np.asarray(preempted),
+        running=np.asarray(running), kv_usage=np.asarray(kv_usage), arrival_step=arrival_step,
+        sched_step=sched_step, token_steps=token_steps,
+        arrival_time=np.asarray(arrivals) if arrivals is not None else None,
+        step_start=np.asarray(starts) if arrivals is not None else None,
+        durations=np.asarray([rec.cost.step_time(*row) for row in rec.rows]),
+        warmup=warmup,
+    )
+
+
+def predict(sc: Scenario, params: CostParams | None = None) -> dict:
+    """The scenario's steady-state figures, plus what was simulated."""
+    tr = run_trace(sc, params)
+    out = tr.summary(frontend_s=params.frontend_s(sc.isl) if params is not None else 0.0)
+    n, w = sc.counts()
+    r = tr.resolved
+    out["scenario"] = {
+        "model": get_model(sc.model).name, "gpu": get_gpu(sc.gpu).name, "tensor_parallel_size": sc.tp,
+        "quantization": sc.quantization, "input_len": sc.isl, "output_len": sc.osl,
+        "max_concurrency": sc.concurrency, "request_rate": sc.rate, "num_prompts": n, "warmup": w,
+        "seed": sc.seed, "serve": dict(sc.serve), "ramp_steps": sc.ramp_steps,
+    }
+    out["resolved"] = {
+        "max_model_len": r.max_model_len, "max_num_seqs": r.max_num_seqs,
+        "max_num_batched_tokens": r.max_num_batched_tokens, "enable_chunked_prefill": r.enable_chunked_prefill,
+        "enable_prefix_caching": r.enable_prefix_caching, "gpu_memory_utilization": r.gpu_memory_utilization,
+        "kv_cache_dtype": r.kv_cache_dtype, "weights_gib_per_gpu": r.weights_bytes_per_gpu / (1 << 30),
+    }
+    out["cost_params"] = asdict(params) if params is not None else None
+    out["time"] = "virtual seconds (simulated, not measured)"
+    return out
