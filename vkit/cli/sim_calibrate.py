@@ -217,8 +217,8 @@ def _run(args: argparse.Namespace, io: IO) -> int:
     return ExitCode.OK
 
 
-def main(argv: list[str] | None = None, stdout=None, stderr=None) -> int:
-    return run(build_parser(), _run, list(sys.argv[1:] if argv is None else argv), stdout, stderr)
+def main(argv: list[str] | None = None, stdin=None, stdout=None, stderr=None) -> int:
+    return run(build_parser(), _run, list(sys.argv[1:] if argv is None else argv), stdout, stderr, stdin)
 
 
 if __name__ == "__main__":

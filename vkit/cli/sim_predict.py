@@ -213,10 +213,10 @@ def _run(args: argparse.Namespace, io: IO, parser: argparse.ArgumentParser) -> i
     return ExitCode.OK
 
 
-def main(argv: list[str] | None = None, stdout=None, stderr=None) -> int:
+def main(argv: list[str] | None = None, stdin=None, stdout=None, stderr=None) -> int:
     argv = normalize_argv(list(sys.argv[1:] if argv is None else argv))
     parser = build_parser()
-    return run(parser, lambda args, io: _run(args, io, parser), argv, stdout, stderr)
+    return run(parser, lambda args, io: _run(args, io, parser), argv, stdout, stderr, stdin)
 
 
 if __name__ == "__main__":
