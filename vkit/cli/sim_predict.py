@@ -14,7 +14,7 @@ import argparse
 import itertools
 import sys
 
-from vkit.cli._common import IO, make_parser, run
+from vkit.cli._common import IO, int_at_least, make_parser, run
 from vkit.cli.sim_server import human_readable_int, human_readable_int_or_auto, normalize_argv
 from vkit.errors import ExitCode, UsageError
 from vkit.sim.calibrated import load_profile
@@ -32,24 +32,7 @@ _GRID_OK = _SERVE_DESTS + ("tensor_parallel_size", "quantization", "max_concurre
                            "random_input_len", "random_output_len", "sim_gpu", "sim_model", "ramp_steps")
 
 
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
-    return v
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {v}")
-    return v
+_positive_int, _non_negative_int = int_at_least(1), int_at_least(0)
 
 
 def _positive_float(text: str) -> float:
