@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""How far behind its own virtual-time schedule does sim_server emit tokens, and at what CPU cost?
+"""How far behind its own virtual-time schedule does sim_server emit tokens, at what CPU cost, and how noisy is it?
 
 Starts ``bin/sim_server`` (default profile: 8B on one H200, --sim-speed 1) and drives it
 with 16, 64 and 256 concurrent streaming requests from a light asyncio client (raw
@@ -8,7 +8,14 @@ time its step was scheduled to end and the moment the token's SSE event was writ
 reports the lag percentiles and its own CPU time through ``/sim/stats``. Results go to
 ``bench/results/sim.json``. Target: p99 lag <= 2 ms at 64 streams on 2 cores.
 
-Usage: python3 bench/bench_sim.py [--seconds 20] [--levels 16,64,256]
+Noise (``--part noise``): K starts of one server command (same ``--sim-seed``, one
+``--sim-start-file``) x N back-to-back ``bench_stream`` runs each (the demo's workload: 512/128,
+32 streams, 160 prompts, a new prompt seed per run); the realised within-process and
+between-restart sd of output throughput, by the one-way variance-components estimate, against
+the settings. The same estimate on the engine alone in virtual time with many more starts
+pins the model's own figures. Results go to ``bench/results/sim_noise.json``.
+
+Usage: python3 bench/bench_sim.py [--part lag|noise|all] [--seconds 20] [--levels 16,64,256]
 """
 
 from __future__ import annotations
@@ -27,6 +34,8 @@ import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "bench", "results", "sim.json")
+NOISE_RESULTS = os.path.join(ROOT, "bench", "results", "sim_noise.json")
+sys.path.insert(0, ROOT)
 TARGET_P99_MS = 2.0
 PROMPT_TOKENS = 256
 OUTPUT_TOKENS = 256
@@ -120,16 +129,7 @@ def run_level(port: int, concurrency: int, seconds: float) -> dict:
     }
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seconds", type=float, default=20.0, help="measured seconds per level (default: 20)")
-    ap.add_argument("--levels", default="16,64,256", help="concurrent streams per level (default: 16,64,256)")
-    ap.add_argument("--speed", type=float, default=1.0, help="--sim-speed of the server (default: 1)")
-    ap.add_argument("--server-nice", type=int, default=0,
-                    help="nice value for the server, e.g. -10 to measure it without interference from other "
-                         "processes on a busy machine (needs privileges) (default: 0)")
-    ap.add_argument("--out", default=RESULTS, help=f"result file (default: {os.path.relpath(RESULTS, ROOT)})")
-    a = ap.parse_args(argv)
+def lag_part(a) -> int:
     levels = [int(x) for x in a.levels.split(",")]
     port = free_port()
     flags = ["sim", "--port", str(port), "--sim-startup-s", "0", "--sim-speed", str(a.speed), "--sim-seed", "1",
@@ -197,6 +197,149 @@ def main(argv=None) -> int:
                       "target_met": result["target"]["met"]}, indent=1))
     os.unlink(log.name)
     return 0
+
+
+NOISE_FLAGS = ["sim-8b", "--max-model-len", "8192", "--sim-gpu", "H200", "--sim-model", "llama-3.1-8b",
+               "--sim-startup-s", "0.2", "--sim-seed", "11"]
+NOISE_BENCH = ["--model", "sim-8b", "--max-concurrency", "32", "--random-input-len", "512", "--random-output-len", "128",
+               "--num-prompts", "160", "-q", "--json"]
+
+
+def start_sim(flags: list[str], log) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, os.path.join(ROOT, "bin", "sim_server"), *flags],
+                            stdout=log, stderr=subprocess.STDOUT)
+
+
+def wait_up(port: int, proc: subprocess.Popen, log_name: str) -> None:
+    deadline = time.time() + 30
+    while True:
+        try:
+            get_json(f"http://127.0.0.1:{port}/version")
+            return
+        except OSError:
+            if proc.poll() is not None or time.time() > deadline:
+                raise SystemExit(f"bench_sim: sim_server did not start; see {log_name}") from None
+            time.sleep(0.05)
+
+
+def live_noise(starts: int, runs: int, speed: float, sigma: float, restart: float | None) -> dict:
+    """Throughput of ``runs`` back-to-back bench_stream runs (in-process, as tune calls it) per start."""
+    import io
+
+    from vkit.cli import bench_stream
+
+    tmp = tempfile.mkdtemp(prefix="bench_sim_noise_")
+    start_file = os.path.join(tmp, "starts")
+    groups = []
+    t0 = time.time()
+    for k in range(starts):
+        port = free_port()
+        flags = [*NOISE_FLAGS, "--port", str(port), "--sim-speed", str(speed), "--sim-noise", str(sigma),
+                 "--sim-start-file", start_file] + (["--sim-restart-noise", str(restart)] if restart is not None else [])
+        with open(os.path.join(tmp, f"server{k}.log"), "w") as log:
+            proc = start_sim(flags, log)
+            try:
+                wait_up(port, proc, log.name)
+                vals = []
+                for j in range(runs):
+                    out = io.StringIO()
+                    rc = bench_stream.main(["--url", f"http://127.0.0.1:{port}", *NOISE_BENCH, "--seed", str(1000 + j)],
+                                           stdout=out, stderr=io.StringIO())
+                    if rc != 0:
+                        raise SystemExit(f"bench_sim: bench_stream exit {rc} on start {k + 1}, run {j + 1}")
+                    vals.append(json.loads(out.getvalue())["output_throughput"])
+            finally:
+                proc.terminate()
+                proc.wait(timeout=10)
+        groups.append(vals)
+        el = time.time() - t0
+        print(f"bench_sim: noise start {k + 1}/{starts}: mean {sum(vals) / len(vals):.0f} tok/s over {runs} runs; "
+              f"ETA {el / (k + 1) * (starts - k - 1):.0f} s", file=sys.stderr)
+    return {"groups_tok_s": [[round(v, 1) for v in g] for g in groups], "wall_s": round(time.time() - t0, 1)}
+
+
+def engine_noise(starts: int, runs: int, sigma: float, restart: float | None) -> list[list[float]]:
+    """The same design on the engine alone in virtual time (the server's gap rule, no sockets)."""
+    from vkit.sim.engine import Noise
+    from vkit.sim.harness import SimRequest, engine_for, random_prompts, simulate
+
+    rs = 0.75 * sigma if restart is None else restart
+    groups = []
+    for k in range(starts):
+        eng = engine_for(noise=Noise(sigma, seed=11, regime_gap_s=0.5, restart_sigma=rs, start_index=k + 1))
+        t, vals = 0.0, []
+        for j in range(runs):
+            prompts = random_prompts(64, 512, seed=1000 + j)
+            out = simulate(eng, [SimRequest(prompt_ids=p, max_tokens=128, arrival=t) for p in prompts], concurrency=32)
+            vals.append(out["output_tok_s"])
+            t = max(tm.token_times[-1] for tm in out["timings"]) + 1.0
+        groups.append(vals)
+    return groups
+
+
+def components(groups: list[list[float]]) -> dict:
+    import numpy as np
+
+    from vkit.decide.stats import variance_components
+
+    vc = variance_components([np.log(g) for g in groups])
+    return {k: (round(v, 5) if isinstance(v, float) else [round(x, 5) for x in v] if isinstance(v, tuple) else v)
+            for k, v in vc.__dict__.items()}
+
+
+def noise_part(a) -> int:
+    rs = 0.75 * a.sigma if a.restart_sigma is None else a.restart_sigma
+    live = live_noise(a.starts, a.runs, a.speed_noise, a.sigma, a.restart_sigma)
+    live_vc = components(live["groups_tok_s"])
+    eng_groups = engine_noise(a.engine_starts, a.runs, a.sigma, a.restart_sigma)
+    eng_vc = components(eng_groups)
+    result = {
+        "benchmark": "sim_server realised noise: within a process and between restarts",
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "loadavg_1m_after": round(os.getloadavg()[0], 2)},
+        "settings": {"sim_noise": a.sigma, "sim_restart_noise": rs, "sim_seed": 11, "sim_speed": a.speed_noise},
+        "design": {"starts": a.starts, "runs_per_start": a.runs, "server_flags": NOISE_FLAGS, "bench_stream": NOISE_BENCH,
+                   "prompt_seed": "1000 + run index", "estimate": "one-way random effects on log output throughput "
+                   "(ANOVA moments); 90% intervals: chi-square (within), Satterthwaite (between)"},
+        "live": {**live, "sd": live_vc},
+        "engine_virtual_time": {"starts": a.engine_starts, "runs_per_start": a.runs, "sd": eng_vc,
+                                "workload": "64 prompts 512/128 at 32 streams, 1 s idle between runs"},
+        "note": "between includes the slow wander (OU, sd 0.25 x sim_noise, 60 s correlation), which stays "
+                "nearly constant over one start's few back-to-back runs",
+    }
+    os.makedirs(os.path.dirname(a.noise_out), exist_ok=True)
+    with open(a.noise_out, "w") as f:
+        json.dump(result, f, indent=2, sort_keys=True)
+        f.write("\n")
+    for name, vc in (("live server", live_vc), ("engine, virtual time", eng_vc)):
+        print(f"bench_sim: noise ({name}): within {100 * vc['within']:.2f}% "
+              f"[{100 * vc['within_ci'][0]:.2f}, {100 * vc['within_ci'][1]:.2f}] (set {100 * a.sigma:g}%), between "
+              f"{100 * vc['between']:.2f}% [{100 * vc['between_ci'][0]:.2f}, {100 * vc['between_ci'][1]:.2f}] "
+              f"(set {100 * rs:g}%)", file=sys.stderr)
+    return 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--part", choices=["lag", "noise", "all"], default="all", help="what to measure (default: all)")
+    ap.add_argument("--seconds", type=float, default=20.0, help="lag: measured seconds per level (default: 20)")
+    ap.add_argument("--levels", default="16,64,256", help="lag: concurrent streams per level (default: 16,64,256)")
+    ap.add_argument("--speed", type=float, default=1.0, help="lag: --sim-speed of the server (default: 1)")
+    ap.add_argument("--server-nice", type=int, default=0,
+                    help="lag: nice value for the server, e.g. -10 to measure it without interference from other "
+                         "processes on a busy machine (needs privileges) (default: 0)")
+    ap.add_argument("--out", default=RESULTS, help=f"lag result file (default: {os.path.relpath(RESULTS, ROOT)})")
+    ap.add_argument("--starts", type=int, default=12, help="noise: server starts (default: 12)")
+    ap.add_argument("--runs", type=int, default=5, help="noise: back-to-back runs per start (default: 5)")
+    ap.add_argument("--engine-starts", type=int, default=200, help="noise: starts of the virtual-time estimate (default: 200)")
+    ap.add_argument("--speed-noise", type=float, default=4.0, help="noise: --sim-speed, as the demo (default: 4)")
+    ap.add_argument("--sigma", type=float, default=0.02, help="noise: --sim-noise (default: 0.02)")
+    ap.add_argument("--restart-sigma", type=float, default=None, help="noise: --sim-restart-noise (default: the server's)")
+    ap.add_argument("--noise-out", default=NOISE_RESULTS,
+                    help=f"noise result file (default: {os.path.relpath(NOISE_RESULTS, ROOT)})")
+    a = ap.parse_args(argv)
+    rc = lag_part(a) if a.part in ("lag", "all") else 0
+    return rc or (noise_part(a) if a.part in ("noise", "all") else 0)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,13 @@ def call(tool: str, *argv: str) -> Result:
     return Result(code, out.getvalue(), err.getvalue())
 
 
+@pytest.fixture(autouse=True)
+def sim_start_count(tmp_path, monkeypatch):
+    """Every simulator a test starts counts its starts in the test's own file, so the
+    between-restart noise draws are the same on every run of the suite (starts 1, 2, ...)."""
+    monkeypatch.setenv("VKIT_SIM_START_FILE", str(tmp_path / "sim-starts"))
+
+
 @pytest.fixture
 def state_path(tmp_path):
     return str(tmp_path / "st" / "vkit.json")

@@ -142,3 +142,27 @@ def test_e_bh():
 def test_intersection_union():
     assert st.intersection_union(True, True, True)
     assert not st.intersection_union(True, False)
+
+
+def test_variance_components_known_answer():
+    from vkit.decide.stats import variance_components
+
+    # Two groups [1, 2, 3] and [4, 5, 6]: MSW = 1, MSB = 13.5, n0 = 3, so between^2 = 12.5 / 3.
+    vc = variance_components([[1, 2, 3], [4, 5, 6]])
+    assert vc.within == pytest.approx(1.0)
+    assert vc.between == pytest.approx(math.sqrt(12.5 / 3))
+    assert vc.total == pytest.approx(math.sqrt(1 + 12.5 / 3))
+    assert (vc.groups, vc.runs, vc.df_within) == (2, 6, 4)
+    # within's 90 % interval: sqrt(SSW / chi2(0.95, 4)) .. sqrt(SSW / chi2(0.05, 4)), SSW = 4
+    assert vc.within_ci == pytest.approx((math.sqrt(4 / 9.487729), math.sqrt(4 / 0.710723)), rel=1e-5)
+
+
+def test_variance_components_no_between_part_and_bad_input():
+    from vkit.decide.stats import variance_components
+
+    vc = variance_components([[1.0, 3.0], [1.0, 3.0], [1.0, 3.0]])  # identical groups: MSB = 0
+    assert vc.between == 0.0 and vc.within == pytest.approx(math.sqrt(2.0)) and vc.between_ci[0] == 0.0
+    with pytest.raises(ValueError):
+        variance_components([[1.0, 2.0]])
+    with pytest.raises(ValueError):
+        variance_components([[1.0], [2.0]])

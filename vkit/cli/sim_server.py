@@ -19,6 +19,7 @@ from vkit.errors import ExitCode
 from vkit.sim.config import ServeOptions
 from vkit.sim.profiles import DEFAULT_GPU, DEFAULT_MODEL, GPUS, KV_DTYPE_BYTES, MODELS, WEIGHT_QUANT_BYTES, get_gpu, get_model
 from vkit.sim.server import SimSettings, serve
+from vkit.sim.starts import next_start
 from vkit.sim.vlog import VllmLog
 
 _LOOPBACK = {"127.0.0.1", "localhost", "::1"}
@@ -182,7 +183,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--sim-startup-s", type=non_negative_float, default=1.0, metavar="S",
                    help="wall seconds of 'model loading' before the socket listens (default: 1)")
     s.add_argument("--sim-noise", type=non_negative_float, default=0.02, metavar="SIGMA",
-                   help="sd of the multiplicative step-time noise (run-to-run, slow wander, jitter) (default: 0.02)")
+                   help="run-to-run sd of the step time, so of throughput, between back-to-back runs on one "
+                        "process (per-run level, slow wander, jitter); 0 with --sim-restart-noise 0: "
+                        "deterministic (default: 0.02)")
+    s.add_argument("--sim-restart-noise", type=non_negative_float, default=None, metavar="SIGMA",
+                   help="sd of a level drawn once per process start, from the seed and the start count: two "
+                        "starts of one configuration differ by this much more (default: 0.75 x --sim-noise)")
+    s.add_argument("--sim-start-file", default=os.environ.get("VKIT_SIM_START_FILE"), metavar="FILE",
+                   help="counter of this server's starts (created if missing, locked, replaced atomically): "
+                        "the same seed and start count give the same between-restart draw (default: "
+                        "$VKIT_SIM_START_FILE, else a random start, printed in the log)")
     s.add_argument("--sim-drift", type=float, default=0.0, metavar="D",
                    help="step time grows by the fraction D per hour of simulated time (default: 0)")
     s.add_argument("--sim-drift-since", type=float, default=None, metavar="UNIX_TIME",
@@ -254,6 +264,7 @@ def _run(args: argparse.Namespace, io: IO, parser: argparse.ArgumentParser) -> i
         log.warning("sim_server.py:1", f"sim_server only serves loopback; binding 127.0.0.1 instead of {host}")
     host = "127.0.0.1"
     seed = args.sim_seed if args.sim_seed is not None else int.from_bytes(os.urandom(4), "big")
+    start = next_start(args.sim_start_file) if args.sim_start_file else int.from_bytes(os.urandom(4), "big")
     env = os.environ
     opts = ServeOptions(
         model=model,
@@ -280,7 +291,8 @@ def _run(args: argparse.Namespace, io: IO, parser: argparse.ArgumentParser) -> i
     nd = {"model": model, **_non_default_args(parser, args)}
     settings = SimSettings(
         host=host, port=args.port, gpu_name=opts.gpu.name, model_name=opts.model_profile.name,
-        speed=args.sim_speed, startup_s=args.sim_startup_s, noise=args.sim_noise, drift_per_hour=args.sim_drift,
+        speed=args.sim_speed, startup_s=args.sim_startup_s, noise=args.sim_noise,
+        restart_noise=args.sim_restart_noise, start_index=start, drift_per_hour=args.sim_drift,
         drift_since=args.sim_drift_since,
         seed=seed, pathology=args.sim_pathology, output_len_mean=args.sim_output_len_mean,
         mfu=args.sim_mfu, mbu=args.sim_mbu, cost_params=cost_params, profile_path=args.sim_profile,

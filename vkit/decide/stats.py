@@ -328,3 +328,61 @@ def e_bh(evalues, alpha: float = 0.05) -> list[bool]:
         kstar = int(ks[ok].max())
         out[order[:kstar]] = True
     return [bool(x) for x in out]
+
+
+@dataclass(frozen=True)
+class VarianceComponents:
+    """One-way random-effects estimate: runs grouped by server process (start).
+
+    ``within``: sd of runs on one process; ``between``: sd of the process level (restarts);
+    ``total``: sd of one run on a new process, ``sqrt(within^2 + between^2)``. All on the scale
+    of the values given (pass log values for relative sds). Intervals are two-sided ``level``:
+    chi-square for ``within`` (df = N - K), Satterthwaite's approximate df for ``between``.
+    """
+
+    within: float
+    between: float
+    total: float
+    within_ci: tuple[float, float]
+    between_ci: tuple[float, float]
+    groups: int
+    runs: int
+    df_within: int
+    df_between: float
+
+    def as_dict(self) -> dict:
+        return {"within": self.within, "between": self.between, "total": self.total,
+                "within_ci": list(self.within_ci), "between_ci": list(self.between_ci),
+                "groups": self.groups, "runs": self.runs, "df_within": self.df_within,
+                "df_between": self.df_between}
+
+
+def variance_components(groups, level: float = 0.9) -> VarianceComponents:
+    """Within- and between-group sd from the ANOVA mean squares (unbalanced groups allowed).
+
+    Needs at least two groups and one group with two or more values. ``between`` is the
+    moment estimate ``max(0, (MSB - MSW) / n0)`` with ``n0 = (N - sum n_i^2 / N) / (K - 1)``.
+    """
+    gs = [np.asarray(g, dtype=float) for g in groups if len(g) > 0]
+    k = len(gs)
+    n = sum(len(g) for g in gs)
+    if k < 2 or n - k < 1:
+        raise ValueError("need at least two groups and one repeat within a group")
+    grand = float(np.concatenate(gs).mean())
+    ssw = float(sum(((g - g.mean()) ** 2).sum() for g in gs))
+    ssb = float(sum(len(g) * (g.mean() - grand) ** 2 for g in gs))
+    dfw, dfb = n - k, k - 1
+    msw, msb = ssw / dfw, ssb / dfb
+    n0 = (n - sum(len(g) ** 2 for g in gs) / n) / dfb
+    vb = max(0.0, (msb - msw) / n0)
+    a = (1.0 - level) / 2.0
+    w_ci = (math.sqrt(ssw / stats.chi2.ppf(1 - a, dfw)), math.sqrt(ssw / stats.chi2.ppf(a, dfw)))
+    if vb > 0:
+        # Satterthwaite: n0 * vb = MSB - MSW, a difference of two scaled chi-squares.
+        df_b = (msb - msw) ** 2 / (msb ** 2 / dfb + msw ** 2 / dfw)
+        b_ci = (math.sqrt(df_b * vb / stats.chi2.ppf(1 - a, df_b)), math.sqrt(df_b * vb / stats.chi2.ppf(a, df_b)))
+    else:
+        df_b = 0.0
+        # No evidence of a between part; the upper bound is what MSB allows at this level.
+        b_ci = (0.0, math.sqrt(max(0.0, (msb * dfb / stats.chi2.ppf(a, dfb) - msw) / n0)))
+    return VarianceComponents(math.sqrt(msw), math.sqrt(vb), math.sqrt(msw + vb), w_ci, b_ci, k, n, dfw, df_b)

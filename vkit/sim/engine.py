@@ -121,26 +121,41 @@ class CostModel:
 
 
 class Noise:
-    """Multiplicative step-time factor: run-to-run, slow wander, per-step jitter and drift.
+    """Multiplicative step-time factor: between restarts, run to run, slow wander, jitter, drift.
 
-    ``log f = x_run + x_ou(t) + e_step``; ``x_run ~ N(0, (0.7 s)^2)`` is redrawn whenever the
-    engine restarts after an idle gap of at least ``regime_gap_s`` (a new benchmark run sees
-    new conditions); ``x_ou`` is an Ornstein-Uhlenbeck process with stationary sd 0.5 s and
-    correlation time ``tau_s``; ``e_step ~ N(0, (0.5 s)^2)`` per step. Then ``f`` is multiplied
-    by ``1 + drift * hours`` (hours of engine time since the first step, plus ``drift_offset_s``
-    of engine time already elapsed before it: drift that a restart does not reset). Total sd of
-    ``log f`` is about ``s``; consecutive runs differ by about ``1.1 s`` in mean.
+    ``log f = x_start + x_run + x_ou(t) + e_step``:
+
+    - ``x_start ~ N(0, restart_sigma^2)`` is drawn once per process from ``(seed, start_index)``:
+      two starts of one configuration differ (KV block layout, graph capture, clocks), and the
+      same seed and start count give the same draw;
+    - ``x_run ~ N(0, sigma^2)`` is redrawn whenever the engine starts again after an idle
+      gap of at least ``regime_gap_s`` (each benchmark run sees new conditions);
+    - ``x_ou`` is an Ornstein-Uhlenbeck process with stationary sd ``0.25 sigma`` and correlation
+      time ``tau_s`` (runs close in time are alike; it adds to the spread of runs far apart);
+    - ``e_step ~ N(0, (0.5 sigma)^2)`` per step (it averages out over a run's thousands of steps).
+
+    So back-to-back runs on one process have sd about ``sigma`` in their mean step time (and so in
+    throughput); one run on a new process has sd about ``sqrt(sigma^2 + restart_sigma^2)``;
+    ``bench/bench_sim.py --part noise`` measures both on the live server. Then ``f`` is
+    multiplied by ``1 + drift * hours`` (hours of engine time since the first step, plus
+    ``drift_offset_s`` of engine time already elapsed before it: drift a restart does not reset).
     """
 
+    RUN, OU, STEP = 1.0, 0.25, 0.5  # shares of sigma (the wander adds to runs far apart in time)
+
     def __init__(self, sigma: float, drift_per_hour: float = 0.0, seed: int | None = None,
-                 regime_gap_s: float = 2.0, tau_s: float = 30.0, drift_offset_s: float = 0.0):
-        self.rng = random.Random(seed)
+                 regime_gap_s: float = 2.0, tau_s: float = 60.0, drift_offset_s: float = 0.0,
+                 restart_sigma: float = 0.0, start_index: int = 0):
+        self.rng = random.Random(f"noise:{seed}:{start_index}")
         self.drift_offset = drift_offset_s
         self.sigma = sigma
+        self.restart_sigma = restart_sigma
+        self.start_index = start_index
         self.drift = drift_per_hour
         self.gap = regime_gap_s
         self.tau = tau_s
-        self.s_run, self.s_ou, self.s_step = 0.7 * sigma, 0.5 * sigma, 0.5 * sigma
+        self.s_run, self.s_ou, self.s_step = self.RUN * sigma, self.OU * sigma, self.STEP * sigma
+        self.x_start = random.Random(f"start:{seed}:{start_index}").gauss(0.0, restart_sigma) if restart_sigma > 0 else 0.0
         self.x_run = self.rng.gauss(0.0, self.s_run) if sigma > 0 else 0.0
         self.x_ou = self.rng.gauss(0.0, self.s_ou) if sigma > 0 else 0.0
         self.t0: float | None = None
@@ -148,10 +163,15 @@ class Noise:
         self.last_end: float | None = None
         self.regimes = 1
 
+    @property
+    def start_factor(self) -> float:
+        """This process's between-restart factor on every step time."""
+        return math.exp(self.x_start)
+
     def factor(self, t: float) -> float:
         if self.t0 is None:
             self.t0 = t
-        f = 1.0
+        f = math.exp(self.x_start)
         if self.sigma > 0:
             g = self.rng.gauss
             if self.last_end is not None and t - self.last_end >= self.gap:
@@ -163,7 +183,7 @@ class Noise:
                     a = math.exp(-dt / self.tau)
                     self.x_ou = self.x_ou * a + self.s_ou * math.sqrt(1.0 - a * a) * g(0.0, 1.0)
             self.t_prev = t
-            f = math.exp(self.x_run + self.x_ou + g(0.0, self.s_step))
+            f *= math.exp(self.x_run + self.x_ou + g(0.0, self.s_step))
         if self.drift:
             f *= 1.0 + self.drift * (self.drift_offset + t - self.t0) / 3600.0
         return f

@@ -38,6 +38,7 @@ from vkit.sim.vlog import ENGINE, VllmLog
 
 VLLM_VERSION = "0.32.0"
 SIM_VERSION = VLLM_VERSION + "+sim"
+REGIME_GAP_WALL_S = 0.01  # idle wall time that starts a new noise level (a new benchmark run)
 MAX_BEHIND_S = 0.05  # wall seconds behind the virtual schedule before re-anchoring
 STATS_LOG_INTERVAL_S = 10.0
 CRASH_EXIT_DELAY_S = 1.0
@@ -58,7 +59,9 @@ class SimSettings:
     model_name: str = "llama-3.1-8b"
     speed: float = 1.0
     startup_s: float = 1.0
-    noise: float = 0.02
+    noise: float = 0.02  # run-to-run sd on one process
+    restart_noise: float | None = None  # sd between process starts; None: 0.75 x noise
+    start_index: int = 0  # which start of this seed this process is (the between-restart draw)
     drift_per_hour: float = 0.0
     drift_since: float | None = None  # unix time the drift counts from (survives restarts); None: first step
     seed: int = 0
@@ -78,6 +81,10 @@ class SimSettings:
     stats_interval_s: float = STATS_LOG_INTERVAL_S
     dev_mode: bool = False
     non_default_args: dict = field(default_factory=dict)
+
+    @property
+    def effective_restart_noise(self) -> float:
+        return 0.75 * self.noise if self.restart_noise is None else self.restart_noise
 
 
 # -- small helpers -------------------------------------------------------------------------
@@ -425,8 +432,13 @@ class SimApp:
                              mfu=settings.mfu, mbu=settings.mbu)
         since = settings.drift_since
         offset = max(0.0, time.time() - since) * settings.speed if since is not None else 0.0
-        noise = Noise(settings.noise, settings.drift_per_hour, settings.seed, regime_gap_s=0.5,
-                      drift_offset_s=offset) if (settings.noise > 0 or settings.drift_per_hour) else None
+        rs = settings.effective_restart_noise
+        # A new run level after >= 10 ms of wall time with nothing to do: the pause between two benchmark
+        # runs (15-40 ms in-process, more across processes); inside a closed-loop run the engine never
+        # idles that long. Low-rate open-loop traffic idles often, so its runs average several levels.
+        noise = Noise(settings.noise, settings.drift_per_hour, settings.seed, regime_gap_s=REGIME_GAP_WALL_S * settings.speed,
+                      drift_offset_s=offset, restart_sigma=rs, start_index=settings.start_index) \
+            if (settings.noise > 0 or rs > 0 or settings.drift_per_hour) else None
         tok = self.tok
         self.engine = Engine(ecfg, cost, lambda r: tok.output_token(r.text_seed, r.num_output), EOS_TOKEN_ID, noise)
         self.metrics = Metrics(resolved.max_model_len)
@@ -543,7 +555,7 @@ class SimApp:
         return {
             "version": SIM_VERSION, "sim": True, "sim_server": f"vkit {VKIT_VERSION}",
             "sim_speed": s.speed, "sim_gpu": s.gpu_name, "sim_tensor_parallel_size": self.cfg.tensor_parallel_size,
-            "sim_model": s.model_name, "sim_seed": s.seed, "sim_noise": s.noise, "sim_drift": s.drift_per_hour, "sim_drift_since": s.drift_since,
+            "sim_model": s.model_name, "sim_seed": s.seed, "sim_noise": s.noise, "sim_restart_noise": s.effective_restart_noise, "sim_start": s.start_index, "sim_drift": s.drift_per_hour, "sim_drift_since": s.drift_since,
             "sim_pathology": s.pathology, "sim_profile": s.profile_path,
         }
 
@@ -955,7 +967,8 @@ async def _serve_until(opts: ServeOptions, s: SimSettings, log: VllmLog, selecto
     log.info("utils.py:233", f"non-default args: {s.non_default_args!r}")
     log.warning("sim_server.py:1", (
         f"SIMULATED vLLM: vkit sim_server {VKIT_VERSION} emulating {s.gpu_name} x{opts.tensor_parallel_size} "
-        f"serving {s.model_name} (--sim-speed {s.speed:g}, --sim-noise {s.noise:g}, --sim-seed {s.seed}). "
+        f"serving {s.model_name} (--sim-speed {s.speed:g}, --sim-noise {s.noise:g}, --sim-restart-noise "
+        f"{s.effective_restart_noise:g}, --sim-seed {s.seed}, start {s.start_index}). "
         "Every figure this server reports is simulated, not measured."))
 
     # vLLM binds the socket before building the engine (connections are refused until it listens).
