@@ -83,43 +83,52 @@ def verify(url: str, model: str, expect: dict | None = None, timeout_s: float = 
     s = requests.Session()
     if api_key:
         s.headers["Authorization"] = f"Bearer {api_key}"
-    checks: list[Check] = []
+    health, reachable = _check_health(s, url, timeout_s)
+    if not reachable:
+        return Verification(url, model, [health], unreachable=True, seconds=time.time() - t0)
+    checks = [health, _check_model(s, url, model, expect, timeout_s), _check_forward(s, url, model, timeout_s),
+              _check_metrics(s, url, expect, timeout_s), _check_accelerator()]
+    if expect:
+        checks.append(Check("expect", "not_applicable", {"unchecked": expect},
+                            "the server does not expose " + ", ".join(sorted(expect)) + "; check the server log"))
+    return Verification(url, model, checks, seconds=time.time() - t0)
 
-    # 1. health
+
+def _check_health(s: requests.Session, url: str, timeout_s: float) -> tuple[Check, bool]:
+    """1. GET /health answers 200; and whether the server answered at all."""
     try:
         r = s.get(url + "/health", timeout=min(10.0, timeout_s))
-        ok = r.status_code == 200
-        checks.append(Check("health", "pass" if ok else "fail", {"status": r.status_code},
-                            "" if ok else f"/health answered {r.status_code} (503 = engine dead)"))
     except requests.ConnectionError as e:
         reason = "connection refused" if "refused" in str(e) else str(e).splitlines()[0][:160]
-        return Verification(url, model, [Check("health", "fail", {}, reason)], unreachable=True, seconds=time.time() - t0)
+        return Check("health", "fail", {}, reason), False
     except requests.Timeout:
-        return Verification(url, model, [Check("health", "fail", {}, f"/health did not answer within {min(10.0, timeout_s):g} s")],
-                            unreachable=True, seconds=time.time() - t0)
+        return Check("health", "fail", {}, f"/health did not answer within {min(10.0, timeout_s):g} s"), False
+    ok = r.status_code == 200
+    return Check("health", "pass" if ok else "fail", {"status": r.status_code},
+                 "" if ok else f"/health answered {r.status_code} (503 = engine dead)"), True
 
-    # 2. model name and max_model_len
+
+def _check_model(s: requests.Session, url: str, model: str, expect: dict, timeout_s: float) -> Check:
+    """2. The model name and max_model_len (taken out of ``expect`` when checked)."""
     try:
         r = s.get(url + "/v1/models", timeout=timeout_s)
         data = r.json().get("data") or [] if r.status_code == 200 else []
     except (requests.RequestException, ValueError) as e:
-        data, r = [], None
-        checks.append(Check("model", "fail", {}, f"/v1/models failed: {e}"))
-    if r is not None:
-        ids = [m.get("id") for m in data]
-        served = next((m for m in data if m.get("id") == model), None)
-        if served is None:
-            checks.append(Check("model", "fail", {"served": ids}, f"the server serves {ids}, not {model!r}"))
-        else:
-            ev = {"served": ids, "max_model_len": served.get("max_model_len")}
-            want = expect.pop("max_model_len", None)
-            if want is not None and not same_value(want, served.get("max_model_len")):
-                checks.append(Check("model", "fail", ev | {"expected_max_model_len": want},
-                                    f"max_model_len is {served.get('max_model_len')}, the configuration asked for {want}"))
-            else:
-                checks.append(Check("model", "pass", ev))
+        return Check("model", "fail", {}, f"/v1/models failed: {e}")
+    ids = [m.get("id") for m in data]
+    served = next((m for m in data if m.get("id") == model), None)
+    if served is None:
+        return Check("model", "fail", {"served": ids}, f"the server serves {ids}, not {model!r}")
+    ev = {"served": ids, "max_model_len": served.get("max_model_len")}
+    want = expect.pop("max_model_len", None)
+    if want is not None and not same_value(want, served.get("max_model_len")):
+        return Check("model", "fail", ev | {"expected_max_model_len": want},
+                     f"max_model_len is {served.get('max_model_len')}, the configuration asked for {want}")
+    return Check("model", "pass", ev)
 
-    # 3. a real forward pass, streamed (requests + sseclient-py: one request, cost does not matter here)
+
+def _check_forward(s: requests.Session, url: str, model: str, timeout_s: float) -> Check:
+    """3. A real forward pass, streamed (requests + sseclient-py: one request, cost does not matter here)."""
     body = {"model": model, "prompt": "Hello", "max_tokens": 4, "stream": True,
             "stream_options": {"include_usage": True}, "temperature": 0.0}
     try:
@@ -130,74 +139,68 @@ def verify(url: str, model: str, expect: dict | None = None, timeout_s: float = 
                 msg = r.json().get("error", {}).get("message")
             except ValueError:
                 msg = r.text[:200]
-            checks.append(Check("forward", "fail", {"status": r.status_code}, f"completion answered HTTP {r.status_code}: {msg}"))
-        else:
-            usage, events, err = None, 0, None
-            for ev in sseclient.SSEClient(r).events():
-                if ev.data == "[DONE]":
-                    break
-                obj = json.loads(ev.data)
-                if "error" in obj:
-                    err = obj["error"].get("message") if isinstance(obj["error"], dict) else str(obj["error"])
-                if obj.get("choices"):
-                    events += 1
-                if obj.get("usage"):
-                    usage = obj["usage"]
-            n = (usage or {}).get("completion_tokens") or 0
-            ev = {"completion_tokens": n, "events": events, "seconds": round(time.time() - t1, 3)}
-            if err:
-                checks.append(Check("forward", "fail", ev, f"error inside the stream: {err}"))
-            elif n >= 1:
-                checks.append(Check("forward", "pass", ev))
-            else:
-                checks.append(Check("forward", "fail", ev, "the completion returned no output token"))
+            return Check("forward", "fail", {"status": r.status_code}, f"completion answered HTTP {r.status_code}: {msg}")
+        usage, events, err = None, 0, None
+        for ev in sseclient.SSEClient(r).events():
+            if ev.data == "[DONE]":
+                break
+            obj = json.loads(ev.data)
+            if "error" in obj:
+                err = obj["error"].get("message") if isinstance(obj["error"], dict) else str(obj["error"])
+            if obj.get("choices"):
+                events += 1
+            if obj.get("usage"):
+                usage = obj["usage"]
+        n = (usage or {}).get("completion_tokens") or 0
+        evidence = {"completion_tokens": n, "events": events, "seconds": round(time.time() - t1, 3)}
+        if err:
+            return Check("forward", "fail", evidence, f"error inside the stream: {err}")
+        if n >= 1:
+            return Check("forward", "pass", evidence)
+        return Check("forward", "fail", evidence, "the completion returned no output token")
     except (requests.RequestException, ValueError) as e:
-        checks.append(Check("forward", "fail", {}, f"completion failed: {str(e).splitlines()[0][:200]}"))
+        return Check("forward", "fail", {}, f"completion failed: {str(e).splitlines()[0][:200]}")
 
-    # 4. /metrics families (+ cache_config_info expectations)
+
+def _check_metrics(s: requests.Session, url: str, expect: dict, timeout_s: float) -> Check:
+    """4. /metrics holds the families vkit reads, and cache_config_info the expected values (taken
+    out of ``expect``)."""
     try:
         r = s.get(url + "/metrics", timeout=timeout_s)
         m = parse(r.text) if r.status_code == 200 else None
     except (requests.RequestException, PromParseError) as e:
-        m = None
-        checks.append(Check("metrics", "fail", {}, f"/metrics failed: {e}"))
-    if m is not None:
-        present = set(m.families()) | set(m.samples)
-        missing = [alts[0] for alts in REQUIRED_FAMILIES if not any(a in present for a in alts)]
-        ev = {"vllm_families": len([f for f in m.families() if f.startswith("vllm:")]), "missing": missing}
-        cc = m.first_labels("vllm:cache_config_info") or {}
-        wrong = {}
-        for k in CACHE_CONFIG_KEYS:
-            if k in expect:
-                want = expect.pop(k)
-                if k in cc and not same_value(want, cc[k]):
-                    wrong[k] = {"expected": want, "server": cc[k]}
-        if missing:
-            checks.append(Check("metrics", "fail", ev, f"/metrics lacks {', '.join(missing)}"))
-        elif wrong:
-            checks.append(Check("metrics", "fail", ev | {"cache_config": wrong},
-                                "cache_config_info differs: " + ", ".join(f"{k}={v['server']} (wanted {v['expected']})" for k, v in wrong.items())))
-        else:
-            checks.append(Check("metrics", "pass", ev | {"cache_config": {k: cc.get(k) for k in CACHE_CONFIG_KEYS if k in cc}}))
-    elif not any(c.id == "metrics" for c in checks):
-        checks.append(Check("metrics", "fail", {"status": r.status_code}, f"/metrics answered HTTP {r.status_code}"))
+        return Check("metrics", "fail", {}, f"/metrics failed: {e}")
+    if m is None:
+        return Check("metrics", "fail", {"status": r.status_code}, f"/metrics answered HTTP {r.status_code}")
+    present = set(m.families()) | set(m.samples)
+    missing = [alts[0] for alts in REQUIRED_FAMILIES if not any(a in present for a in alts)]
+    ev = {"vllm_families": len([f for f in m.families() if f.startswith("vllm:")]), "missing": missing}
+    cc = m.first_labels("vllm:cache_config_info") or {}
+    wrong = {}
+    for k in CACHE_CONFIG_KEYS:
+        if k in expect:
+            want = expect.pop(k)
+            if k in cc and not same_value(want, cc[k]):
+                wrong[k] = {"expected": want, "server": cc[k]}
+    if missing:
+        return Check("metrics", "fail", ev, f"/metrics lacks {', '.join(missing)}")
+    if wrong:
+        return Check("metrics", "fail", ev | {"cache_config": wrong},
+                     "cache_config_info differs: " + ", ".join(f"{k}={v['server']} (wanted {v['expected']})" for k, v in wrong.items()))
+    return Check("metrics", "pass", ev | {"cache_config": {k: cc.get(k) for k in CACHE_CONFIG_KEYS if k in cc}})
 
-    # 5. accelerator memory
+
+def _check_accelerator() -> Check:
+    """5. Accelerator memory shows the weights loaded (not applicable without a known tool)."""
     tool = accel.detect()
     rows = accel.sample(tool) if tool else None
     if rows:
         used = max(d["mem_used_mib"] for d in rows)
         ev = {"tool": tool, "devices": len(rows), "mem_used_mib_max": used}
         # Weights of even a small model take well over 500 MiB once loaded with a KV cache.
-        checks.append(Check("accelerator", "pass" if used > 500 else "fail", ev,
-                            "" if used > 500 else "no accelerator shows memory in use: are the weights loaded on another machine?"))
-    elif tool:
+        return Check("accelerator", "pass" if used > 500 else "fail", ev,
+                     "" if used > 500 else "no accelerator shows memory in use: are the weights loaded on another machine?")
+    if tool:
         why = "failed" if rows is None else "gave output that did not parse"
-        checks.append(Check("accelerator", "not_applicable", {"tool": tool}, f"{tool} {why}: accelerator memory not checked"))
-    else:
-        checks.append(Check("accelerator", "not_applicable", {}, "no nvidia-smi, npu-smi or rocm-smi on this machine"))
-
-    if expect:
-        checks.append(Check("expect", "not_applicable", {"unchecked": expect},
-                            "the server does not expose " + ", ".join(sorted(expect)) + "; check the server log"))
-    return Verification(url, model, checks, seconds=time.time() - t0)
+        return Check("accelerator", "not_applicable", {"tool": tool}, f"{tool} {why}: accelerator memory not checked")
+    return Check("accelerator", "not_applicable", {}, "no nvidia-smi, npu-smi or rocm-smi on this machine")

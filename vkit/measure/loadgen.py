@@ -1,7 +1,8 @@
 """The measurement loop of bench_stream: closed loop (N in flight) or open loop
 (Poisson / gamma arrivals), warm-ups, /metrics scraped before, during and after,
 client CPU and scheduling lag, and a summary with ``vllm bench serve``'s keys plus
-vkit's own fields under ``"vkit"``.
+vkit's own fields under ``"vkit"`` (built by ``vkit.measure.runsummary.summarize``, which
+this module re-exports).
 
 The library never prints: progress goes to a callback, errors are raised as
 ``VkitError``. An interrupt stops sending, lets in-flight requests end (up to a drain
@@ -10,7 +11,6 @@ timeout), and still returns records and a summary marked ``partial``.
 
 from __future__ import annotations
 
-import datetime as _dt
 import gc
 import json
 import math
@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 
@@ -31,16 +31,9 @@ from vkit.measure.client import Result, StreamClient, request_body
 from vkit.measure.datasets import Request
 from vkit.measure.fingerprint import fingerprint
 from vkit.measure.loopclient import LoopClient
+from vkit.measure.prom import Metrics
+from vkit.measure.runsummary import summarize
 from vkit.measure.serverapi import Server, cache_config, delta, families, gauges
-from vkit.measure.summary import (
-    describe_ms,
-    dist,
-    goodput_ok,
-    max_overlap,
-    mean_in_flight,
-    peak_per_second,
-    tpot_of,
-)
 
 MAX_THREADS = 1024
 
@@ -414,31 +407,11 @@ def run_bench(cfg: BenchConfig, progress: Callable[[dict], None] | None = None, 
     client = StreamClient(cfg.url, api_key=cfg.api_key, stall_timeout=cfg.stall_timeout_s)
     if not cfg.requests:
         raise UsageError("no requests to send (--num-prompts 0?)")
-
-    # Preflight: the first request alone, one token. A rejection here is a usage error with the server's words.
-    chat, path = _endpoint(cfg)
-    pre = client.post(path, request_body(_preflight_request(cfg.requests[0]), model, chat, cfg.stream, max_tokens=1), cfg.stream, chat)
-    if pre.status is None:
-        raise Unavailable(f"cannot send to {cfg.url}: {pre.error}")
-    if 400 <= pre.status < 500:
-        raise UsageError(f"the server rejected the first request: {pre.error}")
-    if not pre.ok:
-        raise Unavailable(f"the first request to {cfg.url} failed: {pre.error}")
-    client.close()
-
+    pre = _preflight(cfg, client, model)
     conc = cfg.max_concurrency
     if cfg.duration_s is not None and conc is None and math.isinf(cfg.request_rate):
         raise UsageError("--duration with --request-rate inf needs --max-concurrency")
-    if transport == "loop":
-        n_workers = min(conc or len(cfg.requests), _fd_budget())
-
-        def phase(reqs, offsets, workers, duration_s, stop_, progress_):
-            return _run_phase_loop(cfg, model, reqs, offsets, workers, duration_s, stop_, progress_)
-    else:
-        n_workers = min(conc or len(cfg.requests), MAX_THREADS)
-
-        def phase(reqs, offsets, workers, duration_s, stop_, progress_):
-            return _run_phase(client, cfg, model, reqs, offsets, workers, duration_s, stop_, progress_)
+    phase, n_workers = _phase_runner(cfg, client, model, transport)
 
     warm_results: list[Result] = []
     if cfg.warmups:
@@ -481,34 +454,9 @@ def run_bench(cfg: BenchConfig, progress: Callable[[dict], None] | None = None, 
     summary, records = summarize(
         cfg, model, results, warm_results, t0, t_end, interrupted, sdelta,
         extra={
-            "server": {
-                "url": cfg.url,
-                "version": (version or {}).get("version"),
-                "version_info": version,
-                "model": model,
-                "max_model_len": (served or {}).get("max_model_len"),
-                "cache_config": cache_config(after or before),
-                "metrics_available": after is not None,
-                "families": families(after),
-                "peaks": peaks,
-                "delta": sdelta,
-            },
+            "server": _server_info(cfg, model, version, served, before, after, peaks, sdelta),
             "accelerator": accel_stats,
-            "client": {
-                "name": "vkit bench_stream",
-                "version": __version__,
-                "python": sys.version.split()[0],
-                "transport": transport,
-                "transport_detail": ("one thread, non-blocking sockets in a selectors loop, keep-alive" if transport == "loop"
-                                     else "http.client, one keep-alive connection per thread"),
-                "threads": 1 if transport == "loop" else n_workers,
-                "max_streams": n_workers,
-                "cpu_s": cpu_s,
-                "t0_monotonic_s": t0,  # perf_counter (CLOCK_MONOTONIC) at the run's start: records' start_s are offsets from it
-                "wall_s": wall_s,
-                "cpu_frac_of_one_core": cpu_s / wall_s if wall_s > 0 else None,
-                "sched_lag": lag_stats,
-            },
+            "client": _client_info(transport, n_workers, cpu_s, wall_s, t0, lag_stats),
             "preflight": {"ok": pre.ok, "ttft_ms": None if pre.ttft is None else pre.ttft * 1000},
             "fingerprint": fingerprint(model, server_version=(version or {}).get("version")),
         },
@@ -518,129 +466,68 @@ def run_bench(cfg: BenchConfig, progress: Callable[[dict], None] | None = None, 
     return Outcome(summary, records, interrupted)
 
 
-def summarize(
-    cfg: BenchConfig,
-    model: str,
-    results: list[Result],
-    warm: list[Result],
-    t0: float,
-    t_end: float,
-    partial: bool,
-    server_delta: dict | None,
-    extra: dict,
-) -> tuple[dict, list[dict]]:
-    ok = [r for r in results if r.ok]
-    failed = [r for r in results if not r.ok]
-    duration = t_end - t0
-    if ok:
-        duration = max(r.start + (r.done or r.latency or 0) for r in ok) - t0  # send of the first to end of the last
-    duration = max(duration, 1e-9)  # interrupted before anything was sent: no time, no throughput
-    ttfts = [r.ttft for r in ok]
-    e2els = [r.latency for r in ok]
-    tpots = [t for t in (tpot_of(r.latency, r.ttft, r.completion_tokens) for r in ok) if t is not None]
-    itls = [g for r in ok for g in r.itl]
-    in_tok = sum(r.prompt_tokens or 0 for r in ok)
-    out_tok = sum(r.completion_tokens or 0 for r in ok)
-    good = None
-    if cfg.goodput_slo_ms:
-        good = sum(goodput_ok(r.ttft, tpot_of(r.latency, r.ttft, r.completion_tokens), r.latency, cfg.goodput_slo_ms) for r in ok)
-    intervals = [(r.start - t0, r.start - t0 + (r.done or r.latency)) for r in ok]
-    rate = cfg.request_rate
-    s: dict[str, Any] = {
-        "date": _dt.datetime.now().strftime("%Y%m%d-%H%M%S"),
-        "endpoint_type": "openai-chat" if cfg.endpoint == "chat" else "vllm",
-        "backend": "openai-chat" if cfg.endpoint == "chat" else "vllm",
-        "label": None,
-        "model_id": model,
-        "tokenizer_id": model,
-        "num_prompts": len(cfg.requests) if cfg.duration_s is None else len(results),
-        "request_rate": "inf" if math.isinf(rate) else rate,
-        "burstiness": cfg.burstiness,
-        "max_concurrency": cfg.max_concurrency,
-        "duration": duration,
-        "completed": len(ok),
-        "failed": len(failed),
-        "total_input_tokens": in_tok,
-        "total_output_tokens": out_tok,
-        "request_throughput": len(ok) / duration,
-        "request_goodput": None if good is None else good / duration,
-        "output_throughput": out_tok / duration,
-        "total_token_throughput": (in_tok + out_tok) / duration,
-        "max_output_tokens_per_s": peak_per_second(r.start + t for r in ok for t in r.event_times),
-        "max_concurrent_requests": max_overlap(intervals),
-    }
-    s.update(describe_ms(ttfts, "ttft"))
-    s.update(describe_ms(tpots, "tpot"))
-    s.update(describe_ms(itls, "itl"))
-    s.update(describe_ms(e2els, "e2el"))
+def _preflight(cfg: BenchConfig, client: StreamClient, model: str) -> Result:
+    """The first request alone, one token. A rejection here is a usage error with the server's words."""
+    chat, path = _endpoint(cfg)
+    pre = client.post(path, request_body(_preflight_request(cfg.requests[0]), model, chat, cfg.stream, max_tokens=1), cfg.stream, chat)
+    if pre.status is None:
+        raise Unavailable(f"cannot send to {cfg.url}: {pre.error}")
+    if 400 <= pre.status < 500:
+        raise UsageError(f"the server rejected the first request: {pre.error}")
+    if not pre.ok:
+        raise Unavailable(f"the first request to {cfg.url} failed: {pre.error}")
+    client.close()
+    return pre
 
-    queue_ms = ((server_delta or {}).get("queue") or {}).get("mean_ms")
-    records = []
-    prefill, prefill_iso, decode = [], [], []
-    for r in results + warm:
-        req = getattr(r, "request", None)
-        tp = tpot_of(r.latency, r.ttft, r.completion_tokens) if r.ok else None
-        rec = {
-            "i": r.index,
-            "id": r.rid,
-            "warmup": r in warm,
-            "ok": r.ok,
-            "status": r.status,
-            "error": r.error,
-            "start_s": r.start - t0 if r.start else None,
-            "ttft_ms": None if r.ttft is None else r.ttft * 1000,
-            "e2el_ms": None if r.latency is None else r.latency * 1000,
-            "done_ms": None if r.done is None else r.done * 1000,
-            "tpot_ms": None if tp is None else tp * 1000,
-            "itl_ms": [g * 1000 for g in r.itl],
-            "events": r.events,
-            "input_len": getattr(req, "input_len", None),
-            "output_len": getattr(req, "output_len", None),
-            "prompt_tokens": r.prompt_tokens,
-            "completion_tokens": r.completion_tokens,
-            "finish_reason": r.finish_reason,
-            "dispatch_lag_ms": getattr(r, "dispatch_lag", 0.0) * 1000,
-            "class": (getattr(req, "extra", None) or {}).get("class"),
-        }
-        if r.ok and r in ok:
-            if r.prompt_tokens and r.ttft:
-                rec["prefill_tok_s"] = r.prompt_tokens / r.ttft
-                prefill.append(rec["prefill_tok_s"])
-                if queue_ms is not None and r.ttft * 1000 > queue_ms:
-                    rec["prefill_isolated_tok_s"] = r.prompt_tokens / (r.ttft - queue_ms / 1000)
-                    prefill_iso.append(rec["prefill_isolated_tok_s"])
-            if tp:
-                rec["decode_tok_s"] = 1.0 / tp
-                decode.append(rec["decode_tok_s"])
-        records.append(rec)
 
-    errors: dict[str, int] = {}
-    for r in failed:
-        key = (r.error or "unknown")[:160]
-        errors[key] = errors.get(key, 0) + 1
-    requested = [getattr(getattr(r, "request", None), "output_len", None) for r in ok]
-    s["vkit"] = {
-        "schema": "vkit.bench_stream/1",
-        "stream": cfg.stream,
-        "partial": partial,
-        "endpoint": cfg.endpoint,
+def _phase_runner(cfg: BenchConfig, client: StreamClient, model: str, transport: str) -> tuple[Callable, int]:
+    """The function that runs one phase (warm-ups or the measured requests) on ``transport``, and
+    how many streams it may keep in flight."""
+    conc = cfg.max_concurrency
+    if transport == "loop":
+        n_workers = min(conc or len(cfg.requests), _fd_budget())
+
+        def phase(reqs, offsets, workers, duration_s, stop_, progress_):
+            return _run_phase_loop(cfg, model, reqs, offsets, workers, duration_s, stop_, progress_)
+    else:
+        n_workers = min(conc or len(cfg.requests), MAX_THREADS)
+
+        def phase(reqs, offsets, workers, duration_s, stop_, progress_):
+            return _run_phase(client, cfg, model, reqs, offsets, workers, duration_s, stop_, progress_)
+    return phase, n_workers
+
+
+def _server_info(cfg: BenchConfig, model: str, version: dict | None, served: dict | None, before: Metrics | None,
+                 after: Metrics | None, peaks: dict, sdelta: dict | None) -> dict:
+    """The summary's ``vkit.server``: what the server said about itself, and its /metrics over the run."""
+    return {
+        "url": cfg.url,
+        "version": (version or {}).get("version"),
+        "version_info": version,
         "model": model,
-        "warmups": len(warm),
-        "goodput_slo_ms": cfg.goodput_slo_ms,
-        "errors": errors,
-        "mean_in_flight": mean_in_flight(intervals, duration),
-        "requested_output_tokens": sum(x for x in requested if x) if all(requested) else None,
-        "ignore_eos": bool(cfg.requests and cfg.requests[0].ignore_eos),
-        "time_to_done": describe_ms([r.done for r in ok if r.done is not None], "done"),
-        "phase": {
-            "prefill_tok_s": dist(prefill),
-            "prefill_isolated_tok_s": dist(prefill_iso),
-            "decode_tok_s": dist(decode),
-            "queue_ms_server_mean": queue_ms,
-            "definitions": "prefill = input/TTFT; isolated = input/(TTFT - server mean queue time); decode = 1/TPOT (per request)",
-        },
-        "dispatch_lag_ms": dist([getattr(r, "dispatch_lag", 0.0) * 1000 for r in results if hasattr(r, "dispatch_lag")]),
-        **cfg.meta,
-        **extra,
+        "max_model_len": (served or {}).get("max_model_len"),
+        "cache_config": cache_config(after or before),
+        "metrics_available": after is not None,
+        "families": families(after),
+        "peaks": peaks,
+        "delta": sdelta,
     }
-    return s, records
+
+
+def _client_info(transport: str, n_workers: int, cpu_s: float, wall_s: float, t0: float, lag_stats: dict | None) -> dict:
+    """The summary's ``vkit.client``: the client, its transport and what it cost."""
+    return {
+        "name": "vkit bench_stream",
+        "version": __version__,
+        "python": sys.version.split()[0],
+        "transport": transport,
+        "transport_detail": ("one thread, non-blocking sockets in a selectors loop, keep-alive" if transport == "loop"
+                             else "http.client, one keep-alive connection per thread"),
+        "threads": 1 if transport == "loop" else n_workers,
+        "max_streams": n_workers,
+        "cpu_s": cpu_s,
+        "t0_monotonic_s": t0,  # perf_counter (CLOCK_MONOTONIC) at the run's start: records' start_s are offsets from it
+        "wall_s": wall_s,
+        "cpu_frac_of_one_core": cpu_s / wall_s if wall_s > 0 else None,
+        "sched_lag": lag_stats,
+    }

@@ -270,93 +270,28 @@ def _bo(space, usable, evaluated, base, objectives, slo, budget, seed, n_hist, n
 
 
 def _acquire(space, usable, evaluated, base, objectives, slo, seed, n_hist, acquisition, confidence, opts):
-    names = _dim_names(space)
     ok = [o for o in usable if o.feasible and all(_pos(o.objectives.get(ob.name)) for ob in objectives)]
     if len(ok) < 2:
         prop, _ = _random(space, evaluated, base, seed, n_hist, "random")
         if prop is not None:
             prop.reason = f"only {len(ok)} usable observation(s): too few for a surrogate, random point"
         return prop, {"options": opts}
-    X_all = encode([o.config for o in usable], space)
-    X = encode([o.config for o in ok], space)
-    gps: dict[str, GP] = {}
-    for j, ob in enumerate(objectives):
-        gps[ob.name] = _fit(X, np.log([o.objectives[ob.name] for o in ok]), seed + 101 * j)
-    slo_gps: dict[str, GP] = {}
-    for j, (metric, _) in enumerate(sorted(slo.items())):
-        if metric in gps:
-            slo_gps[metric] = gps[metric]
-        else:
-            rows = [o for o in ok if _pos(o.objectives.get(metric))]
-            if len(rows) >= 2:
-                slo_gps[metric] = _fit(encode([o.config for o in rows], space),
-                                       np.log([o.objectives[metric] for o in rows]), seed + 997 + j)
-    labels = np.array([0.0 if (o.feasible and all(_pos(o.objectives.get(ob.name)) for ob in objectives)) else -2.0
-                       for o in usable])
-    clf = None
-    if (labels < 0).any():
-        clf = _fit(X_all, labels, seed + 7, prior=Prior(log_sn2_mean=math.log(0.1), log_sn2_sd=1.0), standardize=False)
-
+    X, gps, slo_gps, clf = _surrogates(space, usable, ok, objectives, slo, seed)
     first = objectives[0]
     scores = np.array([(1 if first.direction == "max" else -1) * math.log(o.objectives[first.name]) for o in ok])
     cands = _candidates(space, usable, evaluated, seed, scores)
     if not cands:
         return None, {}
     C = encode([config_of(v, space, base) for v in cands], space)
-
-    log_pof = np.zeros(len(cands))
-    pof_parts = {}
-    for metric, gp in slo_gps.items():
-        mu_c, var_c = gp.predict(C)
-        part = special.log_ndtr((math.log(float(slo[metric])) - mu_c) / np.sqrt(var_c))
-        log_pof += part
-        pof_parts[metric] = part
-    if clf is not None:
-        m, v = clf.predict(C)
-        part = special.log_ndtr((m + 1.0) / np.sqrt(v + clf.sn2))
-        log_pof += part
-        pof_parts["startup"] = part
-
+    log_pof, pof_parts = _log_pof(C, slo, slo_gps, clf)
     use_ehvi = acquisition == "ehvi" or (acquisition == "auto" and len(objectives) == 2 and not slo)
     if use_ehvi and len(objectives) != 2:
         raise UsageError("EHVI needs exactly two objectives; use acquisition 'cei' for one or more than two")
-    info: dict = {}
+    suffix = "+log_pof" if slo or clf is not None else ""
     if use_ehvi:
-        mus, sds, obs_mu = [], [], []
-        for ob in objectives:
-            mu, var = gps[ob.name].predict(C)
-            sgn = 1.0 if ob.direction == "min" else -1.0
-            mus.append(sgn * mu)
-            sds.append(np.sqrt(var))
-            obs_mu.append(sgn * gps[ob.name].predict(X)[0])
-        MU, SD, F = np.stack(mus, 1), np.stack(sds, 1), np.stack(obs_mu, 1)
-        nd = _nondominated(F)
-        span = np.maximum(F.max(0) - F.min(0), 1e-3)
-        ref = F.max(0) + 0.1 * span
-        val = ehvi_2d(F[nd], ref, MU, SD)
-        acq = np.log(np.maximum(val, 1e-300)) + log_pof
-        name = "ehvi" + ("+log_pof" if slo or clf is not None else "")
-        info = {"ref": ref.tolist(), "front_size": int(nd.sum())}
+        acq, name, info = _ehvi_acquisition(gps, objectives, C, X, log_pof, suffix)
     else:
-        target = next((ob for ob in objectives if ob.direction == "max"), first)
-        sgn = 1.0 if target.direction == "max" else -1.0
-        gp = gps[target.name]
-        mu, var = gp.predict(C)
-        mu, sd = sgn * mu, np.sqrt(var)
-        mu_obs = sgn * gp.predict(X)[0]
-        # the incumbent is what recommend() would keep now: SLO met at the same one-sided confidence
-        status = slo_status(ok, objectives, {"subject_to": slo, "confidence": confidence})
-        meets = np.array([status.get(i, (False, ""))[0] for i in range(len(ok))])
-        if meets.any():
-            f_star = float(mu_obs[meets].max())
-            acq = log_ei(mu, sd, f_star) + log_pof
-            name = "log_ei" + ("+log_pof" if slo or clf is not None else "")
-            info = {"f_star": f_star, "f_star_is": f"best posterior mean of log {target.name} among configs meeting "
-                                                   f"the SLO at {confidence:.0%} confidence"}
-        else:
-            # nothing meets the SLO yet: find the feasible region first, best predicted target as tie-break
-            acq = log_pof + 1e-6 * (mu - mu.mean()) / (mu.std() + 1e-12)
-            name = "log_pof (no config meets the SLO yet)"
+        acq, name, info = _cei_acquisition(gps, objectives, ok, C, X, log_pof, slo, confidence, suffix)
     order = np.argsort(-acq, kind="stable")
     ch, ru = int(order[0]), (int(order[1]) if len(order) > 1 else None)
     chosen = config_of(cands[ch], space, base)
@@ -364,6 +299,7 @@ def _acquire(space, usable, evaluated, base, objectives, slo, seed, n_hist, acqu
     for ob in objectives:
         mu, var = gps[ob.name].predict(C[ch:ch + 1])
         pred[ob.name] = {"median": float(math.exp(mu[0])), "log_sd": float(math.sqrt(var[0]))}
+    names = _dim_names(space)
     surrogate = {ob.name: gps[ob.name].summary(names) for ob in objectives}
     for metric, gp in slo_gps.items():
         if metric not in surrogate:
@@ -385,6 +321,89 @@ def _acquire(space, usable, evaluated, base, objectives, slo, seed, n_hist, acqu
     what = ", ".join(f"{k_} ~{v_['median']:.4g}" for k_, v_ in pred.items())
     reason = f"max {name} over {len(cands)} unevaluated lattice points (predicted {what})"
     return Proposal(config=chosen, step="bo", reason=reason, audit=audit), {"options": opts}
+
+
+def _surrogates(space, usable, ok, objectives, slo, seed) -> tuple[np.ndarray, dict[str, GP], dict[str, GP], GP | None]:
+    """The encoded usable observations, a GP per objective and per SLO metric (on logs), and the
+    start-up classifier (None when nothing failed)."""
+    X_all = encode([o.config for o in usable], space)
+    X = encode([o.config for o in ok], space)
+    gps: dict[str, GP] = {}
+    for j, ob in enumerate(objectives):
+        gps[ob.name] = _fit(X, np.log([o.objectives[ob.name] for o in ok]), seed + 101 * j)
+    slo_gps: dict[str, GP] = {}
+    for j, (metric, _) in enumerate(sorted(slo.items())):
+        if metric in gps:
+            slo_gps[metric] = gps[metric]
+        else:
+            rows = [o for o in ok if _pos(o.objectives.get(metric))]
+            if len(rows) >= 2:
+                slo_gps[metric] = _fit(encode([o.config for o in rows], space),
+                                       np.log([o.objectives[metric] for o in rows]), seed + 997 + j)
+    labels = np.array([0.0 if (o.feasible and all(_pos(o.objectives.get(ob.name)) for ob in objectives)) else -2.0
+                       for o in usable])
+    clf = None
+    if (labels < 0).any():
+        clf = _fit(X_all, labels, seed + 7, prior=Prior(log_sn2_mean=math.log(0.1), log_sn2_sd=1.0), standardize=False)
+    return X, gps, slo_gps, clf
+
+
+def _log_pof(C, slo, slo_gps, clf) -> tuple[np.ndarray, dict]:
+    """log P(feasible) of each candidate: Σ log Φ over the SLOs, plus log P(starts); and its parts."""
+    log_pof = np.zeros(len(C))
+    pof_parts = {}
+    for metric, gp in slo_gps.items():
+        mu_c, var_c = gp.predict(C)
+        part = special.log_ndtr((math.log(float(slo[metric])) - mu_c) / np.sqrt(var_c))
+        log_pof += part
+        pof_parts[metric] = part
+    if clf is not None:
+        m, v = clf.predict(C)
+        part = special.log_ndtr((m + 1.0) / np.sqrt(v + clf.sn2))
+        log_pof += part
+        pof_parts["startup"] = part
+    return log_pof, pof_parts
+
+
+def _ehvi_acquisition(gps, objectives, C, X, log_pof, suffix) -> tuple[np.ndarray, str, dict]:
+    """log EHVI (two objectives, sign-adjusted logs) + log P(feasible)."""
+    mus, sds, obs_mu = [], [], []
+    for ob in objectives:
+        mu, var = gps[ob.name].predict(C)
+        sgn = 1.0 if ob.direction == "min" else -1.0
+        mus.append(sgn * mu)
+        sds.append(np.sqrt(var))
+        obs_mu.append(sgn * gps[ob.name].predict(X)[0])
+    MU, SD, F = np.stack(mus, 1), np.stack(sds, 1), np.stack(obs_mu, 1)
+    nd = _nondominated(F)
+    span = np.maximum(F.max(0) - F.min(0), 1e-3)
+    ref = F.max(0) + 0.1 * span
+    val = ehvi_2d(F[nd], ref, MU, SD)
+    acq = np.log(np.maximum(val, 1e-300)) + log_pof
+    return acq, "ehvi" + suffix, {"ref": ref.tolist(), "front_size": int(nd.sum())}
+
+
+def _cei_acquisition(gps, objectives, ok, C, X, log_pof, slo, confidence, suffix) -> tuple[np.ndarray, str, dict]:
+    """Constrained log-EI on the first maximised objective; before any config meets the SLO,
+    log P(feasible) alone."""
+    target = next((ob for ob in objectives if ob.direction == "max"), objectives[0])
+    sgn = 1.0 if target.direction == "max" else -1.0
+    gp = gps[target.name]
+    mu, var = gp.predict(C)
+    mu, sd = sgn * mu, np.sqrt(var)
+    mu_obs = sgn * gp.predict(X)[0]
+    # the incumbent is what recommend() would keep now: SLO met at the same one-sided confidence
+    status = slo_status(ok, objectives, {"subject_to": slo, "confidence": confidence})
+    meets = np.array([status.get(i, (False, ""))[0] for i in range(len(ok))])
+    if meets.any():
+        f_star = float(mu_obs[meets].max())
+        acq = log_ei(mu, sd, f_star) + log_pof
+        info = {"f_star": f_star, "f_star_is": f"best posterior mean of log {target.name} among configs meeting "
+                                               f"the SLO at {confidence:.0%} confidence"}
+        return acq, "log_ei" + suffix, info
+    # nothing meets the SLO yet: find the feasible region first, best predicted target as tie-break
+    acq = log_pof + 1e-6 * (mu - mu.mean()) / (mu.std() + 1e-12)
+    return acq, "log_pof (no config meets the SLO yet)", {}
 
 
 def _pos(v) -> bool:

@@ -1,0 +1,162 @@
+"""bench_stream's summary of one run (``summarize``): ``vllm bench serve``'s keys, vkit's own
+fields under ``"vkit"``, and one record per request (warm-ups included, marked)."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+from typing import TYPE_CHECKING, Any
+
+from vkit.measure.client import Result
+from vkit.measure.summary import describe_ms, dist, goodput_ok, max_overlap, mean_in_flight, peak_per_second, tpot_of
+
+if TYPE_CHECKING:
+    from vkit.measure.loadgen import BenchConfig
+
+
+def summarize(
+    cfg: BenchConfig,
+    model: str,
+    results: list[Result],
+    warm: list[Result],
+    t0: float,
+    t_end: float,
+    partial: bool,
+    server_delta: dict | None,
+    extra: dict,
+) -> tuple[dict, list[dict]]:
+    ok = [r for r in results if r.ok]
+    failed = [r for r in results if not r.ok]
+    duration = t_end - t0
+    if ok:
+        duration = max(r.start + (r.done or r.latency or 0) for r in ok) - t0  # send of the first to end of the last
+    duration = max(duration, 1e-9)  # interrupted before anything was sent: no time, no throughput
+    intervals = [(r.start - t0, r.start - t0 + (r.done or r.latency)) for r in ok]
+    s = _vllm_keys(cfg, model, results, ok, failed, t0, duration, intervals)
+    queue_ms = ((server_delta or {}).get("queue") or {}).get("mean_ms")
+    records, phase = _records(results, warm, ok, t0, queue_ms)
+    s["vkit"] = _vkit_fields(cfg, model, results, warm, ok, failed, partial, duration, intervals, phase, queue_ms, extra)
+    return s, records
+
+
+def _vllm_keys(cfg: BenchConfig, model: str, results: list[Result], ok: list[Result], failed: list[Result], t0: float,
+               duration: float, intervals: list[tuple[float, float]]) -> dict[str, Any]:
+    """The keys and definitions of ``vllm bench serve --save-result``."""
+    ttfts = [r.ttft for r in ok]
+    e2els = [r.latency for r in ok]
+    tpots = [t for t in (tpot_of(r.latency, r.ttft, r.completion_tokens) for r in ok) if t is not None]
+    itls = [g for r in ok for g in r.itl]
+    in_tok = sum(r.prompt_tokens or 0 for r in ok)
+    out_tok = sum(r.completion_tokens or 0 for r in ok)
+    good = None
+    if cfg.goodput_slo_ms:
+        good = sum(goodput_ok(r.ttft, tpot_of(r.latency, r.ttft, r.completion_tokens), r.latency, cfg.goodput_slo_ms) for r in ok)
+    rate = cfg.request_rate
+    s: dict[str, Any] = {
+        "date": _dt.datetime.now().strftime("%Y%m%d-%H%M%S"),
+        "endpoint_type": "openai-chat" if cfg.endpoint == "chat" else "vllm",
+        "backend": "openai-chat" if cfg.endpoint == "chat" else "vllm",
+        "label": None,
+        "model_id": model,
+        "tokenizer_id": model,
+        "num_prompts": len(cfg.requests) if cfg.duration_s is None else len(results),
+        "request_rate": "inf" if math.isinf(rate) else rate,
+        "burstiness": cfg.burstiness,
+        "max_concurrency": cfg.max_concurrency,
+        "duration": duration,
+        "completed": len(ok),
+        "failed": len(failed),
+        "total_input_tokens": in_tok,
+        "total_output_tokens": out_tok,
+        "request_throughput": len(ok) / duration,
+        "request_goodput": None if good is None else good / duration,
+        "output_throughput": out_tok / duration,
+        "total_token_throughput": (in_tok + out_tok) / duration,
+        "max_output_tokens_per_s": peak_per_second(r.start + t for r in ok for t in r.event_times),
+        "max_concurrent_requests": max_overlap(intervals),
+    }
+    s.update(describe_ms(ttfts, "ttft"))
+    s.update(describe_ms(tpots, "tpot"))
+    s.update(describe_ms(itls, "itl"))
+    s.update(describe_ms(e2els, "e2el"))
+    return s
+
+
+def _records(results: list[Result], warm: list[Result], ok: list[Result], t0: float,
+             queue_ms: float | None) -> tuple[list[dict], dict[str, list[float]]]:
+    """One record per request, and the per-request prefill, isolated prefill and decode speeds
+    of the successful measured ones."""
+    records = []
+    phase: dict[str, list[float]] = {"prefill_tok_s": [], "prefill_isolated_tok_s": [], "decode_tok_s": []}
+    for r in results + warm:
+        req = getattr(r, "request", None)
+        tp = tpot_of(r.latency, r.ttft, r.completion_tokens) if r.ok else None
+        rec = {
+            "i": r.index,
+            "id": r.rid,
+            "warmup": r in warm,
+            "ok": r.ok,
+            "status": r.status,
+            "error": r.error,
+            "start_s": r.start - t0 if r.start else None,
+            "ttft_ms": None if r.ttft is None else r.ttft * 1000,
+            "e2el_ms": None if r.latency is None else r.latency * 1000,
+            "done_ms": None if r.done is None else r.done * 1000,
+            "tpot_ms": None if tp is None else tp * 1000,
+            "itl_ms": [g * 1000 for g in r.itl],
+            "events": r.events,
+            "input_len": getattr(req, "input_len", None),
+            "output_len": getattr(req, "output_len", None),
+            "prompt_tokens": r.prompt_tokens,
+            "completion_tokens": r.completion_tokens,
+            "finish_reason": r.finish_reason,
+            "dispatch_lag_ms": getattr(r, "dispatch_lag", 0.0) * 1000,
+            "class": (getattr(req, "extra", None) or {}).get("class"),
+        }
+        if r.ok and r in ok:
+            if r.prompt_tokens and r.ttft:
+                rec["prefill_tok_s"] = r.prompt_tokens / r.ttft
+                phase["prefill_tok_s"].append(rec["prefill_tok_s"])
+                if queue_ms is not None and r.ttft * 1000 > queue_ms:
+                    rec["prefill_isolated_tok_s"] = r.prompt_tokens / (r.ttft - queue_ms / 1000)
+                    phase["prefill_isolated_tok_s"].append(rec["prefill_isolated_tok_s"])
+            if tp:
+                rec["decode_tok_s"] = 1.0 / tp
+                phase["decode_tok_s"].append(rec["decode_tok_s"])
+        records.append(rec)
+    return records, phase
+
+
+def _vkit_fields(cfg: BenchConfig, model: str, results: list[Result], warm: list[Result], ok: list[Result],
+                 failed: list[Result], partial: bool, duration: float, intervals: list[tuple[float, float]],
+                 phase: dict[str, list[float]], queue_ms: float | None, extra: dict) -> dict:
+    """The summary's ``"vkit"`` object: the gauge, errors, phase speeds, and ``cfg.meta`` and ``extra``."""
+    errors: dict[str, int] = {}
+    for r in failed:
+        key = (r.error or "unknown")[:160]
+        errors[key] = errors.get(key, 0) + 1
+    requested = [getattr(getattr(r, "request", None), "output_len", None) for r in ok]
+    return {
+        "schema": "vkit.bench_stream/1",
+        "stream": cfg.stream,
+        "partial": partial,
+        "endpoint": cfg.endpoint,
+        "model": model,
+        "warmups": len(warm),
+        "goodput_slo_ms": cfg.goodput_slo_ms,
+        "errors": errors,
+        "mean_in_flight": mean_in_flight(intervals, duration),
+        "requested_output_tokens": sum(x for x in requested if x) if all(requested) else None,
+        "ignore_eos": bool(cfg.requests and cfg.requests[0].ignore_eos),
+        "time_to_done": describe_ms([r.done for r in ok if r.done is not None], "done"),
+        "phase": {
+            "prefill_tok_s": dist(phase["prefill_tok_s"]),
+            "prefill_isolated_tok_s": dist(phase["prefill_isolated_tok_s"]),
+            "decode_tok_s": dist(phase["decode_tok_s"]),
+            "queue_ms_server_mean": queue_ms,
+            "definitions": "prefill = input/TTFT; isolated = input/(TTFT - server mean queue time); decode = 1/TPOT (per request)",
+        },
+        "dispatch_lag_ms": dist([getattr(r, "dispatch_lag", 0.0) * 1000 for r in results if hasattr(r, "dispatch_lag")]),
+        **cfg.meta,
+        **extra,
+    }
