@@ -24,8 +24,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from vkit.cli.sim_calibrate import calibrate  # noqa: E402
-from vkit.sim.calibrate import FREE  # noqa: E402
+from vkit.sim.calibrate import FREE, calibrate  # noqa: E402
 from vkit.sim.calibrated import write_profile  # noqa: E402
 
 RESULTS = os.path.join(ROOT, "bench", "results", "fidelity.json")

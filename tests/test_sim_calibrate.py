@@ -238,3 +238,84 @@ def test_tpot_memory_floor_reads_weights_and_the_batch_kv_at_peak_bandwidth():
     kv = 48 * 4500 * 2 * 64 * 8 * 128 * 2  # K and V, 64 layers, 8 KV heads x 128, bf16, mean context 4500
     assert tpot_memory_floor_s(run) == pytest.approx((weights + kv) / (2 * 3.35e12), rel=1e-12)
     assert tpot_memory_floor_s(run, "fp8") == pytest.approx((weights + kv / 2) / (2 * 3.35e12), rel=1e-12)
+
+
+# -- a twin from vkit's own bench_stream summaries ---------------------------------------------------
+
+LIVE_TRUTH = CostParams(mfu=0.35, mbu=0.6, decode_step_overhead_s=0.002, mixed_step_overhead_s=0.004)
+LIVE_RUNS = [(256, 32, 4), (1024, 32, 4), (256, 64, 16), (2048, 16, 8), (512, 32, 32), (128, 64, 2)]
+
+
+@pytest.mark.e2e
+def test_calibrating_from_bench_stream_summaries_recovers_a_live_servers_parameters(tmp_path):
+    """A live sim_server with known cost parameters (no noise, real time) measured by bench_stream
+    at six workloads, one of them on a second server with --max-num-batched-tokens 1024 that only
+    the tune state records; sim_calibrate on the six summaries (+ --state) recovers the parameters."""
+    import io
+
+    from tests.sim_fixtures import SimProcess
+    from vkit.cli import bench_stream, sim_calibrate
+
+    prof = tmp_path / "truth.json"
+    write_profile(str(prof), LIVE_TRUTH)
+    (tmp_path / "runs").mkdir()
+    flags = ["--sim-profile", str(prof), "--sim-noise", "0", "--sim-restart-noise", "0", "--sim-gpu", "H200",
+             "--sim-model", "llama-3.1-8b"]
+    paths = []
+    for extra, runs in (([], [0, 1, 2, 4, 5]), (["--max-num-batched-tokens", "1024"], [3])):
+        with SimProcess(*flags, *extra) as sim:
+            for k in runs:
+                isl, osl, c = LIVE_RUNS[k]
+                p = tmp_path / "runs" / f"r{k}.json"
+                rc = bench_stream.main(["--url", sim.url, "--model", "sim-model", "--random-input-len", str(isl),
+                                        "--random-output-len", str(osl), "--max-concurrency", str(c), "--num-prompts",
+                                        str(8 * c), "--seed", str(k), "-q", "-o", str(p)],
+                                       stdout=io.StringIO(), stderr=io.StringIO())
+                assert rc == 0
+                paths.append(str(p))
+    state = tmp_path / "vkit.json"
+    state.write_text(json.dumps({"baseline": {"config": {"max_num_seqs": 1024}, "runs": [f"runs/r{k}.json" for k in (0, 1, 2, 4, 5)]},
+                                 "trials": [{"config": {"max_num_batched_tokens": 1024}, "runs": ["runs/r3.json"]}]}))
+    out = io.StringIO()
+    rc = sim_calibrate.main([*paths, "--state", str(state), "-o", str(tmp_path / "twin.json"), "--free",
+                             "mfu,mbu,decode_step_overhead_s,mixed_step_overhead_s", "--folds", "0", "--group-by", "none",
+                             "--json", "-q"], stdout=out, stderr=io.StringIO())
+    assert rc == 0
+    r = json.loads(out.getvalue())
+    got = r["params"]
+    # Bandwidth and the decode step's CPU time trade off (a decode step costs weights / mbu +
+    # overhead): the wall clock's jitter moves them along that ridge more than it moves mfu.
+    assert got["mfu"] == pytest.approx(0.35, rel=0.08) and got["mbu"] == pytest.approx(0.6, rel=0.15)
+    assert got["decode_step_overhead_s"] == pytest.approx(0.002, rel=0.35)
+    assert got["mixed_step_overhead_s"] == pytest.approx(0.004, rel=0.35)
+    assert r["fitted"]["ttft"]["mape_pct"] < 5 and r["fitted"]["tpot"]["mape_pct"] < 3
+    assert {row["source"] for row in r["per_row"]} == set(paths)
+    assert load_profile(str(tmp_path / "twin.json"))["cost_params"].mfu == pytest.approx(got["mfu"])
+
+
+@pytest.mark.unit
+def test_a_summary_that_cannot_calibrate_says_why(tmp_path):
+    from vkit.sim.calibrate import Target, read_summaries
+
+    doc = json.loads(open("tests/golden/gate/aa_c1.json").read())
+    ok = tmp_path / "ok.json"
+    ok.write_text(json.dumps(doc))
+    (run,) = read_summaries([str(ok)])  # a simulator's run names its own model and GPU
+    assert (run.model, run.gpu, run.isl, run.osl, run.concurrency, run.num_prompts) == ("llama-3.1-8b", "H200", 1024, 32, 8, 200)
+    assert run.ttft_s == pytest.approx(doc["mean_ttft_ms"] / 1e3)
+    real = json.loads(json.dumps(doc))
+    real["vkit"]["server"]["version_info"] = {"version": "0.12.0"}
+    p = tmp_path / "real.json"
+    p.write_text(json.dumps(real))
+    with pytest.raises(UsageError, match="--sim-model M --sim-gpu G"):
+        read_summaries([str(p)])
+    assert read_summaries([str(p)], Target(model="qwen3-32b", gpu="H100-80G", tp=2))[0].group == "qwen3-32b/H100-80G/bf16/tp2"
+    for change, words in ((lambda d: d.update(request_rate=4.0), "closed-loop"),
+                          (lambda d: d["vkit"]["dataset"].update(random_range_ratio=0.5), "fixed lengths"),
+                          (lambda d: d.update(failed=3), "failed requests"),
+                          (lambda d: d.pop("vkit"), "not a bench_stream summary")):
+        bad = json.loads(json.dumps(doc))
+        change(bad)
+        p.write_text(json.dumps(bad))
+        with pytest.raises(UsageError, match=words):
+            read_summaries([str(p)])

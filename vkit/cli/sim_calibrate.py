@@ -12,24 +12,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
-
-import numpy as np
 
 from vkit.cli._common import IO, make_parser, run
 from vkit.errors import ExitCode, UsageError
-from vkit.sim.calibrate import (
-    FREE,
-    Problem,
-    error_stats,
-    fit,
-    kfold,
-    leave_group_out,
-    measured_regime,
-    read_runs,
-    tpot_memory_floor_s,
-)
-from vkit.sim.calibrated import CostParams, write_profile
+from vkit.sim.calibrate import FREE, Target, calibrate
+from vkit.sim.calibrated import write_profile
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,11 +29,25 @@ def build_parser() -> argparse.ArgumentParser:
             "sim_calibrate runs.csv -o p.json --folds 0 --group-by none     # fit only, no held-out refits",
             "sim_calibrate runs.csv -o p.json --free mfu,mbu,decode_step_overhead_s --json",
             "sim_calibrate runs.csv -o qwen.json --select qwen3-32b/H100-80G/bf16   # one model's twin",
+            "sim_calibrate vkit-state/runs/*.json --state vkit-state/vkit.json --sim-model llama-3.1-8b --sim-gpu H100-80G "
+            "-tp 1 -o twin.json   # this server's own baseline runs",
         ],
         exit_notes={2: "unreadable or malformed runs file, unknown parameter", 3: "the fit did not converge"},
         common=False,
     )
-    p.add_argument("runs", nargs="+", metavar="RUNS", help="measured runs, calibration CSV format")
+    p.add_argument("runs", nargs="+", metavar="RUNS",
+                   help="measured runs: calibration CSV files and/or bench_stream summaries (*.json: closed loop, "
+                        "fixed lengths, no failed request)")
+    t = p.add_argument_group("the server the bench_stream summaries measured (CSV rows name their own)")
+    t.add_argument("--state", metavar="FILE", default=None,
+                   help="tune state that recorded the summaries: each run's vllm serve flags are its baseline or "
+                        "trial configuration there (default: the flags the server's cache_config_info reports)")
+    t.add_argument("--sim-model", default=None, metavar="M",
+                   help="the simulator's model profile of the served model (default: the simulator's own report)")
+    t.add_argument("--sim-gpu", default=None, metavar="G", help="accelerator profile (default: as --sim-model)")
+    t.add_argument("-tp", "--tensor-parallel-size", type=int, default=None, metavar="N",
+                   help="tensor-parallel size of the server (default: the state's configuration, else 1)")
+    t.add_argument("--quantization", choices=["fp8"], default=None, help="weight quantisation of the server")
     p.add_argument("-o", "--output", required=True, metavar="PROFILE.json", help="where to write the fitted profile")
     p.add_argument("--folds", type=int, default=5, metavar="K", help="k-fold held-out check, 0 = none (default: 5)")
     p.add_argument("--group-by", choices=["group", "model_group", "none"], default="group",
@@ -67,95 +68,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr, errors only")
     p.add_argument("--traceback", action="store_true", help="print a Python traceback on internal errors")
     return p
-
-
-def calibrate(run_paths: list[str], free: list[str], folds: int, group_by: str, waves: int, seed: int,
-              progress=lambda msg: None, ramps: tuple[int, ...] = (0,),
-              select: tuple[str, ...] = ()) -> tuple[dict, CostParams, dict]:
-    """The whole calibration: (report, fitted params, stderr). Shared with bench/bench_fidelity.py.
-
-    ``ramps``: closed-loop ramp lengths in steps to try (0 = one request's lifetime); each needs its
-    own recorded schedules, the one with the smallest residual cost is kept."""
-    runs = read_runs(run_paths)
-    if select:
-        runs = [r for r in runs if any(r.group.lower().startswith(p.lower()) for p in select)]
-        if not runs:
-            raise UsageError(f"--select {','.join(select)}: no run belongs to such a group")
-    best = None
-    ramp_costs = {}
-    for ramp in ramps:
-        t0 = time.time()
-        label = "one lifetime" if not ramp else f"{ramp} steps"
-        problem = Problem(runs, waves=waves, ramp_steps=ramp or None,
-                          progress=lambda i, n, lb=label: progress(f"ramp {lb}: simulated {i}/{n} runs")
-                          if i % 40 == 0 or i == n else None)
-        res = fit(problem, names=free)
-        ramp_costs[str(ramp)] = res["cost"]
-        progress(f"ramp {label}: schedules and fit in {time.time() - t0:.0f} s, residual cost {res['cost']:.3f}")
-        if best is None or res["cost"] < best[1]["cost"]:
-            best = (problem, res, ramp)
-    problem, res, ramp = best
-    if res["status"] <= 0:
-        from vkit.errors import InvalidData
-
-        raise InvalidData(f"the fit did not converge (least_squares status {res['status']})")
-    params = res["params"]
-    meas = problem.measured()
-    fitted = problem.predict(params)
-    default = problem.default_predict()
-    report: dict = {
-        "rows": len(runs),
-        "free": free,
-        "closed_loop_ramp_steps": ramp,
-        "ramp_costs": ramp_costs,
-        "params": {n: getattr(params, n) for n in free},
-        "stderr": res["stderr"],
-        "at_bound": res["at_bound"],
-        "fitted": error_stats(fitted, meas),
-        "default": error_stats(default, meas),
-        "groups": {},
-    }
-    held: dict[str, np.ndarray] = {}
-    if folds and folds > 1 and len(runs) >= folds:
-        progress(f"{folds}-fold held-out refits")
-        held["kfold"] = kfold(problem, folds, seed=seed, names=free)
-        report["kfold"] = error_stats(held["kfold"], meas)
-    if group_by != "none":
-        progress(f"leave-one-{group_by}-out refits")
-        pred, groups = leave_group_out(problem, key=group_by, names=free)
-        ok = ~np.isnan(pred[:, 0])
-        if ok.any():
-            held["logo"] = pred
-            report["leave_group_out"] = error_stats(pred[ok], meas[ok])
-            report["leave_group_out"]["by"] = group_by
-    regimes = problem.regimes(params)
-    for g in sorted({r.group for r in runs}):
-        ii = [i for i, r in enumerate(runs) if r.group == g]
-        entry = {"rows": len(ii), "fitted": error_stats(fitted[ii], meas[ii]),
-                 "default": error_stats(default[ii], meas[ii])}
-        for name, pred in held.items():
-            jj = [i for i in ii if not np.isnan(pred[i, 0])]
-            if jj:
-                entry[name] = error_stats(pred[jj], meas[jj])
-        report["groups"][g] = entry
-    rows = []
-    for i, r in enumerate(runs):
-        row = {"run": r.label(), "source": r.source, "measured": {"ttft_s": r.ttft_s, "tpot_s": r.tpot_s},
-               "fitted": {"ttft_s": float(fitted[i, 0]), "tpot_s": float(fitted[i, 1])},
-               "default": {"ttft_s": float(default[i, 0]), "tpot_s": float(default[i, 1])},
-               "regime": regimes[i], "measured_regime": measured_regime(r)}
-        for name, pred in held.items():
-            if not np.isnan(pred[i, 0]):
-                row[name] = {"ttft_s": float(pred[i, 0]), "tpot_s": float(pred[i, 1])}
-        rows.append(row)
-    report["per_row"] = rows
-    report["below_memory_floor"] = [
-        {"run": r.label(), "measured_tpot_s": r.tpot_s, "floor_s": tpot_memory_floor_s(r),
-         "floor_fp8_kv_s": tpot_memory_floor_s(r, "fp8")}
-        for r in runs if r.tpot_s < tpot_memory_floor_s(r)]
-    known = [(row["measured_regime"], row["regime"]) for row in rows if row["measured_regime"]]
-    report["queue_bound_rows"] = {"measured": len(known), "reproduced": sum(a == b for a, b in known)}
-    return report, params, res["stderr"]
 
 
 def _text(report: dict, out) -> None:
@@ -203,8 +115,9 @@ def _run(args: argparse.Namespace, io: IO) -> int:
     if not ramps or min(ramps) < 0:
         raise UsageError(f"--ramp-steps: expected integers >= 0, got {args.ramp_steps!r}")
     select = tuple(x.strip() for x in args.select.split(",") if x.strip())
+    target = Target(model=args.sim_model, gpu=args.sim_gpu, tp=args.tensor_parallel_size, quantization=args.quantization)
     report, params, stderr = calibrate(args.runs, free, args.folds, args.group_by, args.waves, args.seed, io.progress,
-                                       ramps, select)
+                                       ramps, select, target, args.state)
     summary = {k: v for k, v in report.items() if k != "per_row"}
     write_profile(args.output, params, {n: stderr.get(n) for n in free},
                   {"runs": args.runs, "free": free, "report": summary},

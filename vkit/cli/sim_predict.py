@@ -115,6 +115,10 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--ramp-steps", type=_positive_int, default=None, metavar="N",
                    help="closed loop: the first C requests enter over N engine steps; their phases persist "
                         "(default: the profile's, else one request's lifetime = O steps)")
+    w.add_argument("--burst-start", action="store_true",
+                   help="closed loop: the C first requests reach an idle engine together, as a benchmark client "
+                        "sends them (bench_stream, vllm bench serve); the first runs alone at once, the others "
+                        "join in the next step; all N are measured unless --warmup (instead of --ramp-steps)")
     p.add_argument("--grid", action="append", default=[], metavar="FLAG=V1,V2,...",
                    help="predict every combination of these flag values (repeatable), e.g. max-num-seqs=64,256")
     return p
@@ -162,7 +166,7 @@ def _scenario(a: dict) -> Scenario:
         model=a["sim_model"], gpu=a["sim_gpu"], isl=a["random_input_len"], osl=a["random_output_len"],
         tp=a["tensor_parallel_size"], quantization=a["quantization"], concurrency=a["max_concurrency"],
         rate=a["request_rate"], num_prompts=a["num_prompts"], warmup=a["warmup"], seed=a["seed"], serve=serve,
-        ramp_steps=a["ramp_steps"],
+        ramp_steps=a["ramp_steps"], burst_start=bool(a.get("burst_start")),
     )
 
 

@@ -3,7 +3,10 @@
 Input rows (``read_runs``): the CSV format of NVIDIA's AIConfigurator silicon data (columns
 ``backend_version, model_path, system, precision, gemm_quant_mode, isl, osl, batch_size, tp_size,
 pp_size, silicon_ttft_ms, silicon_tpot_ms``): closed loop at ``batch_size``, fixed input/output
-lengths, mean TTFT and TPOT in steady state.
+lengths, mean TTFT and TPOT in steady state; and vkit's own bench_stream summaries of a real
+server (``read_summaries``): closed loop, fixed lengths, the server's flags from the tune state
+that recorded the run (its baseline or trial configuration) and from the server's own
+``cache_config_info``, the model and GPU given by the caller (or the simulator's own report).
 
 Each row is simulated once by the predictor (:mod:`vkit.sim.predict`) at its batch size with the
 version's defaults; closed loop with fixed lengths schedules the same steps whatever the step
@@ -19,12 +22,15 @@ from __future__ import annotations
 
 import csv
 import math
+import os
 import random
+import time
 from dataclasses import dataclass, replace
 
 import numpy as np
 
-from vkit.errors import UsageError
+from vkit.errors import InvalidData, UsageError
+from vkit.jsonio import read_json
 from vkit.sim.calibrated import CostParams, PhysCost
 from vkit.sim.predict import Scenario, Trace, run_trace
 from vkit.sim.profiles import get_gpu, get_model
@@ -66,6 +72,9 @@ class Run:
     version: str = ""
     source: str = ""
     serve: dict | None = None  # vllm serve options of this run beyond the protocol's defaults
+    # A whole recorded run (a bench_stream summary): simulate exactly its requests, none left out,
+    # started as the client started them (burst); None: a steady-state row (waves, warm-up, ramp).
+    num_prompts: int | None = None
 
     @property
     def group(self) -> str:
@@ -120,11 +129,112 @@ def read_runs(paths: list[str]) -> list[Run]:
     return runs
 
 
+SUMMARY_SCHEMA = "vkit.bench_stream/1"
+
+
+@dataclass
+class Target:
+    """What a bench_stream summary does not say about the server it measured."""
+
+    model: str | None = None  # the simulator's model profile (e.g. llama-3.1-8b)
+    gpu: str | None = None
+    tp: int | None = None
+    quantization: str | None = None
+
+
+def _configs_by_run(state_path: str | None) -> dict[str, dict]:
+    """realpath of each run file -> the configuration (vllm serve options) it was measured at."""
+    if not state_path:
+        return {}
+    try:
+        st = read_json(state_path, "state file")
+    except OSError as e:
+        raise UsageError(f"--state: cannot read {state_path}: {e.strerror}") from None
+    base = os.path.dirname(os.path.abspath(state_path))
+    out: dict[str, dict] = {}
+    entries = [st.get("baseline") or {}] + list(st.get("trials") or [])
+    for e in entries:
+        for rp in e.get("runs") or []:
+            out[os.path.realpath(os.path.join(base, rp))] = dict(e.get("config") or {})
+    return out
+
+
+def _summary_serve(doc: dict, config: dict) -> dict:
+    from vkit.sim.predict import SERVE_FIELDS
+
+    srv = (doc.get("vkit") or {}).get("server") or {}
+    cache = srv.get("cache_config") or {}
+    serve = {k: v for k, v in config.items() if k in SERVE_FIELDS}
+    if "gpu_memory_utilization" not in serve and cache.get("gpu_memory_utilization") not in (None, "None"):
+        serve["gpu_memory_utilization"] = float(cache["gpu_memory_utilization"])
+    if "block_size" not in serve and cache.get("block_size") not in (None, "None"):
+        serve["block_size"] = int(cache["block_size"])
+    if "max_model_len" not in serve and isinstance(srv.get("max_model_len"), int):
+        serve["max_model_len"] = srv["max_model_len"]
+    return serve
+
+
+def summary_run(path: str, doc: dict, target: Target, config: dict) -> Run:
+    """One bench_stream summary as a measured run; a usage error saying what it lacks otherwise."""
+    vk = doc.get("vkit") if isinstance(doc, dict) else None
+    if not isinstance(vk, dict) or vk.get("schema") != SUMMARY_SCHEMA:
+        raise UsageError(f"{path}: not a bench_stream summary (no vkit.schema {SUMMARY_SCHEMA})")
+    ds = vk.get("dataset") or {}
+    if ds.get("name") != "random" or float(ds.get("random_range_ratio") or 0) != 0:
+        raise UsageError(f"{path}: calibration needs fixed lengths (--dataset-name random, range ratio 0)")
+    rate = doc.get("request_rate")
+    if not doc.get("max_concurrency") or rate not in ("inf", None, float("inf")):
+        raise UsageError(f"{path}: calibration needs a closed-loop run (--max-concurrency C, no --request-rate)")
+    if doc.get("failed") or not doc.get("completed") or vk.get("partial"):
+        raise UsageError(f"{path}: the run has failed requests or was cut short; it cannot calibrate")
+    info = ((vk.get("server") or {}).get("version_info")) or {}
+    model = target.model or (info.get("sim_model") if info.get("sim") else None)
+    gpu = target.gpu or (info.get("sim_gpu") if info.get("sim") else None)
+    tp = target.tp or (info.get("sim_tensor_parallel_size") if info.get("sim") else None) or config.get("tensor_parallel_size") or 1
+    if not model or not gpu:
+        raise UsageError(f"{path}: say which model and GPU served it (--sim-model M --sim-gpu G)")
+    isl = int(ds.get("random_input_len") or round(doc["total_input_tokens"] / doc["completed"]))
+    osl = int(ds.get("random_output_len") or round(doc["total_output_tokens"] / doc["completed"]))
+    return Run(model=get_model(model).name, gpu=get_gpu(gpu).name, tp=int(tp),
+               quantization=target.quantization or config.get("quantization"), isl=isl, osl=osl,
+               concurrency=int(doc["max_concurrency"]), ttft_s=float(doc["mean_ttft_ms"]) / 1e3,
+               tpot_s=float(doc["mean_tpot_ms"]) / 1e3, version=str((vk.get("server") or {}).get("version") or ""),
+               source=path, serve=_summary_serve(doc, config) or None, num_prompts=int(doc["completed"]))
+
+
+def read_summaries(paths: list[str], target: Target | None = None, state_path: str | None = None) -> list[Run]:
+    """bench_stream summaries as measured runs, each at the configuration the state recorded for it."""
+    configs = _configs_by_run(state_path)
+    runs = []
+    for path in paths:
+        try:
+            doc = read_json(path, "bench_stream summary")
+        except FileNotFoundError:
+            raise UsageError(f"no such bench_stream summary: {path}") from None
+        except OSError as e:
+            raise UsageError(f"cannot read {path}: {e.strerror}") from None
+        try:
+            runs.append(summary_run(path, doc, target or Target(), configs.get(os.path.realpath(path), {})))
+        except (KeyError, TypeError, ValueError) as e:
+            raise UsageError(f"{path}: not a usable bench_stream summary ({e})") from None
+    return runs
+
+
+def read_any(paths: list[str], target: Target | None = None, state_path: str | None = None) -> list[Run]:
+    """Calibration CSV files and bench_stream summaries (``.json``), in the order given."""
+    csvs = [p for p in paths if not p.lower().endswith(".json")]
+    jsons = [p for p in paths if p.lower().endswith(".json")]
+    runs = read_runs(csvs) if csvs else []
+    return runs + (read_summaries(jsons, target, state_path) if jsons else [])
+
+
 def scenario_for(run: Run, waves: int = 6, warmup_waves: int = 2, ramp_steps: int | None = None,
                  serve: dict | None = None) -> Scenario:
-    return Scenario(ramp_steps=ramp_steps, model=run.model, gpu=run.gpu, isl=run.isl, osl=run.osl, tp=run.tp,
-                    quantization=run.quantization, concurrency=run.concurrency,
-                    num_prompts=waves * run.concurrency, warmup=warmup_waves * run.concurrency,
+    whole = run.num_prompts is not None
+    return Scenario(ramp_steps=None if whole else ramp_steps, burst_start=whole, model=run.model, gpu=run.gpu, isl=run.isl, osl=run.osl,
+                    tp=run.tp, quantization=run.quantization, concurrency=run.concurrency,
+                    num_prompts=run.num_prompts if whole else waves * run.concurrency,
+                    warmup=0 if whole else warmup_waves * run.concurrency,
                     serve={**(PROTOCOL_SERVE if serve is None else serve), **(run.serve or {})})
 
 
@@ -279,3 +389,91 @@ def measured_regime(run: Run) -> str | None:
     request's decode time (requests wait a large part of another's lifetime for admission);
     otherwise the data alone cannot tell prefill-bound from decode-bound (None)."""
     return "queue-bound" if run.ttft_s >= 0.5 * run.tpot_s * (run.osl - 1) else None
+
+
+def calibrate(run_paths: list[str], free: list[str], folds: int, group_by: str, waves: int, seed: int,
+              progress=lambda msg: None, ramps: tuple[int, ...] = (0,),
+              select: tuple[str, ...] = (), target: Target | None = None,
+              state_path: str | None = None) -> tuple[dict, CostParams, dict]:
+    """The whole calibration: (report, fitted params, stderr). Behind sim_calibrate and bench/bench_fidelity.py.
+
+    ``ramps``: closed-loop ramp lengths in steps to try (0 = one request's lifetime); each needs its
+    own recorded schedules, the one with the smallest residual cost is kept."""
+    runs = read_any(run_paths, target, state_path)
+    if select:
+        runs = [r for r in runs if any(r.group.lower().startswith(p.lower()) for p in select)]
+        if not runs:
+            raise UsageError(f"--select {','.join(select)}: no run belongs to such a group")
+    best = None
+    ramp_costs = {}
+    for ramp in ramps:
+        t0 = time.time()
+        label = "one lifetime" if not ramp else f"{ramp} steps"
+        problem = Problem(runs, waves=waves, ramp_steps=ramp or None,
+                          progress=lambda i, n, lb=label: progress(f"ramp {lb}: simulated {i}/{n} runs")
+                          if i % 40 == 0 or i == n else None)
+        res = fit(problem, names=free)
+        ramp_costs[str(ramp)] = res["cost"]
+        progress(f"ramp {label}: schedules and fit in {time.time() - t0:.0f} s, residual cost {res['cost']:.3f}")
+        if best is None or res["cost"] < best[1]["cost"]:
+            best = (problem, res, ramp)
+    problem, res, ramp = best
+    if res["status"] <= 0:
+        raise InvalidData(f"the fit did not converge (least_squares status {res['status']})")
+    params = res["params"]
+    meas = problem.measured()
+    fitted = problem.predict(params)
+    default = problem.default_predict()
+    report: dict = {
+        "rows": len(runs),
+        "free": free,
+        "closed_loop_ramp_steps": ramp,
+        "ramp_costs": ramp_costs,
+        "params": {n: getattr(params, n) for n in free},
+        "stderr": res["stderr"],
+        "at_bound": res["at_bound"],
+        "fitted": error_stats(fitted, meas),
+        "default": error_stats(default, meas),
+        "groups": {},
+    }
+    held: dict[str, np.ndarray] = {}
+    if folds and folds > 1 and len(runs) >= folds:
+        progress(f"{folds}-fold held-out refits")
+        held["kfold"] = kfold(problem, folds, seed=seed, names=free)
+        report["kfold"] = error_stats(held["kfold"], meas)
+    if group_by != "none":
+        progress(f"leave-one-{group_by}-out refits")
+        pred, groups = leave_group_out(problem, key=group_by, names=free)
+        ok = ~np.isnan(pred[:, 0])
+        if ok.any():
+            held["logo"] = pred
+            report["leave_group_out"] = error_stats(pred[ok], meas[ok])
+            report["leave_group_out"]["by"] = group_by
+    regimes = problem.regimes(params)
+    for g in sorted({r.group for r in runs}):
+        ii = [i for i, r in enumerate(runs) if r.group == g]
+        entry = {"rows": len(ii), "fitted": error_stats(fitted[ii], meas[ii]),
+                 "default": error_stats(default[ii], meas[ii])}
+        for name, pred in held.items():
+            jj = [i for i in ii if not np.isnan(pred[i, 0])]
+            if jj:
+                entry[name] = error_stats(pred[jj], meas[jj])
+        report["groups"][g] = entry
+    rows = []
+    for i, r in enumerate(runs):
+        row = {"run": r.label(), "source": r.source, "measured": {"ttft_s": r.ttft_s, "tpot_s": r.tpot_s},
+               "fitted": {"ttft_s": float(fitted[i, 0]), "tpot_s": float(fitted[i, 1])},
+               "default": {"ttft_s": float(default[i, 0]), "tpot_s": float(default[i, 1])},
+               "regime": regimes[i], "measured_regime": measured_regime(r)}
+        for name, pred in held.items():
+            if not np.isnan(pred[i, 0]):
+                row[name] = {"ttft_s": float(pred[i, 0]), "tpot_s": float(pred[i, 1])}
+        rows.append(row)
+    report["per_row"] = rows
+    report["below_memory_floor"] = [
+        {"run": r.label(), "measured_tpot_s": r.tpot_s, "floor_s": tpot_memory_floor_s(r),
+         "floor_fp8_kv_s": tpot_memory_floor_s(r, "fp8")}
+        for r in runs if r.tpot_s < tpot_memory_floor_s(r)]
+    known = [(row["measured_regime"], row["regime"]) for row in rows if row["measured_regime"]]
+    report["queue_bound_rows"] = {"measured": len(known), "reproduced": sum(a == b for a, b in known)}
+    return report, params, res["stderr"]

@@ -60,6 +60,9 @@ class Scenario:
     seed: int = 0
     serve: dict = field(default_factory=dict)
     ramp_steps: int | None = None  # closed loop: the slots' first requests enter over this many steps
+    # closed loop: the client's C first requests reach an idle engine together; the first is
+    # scheduled alone at once, the others join in the next step (how a benchmark client starts)
+    burst_start: bool = False
 
     def counts(self) -> tuple[int, int]:
         if self.concurrency:
@@ -277,8 +280,11 @@ def run_trace(sc: Scenario, params: CostParams | None = None, max_steps: int = 5
         # lifetime, osl steps). With fixed lengths the phases a ramp sets persist: slots that start
         # in the same step finish, and come back, together.
         c = min(sc.concurrency, n_req)
-        span = sc.ramp_steps if sc.ramp_steps is not None else sc.osl
-        pending = [(i * span // c, i) for i in range(c)]
+        if sc.burst_start:
+            pending = [(0 if i == 0 else 1, i) for i in range(c)]
+        else:
+            span = sc.ramp_steps if sc.ramp_steps is not None else sc.osl
+            pending = [(i * span // c, i) for i in range(c)]
         nxt = c
 
     def admit(i: int, arrival_step: int) -> None:
@@ -369,6 +375,7 @@ def predict(sc: Scenario, params: CostParams | None = None) -> dict:
         "quantization": sc.quantization, "input_len": sc.isl, "output_len": sc.osl,
         "max_concurrency": sc.concurrency, "request_rate": sc.rate, "num_prompts": n, "warmup": w,
         "seed": sc.seed, "serve": dict(sc.serve), "ramp_steps": sc.ramp_steps,
+        "burst_start": sc.burst_start,
     }
     out["resolved"] = {
         "max_model_len": r.max_model_len, "max_num_seqs": r.max_num_seqs,
