@@ -260,7 +260,7 @@ def test_drift_between_trials_is_detected_and_the_baseline_remeasured(svc):
 
     from vkit.cli import _tuneargs as ta
     from vkit.cli._common import IO
-    from vkit.cli.tune import _drift
+    from vkit.tune.driver import check_drift
     from vkit.tune.runner import Runner, Settings
 
     # drift counted from now: every restart (each sentinel is a fresh start) sees the machine as slow as it has become
@@ -274,7 +274,7 @@ def test_drift_between_trials_is_detected_and_the_baseline_remeasured(svc):
     with sf.lease(runner.owner, 600, "tune"):
         first = runner.baseline()
         for _ in range(16):
-            _drift(runner, io)
+            check_drift(runner, io.warn)
             if sf.read().get("drift"):
                 break
     st = sf.read()

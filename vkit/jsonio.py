@@ -1,4 +1,5 @@
-"""Reading JSON files (``read_json``) and JSON Lines: one rule for every file of one JSON value a line.
+"""Reading JSON files (``read_json``, ``read_json_file``, ``load_json_file``) and JSON Lines: one rule
+for every file of one JSON value a line.
 
 vkit's logs (the decision log, the knowledge base, per-request records, a soak's windows) are
 appended one line at a time, so a writer killed mid-line leaves a last line without its newline.
@@ -68,3 +69,21 @@ def read_json(path: str, what: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as e:
         raise UsageError(f"{what} {path} is not valid JSON ({e.msg} at line {e.lineno})") from None
+
+
+def read_json_file(path: str) -> tuple[Any, bytes]:
+    """One JSON document from a file and the bytes it was parsed from (for a digest). ``OSError``
+    and ``ValueError`` (not JSON, not UTF-8) propagate: for a reader that skips a damaged file."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    return json.loads(raw), raw
+
+
+def load_json_file(path: str) -> tuple[Any, bytes]:
+    """``read_json_file`` for an input file: a missing, unreadable or bad file is refused in one wording."""
+    try:
+        return read_json_file(path)
+    except OSError as e:
+        raise UsageError(f"no such file: {path}" if isinstance(e, FileNotFoundError) else f"cannot read {path}: {e.strerror}") from None
+    except ValueError as e:  # json.JSONDecodeError, UnicodeDecodeError
+        raise UsageError(f"{path} is not valid JSON ({e})") from None

@@ -1,9 +1,10 @@
 """The JSON state file every vkit tool shares, its lease, and the decision log.
 
-Only this module reads or writes the state file. Every read-modify-write holds an
-``flock`` on a sibling lock file; every write goes to a temp file in the same
-directory, is fsynced and then ``os.replace``d over the old one, so a reader sees
-either the old state or the new one, never a torn file. Before each write the
+Only this module reads or writes the state file, and only its accessors (``set_kept``,
+``add_trial``, ``record_step``, ...) write the document's keys: every other module calls them.
+Every read-modify-write holds an ``flock`` on a sibling lock file; every write goes to a temp
+file in the same directory, is fsynced and then ``os.replace``d over the old one, so a reader
+sees either the old state or the new one, never a torn file. Before each write the
 previous good state is copied to ``<file>.bak`` so a damaged file can be restored.
 
 A corrupted or truncated file is never reset silently: loading it raises
@@ -48,20 +49,22 @@ def upsert(items: list, item: dict, key: str) -> None:
     items.append(item)
 
 
-def new_state(url: str, model: str, launch_argv: list[str], kept_config: dict | None = None) -> dict:
-    """A fresh state document for one service."""
+def new_state(url: str, model: str, launch_argv: list[str], kept_config: dict | None = None, *,
+              launch: dict | None = None, fingerprint: dict | None = None, decision_id: str | None = None) -> dict:
+    """A fresh state document for one service; ``launch`` replaces the argv launch (hook mode),
+    ``decision_id`` is the decision that set the kept configuration (its ``since`` is now)."""
     return {
         "schema_version": SCHEMA_VERSION,
         "created": now_iso(),
         "service": {
             "url": url,
             "model": model,
-            "launch": {"mode": "argv", "argv": list(launch_argv)},
+            "launch": dict(launch) if launch is not None else {"mode": "argv", "argv": list(launch_argv)},
             "running": None,  # the process vkit started last: pid, pgid, ticks, log, argv, config, role
             "startup": {},  # facts from the last successful start: ready_s, kv_cache_tokens, max_concurrency
         },
-        "fingerprint": {},
-        "kept": {"config": dict(kept_config or {}), "decision_id": None, "since": None},
+        "fingerprint": dict(fingerprint or {}),
+        "kept": {"config": dict(kept_config or {}), "decision_id": decision_id, "since": now_iso() if decision_id else None},
         "candidate": None,
         "frozen": {},
         "trials": [],
@@ -297,7 +300,7 @@ class StateFile:
                     self.release_lease(owner)
 
 
-    # -- what the tools record (their keys are written here, nowhere in vkit.cli) -------------
+    # -- what the tools record: the document's keys are written by these accessors, nowhere else --
     def clear_abnormal(self, tool: str, reason: str) -> tuple[dict | None, str | None]:
         """A human clears ABNORMAL (logged): (the flag it held, the decision id), (None, None) when it was not set."""
         with self.transaction() as st:
@@ -356,6 +359,117 @@ class StateFile:
     def set_machine_state(self, state: str) -> None:
         with self.transaction() as st:
             st["machine_state"] = state
+
+    # -- the service, its candidate and the kept configuration (vkit.apply.lifecycle) ----------
+    def set_running(self, running: dict | None) -> None:
+        """``service.running``: the process vkit started last (its pid, pgid, log, config, role), None once stopped."""
+        with self.transaction() as st:
+            st["service"]["running"] = running
+
+    def begin_candidate(self, candidate: dict) -> None:
+        """A restart begins: ``candidate`` (its config, changes, owner) is applying (machine state APPLY)."""
+        with self.transaction() as st:
+            st["candidate"] = dict(candidate, status="applying")
+            st["machine_state"] = "APPLY"
+
+    def candidate_applied(self, startup: dict, checks: list[str]) -> None:
+        """The candidate started and passed ``checks``: the failure count resets (machine state VERIFY)."""
+        with self.transaction() as st:
+            st["start_failures"] = 0
+            st["candidate"].update(status="applied", checks=list(checks), startup=startup)
+            st["service"]["startup"] = startup
+            st["machine_state"] = "VERIFY"
+
+    def candidate_failed(self, diagnosis: dict) -> int:
+        """The candidate did not start: recorded with ``diagnosis``; returns the consecutive failures."""
+        with self.transaction() as st:
+            st["start_failures"] = int(st.get("start_failures", 0)) + 1
+            st["candidate"].update(status="failed", diagnosis=diagnosis)
+            return st["start_failures"]
+
+    def rolled_back(self, startup: dict) -> None:
+        """The kept configuration runs again (machine state REVERT); an unfinished candidate is rolled back."""
+        with self.transaction() as st:
+            if st.get("candidate") and st["candidate"].get("status") in ("applying", "failed", "applied"):
+                st["candidate"]["status"] = "rolled_back"
+            st["service"]["startup"] = startup
+            st["machine_state"] = "REVERT"
+
+    def set_kept(self, config: dict, decision_id: str, decision: str) -> None:
+        """The applied candidate becomes the kept configuration, the rollback target (machine state KEEP)."""
+        with self.transaction() as st:
+            st["kept"] = {"config": dict(config), "decision_id": decision_id, "since": now_iso(), "decision": decision}
+            st["candidate"]["status"] = "kept"
+            if st["service"].get("running"):
+                st["service"]["running"]["role"] = "kept"
+            st["machine_state"] = "KEEP"
+
+    def set_abnormal(self, reason: str, decision_id: str) -> None:
+        """Mark the environment ABNORMAL: every later restart refuses until ``clear_abnormal``."""
+        with self.transaction() as st:
+            st["abnormal"] = {"flag": True, "reason": reason, "since": now_iso(), "decision_id": decision_id}
+
+    # -- a tuning run's records (vkit.tune) ------------------------------------------------------
+    def add_trial(self, step: str, config: dict, reason: str, proposal: dict) -> dict:
+        """A proposed trial, numbered after the trials recorded (``t001``, ...); returns it."""
+        with self.transaction() as st:
+            kept = st["kept"]["config"]
+            t = {"id": f"t{len(st['trials']) + 1:03d}", "step": step, "config": dict(config),
+                 "changes": {k: v for k, v in config.items() if kept.get(k) != v},
+                 "status": "proposed", "runs": [], "checks": [], "valid": None, "metrics": {}, "verdict": None,
+                 "why": reason, "kept": False, "decision_id": None, "proposal": proposal, "started": now_iso()}
+            st["trials"].append(t)
+            return t
+
+    def update_trial(self, trial_id: str, **fields: Any) -> dict:
+        """Facts of trial ``trial_id`` as it goes (status, runs, verdict, ...); returns a copy. KeyError if none."""
+        with self.transaction() as st:
+            for t in st["trials"]:
+                if t["id"] == trial_id:
+                    t.update(fields)
+                    return dict(t)
+        raise KeyError(trial_id)
+
+    def set_baseline(self, key: str, record: dict, final: bool = False) -> None:
+        """A baseline record (``baseline``, ``baseline_mixed``, ``ablate-...``); ``final`` for the main one
+        also makes its σ the run's ``sigma_baseline`` and its runs the kept configuration's repeats."""
+        with self.transaction() as st:
+            st[key] = record
+            if final and key == "baseline":
+                st["sigma_baseline"] = record["sigma"]
+                st["kept"]["repeats"] = list(record["runs"])
+
+    def save_confirmation(self, conf: dict, list_key: str = "confirmations") -> None:
+        """A confirmation (``confirmations``) or delivery confirmation, replacing the trial's earlier one."""
+        with self.transaction() as st:
+            upsert(st.setdefault(list_key, []), conf, "trial_id")
+
+    def add_kept_repeat(self, path: str) -> None:
+        """One more run of the kept configuration (a drift sentinel)."""
+        with self.transaction() as st:
+            st["kept"]["repeats"] = list(st["kept"].get("repeats") or []) + [path]
+
+    def record_drift_check(self, check: dict, drift: dict | None = None) -> None:
+        """A sentinel's drift check; with ``drift``, the change it found (``drift``: what gate reads)."""
+        with self.transaction() as st:
+            st.setdefault("drift_checks", []).append(check)
+            if drift is not None:
+                st["drift"] = drift
+
+    def record_step(self, rec: dict) -> None:
+        """A step's record (its trials, stop rule, result), replacing the step's earlier one."""
+        with self.transaction() as st:
+            upsert(st.setdefault("steps", []), rec, "step")
+
+    def freeze(self, param: str, value: Any) -> None:
+        """``param`` is frozen at ``value``: no later step may change it."""
+        with self.transaction() as st:
+            st.setdefault("frozen", {})[param] = value
+
+    def record_ablation(self, rec: dict) -> None:
+        """An ablation's result (which switch of a multi-parameter change paid)."""
+        with self.transaction() as st:
+            st.setdefault("ablations", []).append(rec)
 
 
 def make_lease(owner: str, ttl_s: float) -> dict:

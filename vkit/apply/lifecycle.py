@@ -95,8 +95,7 @@ class Lifecycle:
         run = st["service"].get("running")
         if run and run.get("pid"):
             self.progress(launcher.stop(run, st["service"]["launch"], grace_s=self.grace_s))
-            with self.sf.transaction() as s2:
-                s2["service"]["running"] = None
+            self.sf.set_running(None)
 
     def _start_and_verify(self, st: dict, config: dict, role: str) -> tuple[bool, dict, Running | None, dict]:
         """Start ``config``; returns (ok, diagnosis-or-{}, running, startup facts)."""
@@ -104,8 +103,7 @@ class Lifecycle:
         log = launcher.log_path_for(self.sf.dir, role)
         self.progress(f"starting the {role} configuration: {' '.join(launcher.to_serve_flags(config)) or '(launch defaults)'}")
         run = launcher.start(svc["launch"], config, log)
-        with self.sf.transaction() as s2:
-            s2["service"]["running"] = dict(run.as_state(), config=config, role=role)
+        self.sf.set_running(dict(run.as_state(), config=config, role=role))
         ready = launcher.wait_ready(
             svc["url"], run, self.ready_timeout_s,
             on_wait=lambda el: self.progress(f"waiting for /health ({el:.0f} s)"),
@@ -130,8 +128,7 @@ class Lifecycle:
 
     def mark_abnormal(self, reason: str) -> str:
         did = self._log("abnormal", reason=reason)
-        with self.sf.transaction() as st:
-            st["abnormal"] = {"flag": True, "reason": reason, "since": now_iso(), "decision_id": did}
+        self.sf.set_abnormal(reason, did)
         return did
 
     # -- public ----------------------------------------------------------
@@ -166,10 +163,8 @@ class Lifecycle:
         overrides = self.policy.check_change(diff, frozen=st.get("frozen") or {}, allow=allow)
         cand_cfg = dict(kept, **changes)
         did = self._log("apply", kept=kept, candidate=cand_cfg, changes=diff, overrides=overrides)
-        with self.sf.transaction() as s2:
-            s2["candidate"] = {"config": cand_cfg, "changes": diff, "status": "applying", "since": now_iso(),
-                               "owner": self.owner, "owner_pid": os.getpid(), "decision_id": did}
-            s2["machine_state"] = "APPLY"
+        self.sf.begin_candidate({"config": cand_cfg, "changes": diff, "since": now_iso(), "owner": self.owner,
+                                 "owner_pid": os.getpid(), "decision_id": did})
         try:
             self._check_interrupt()
             self._stop_running(self.sf.read())
@@ -183,13 +178,7 @@ class Lifecycle:
             back = self.rollback(reason="interrupted during a restart", failed_run=run)
             raise Interrupted("interrupted; " + ("the kept configuration is back and verified" if back.ok else back.message))
         if ok:
-            with self.sf.transaction() as s2:
-                s2["start_failures"] = 0
-                s2["candidate"]["status"] = "applied"
-                s2["candidate"]["checks"] = ["post_start_verify"]  # _start_and_verify passed it
-                s2["candidate"]["startup"] = facts
-                s2["service"]["startup"] = facts
-                s2["machine_state"] = "VERIFY"
+            self.sf.candidate_applied(facts, checks=["post_start_verify"])  # _start_and_verify passed it
             self._log("applied", candidate=cand_cfg, startup=facts, decision_id_apply=did)
             out = Outcome(True, ExitCode.OK, "applied", f"candidate applied and verified in {facts.get('ready_s')} s",
                           candidate=cand_cfg, kept=kept, startup=facts, decision_id=did)
@@ -200,11 +189,7 @@ class Lifecycle:
             return out
         # failure: diagnose, count, roll back
         why = diag.get("why") or diag.get("quote") or "start-up failed"
-        with self.sf.transaction() as s2:
-            s2["start_failures"] = int(s2.get("start_failures", 0)) + 1
-            n_fail = s2["start_failures"]
-            s2["candidate"]["status"] = "failed"
-            s2["candidate"]["diagnosis"] = {k: v for k, v in diag.items() if k != "verify"}
+        n_fail = self.sf.candidate_failed({k: v for k, v in diag.items() if k != "verify"})
         fid = self._log("start_failed", candidate=cand_cfg, diagnosis=diag, consecutive=n_fail, log=run.log if run else None)
         self.progress(f"candidate failed ({diag.get('kind')}): {why}")
         back = self.rollback(reason=f"candidate failed: {why}", failed_run=run)
@@ -228,17 +213,12 @@ class Lifecycle:
             self.progress(launcher.stop(failed_run, st["service"]["launch"], grace_s=self.grace_s))
             running = st["service"].get("running") or {}
             if running.get("pid") == failed_run.pid:
-                with self.sf.transaction() as s2:
-                    s2["service"]["running"] = None
+                self.sf.set_running(None)
                 st = self.sf.read()
         self._stop_running(st)
         ok, diag, run, facts = self._start_and_verify(self.sf.read(), kept, "kept")
         if ok:
-            with self.sf.transaction() as s2:
-                if s2.get("candidate") and s2["candidate"].get("status") in ("applying", "failed", "applied"):
-                    s2["candidate"]["status"] = "rolled_back"
-                s2["service"]["startup"] = facts
-                s2["machine_state"] = "REVERT"
+            self.sf.rolled_back(facts)
             did = self._log("rolled_back", kept=kept, reason=reason, startup=facts)
             return Outcome(True, ExitCode.OK, "rolled_back", f"kept configuration restored and verified ({reason})",
                            kept=kept, startup=facts, decision_id=did)
@@ -254,12 +234,7 @@ class Lifecycle:
             raise VkitError(f"no applied candidate to keep (candidate status: {cand.get('status')})", ExitCode.USAGE)
         self.policy.require(cand.get("checks") or [], before="keep")
         did = self._log("keep", config=cand["config"], previous=st["kept"], reason=reason, decision=decision)
-        with self.sf.transaction() as s2:
-            s2["kept"] = {"config": dict(cand["config"]), "decision_id": did, "since": now_iso(), "decision": decision}
-            s2["candidate"]["status"] = "kept"
-            if s2["service"].get("running"):
-                s2["service"]["running"]["role"] = "kept"
-            s2["machine_state"] = "KEEP"
+        self.sf.set_kept(cand["config"], did, decision)
         return did
 
 

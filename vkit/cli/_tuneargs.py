@@ -1,18 +1,16 @@
-"""Flags and set-up shared by sweep and tune: the workload (gauge), budgets, SLO, lease."""
+"""Flags shared by sweep and tune, and the typed inputs of vkit.tune.driver built from them:
+the workload (gauge), budgets, SLO, the run's context (lease owner, policy, callbacks)."""
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
 import os
-from typing import Iterator
 
-from vkit.cli._common import IO, int_at_least, lease_owner, load_policy
+from vkit.cli._common import IO, int_at_least, kb_path, lease_owner, load_policy
 from vkit.errors import UsageError
 from vkit.measure.gauge import BenchOptions
-from vkit.state import StateFile
-from vkit.tune.runner import Runner, Settings, Workload
+from vkit.tune.driver import RunContext, TunePlan
+from vkit.tune.runner import Settings, Workload
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -92,41 +90,28 @@ def settings(args: argparse.Namespace, main: Workload) -> Settings:
                     ready_timeout_s=args.ready_timeout, sandbox=not args.yes)
 
 
-def goal(s: Settings) -> dict:
-    """The tuning goal: max output throughput subject to the SLO."""
-    return {"maximize": "output_throughput", "subject_to": s.slo,
-            "text": "max output throughput with " + ", ".join(f"{k} <= {v:g}" for k, v in s.slo.items())}
-
-
 def check_confirmation(args: argparse.Namespace) -> None:
     if not (args.yes or args.sandbox):
         raise UsageError("a tuning run restarts the server many times: pass --yes (production) or --sandbox (offline sandbox)")
 
 
-@contextlib.contextmanager
-def held(args: argparse.Namespace, io: IO, tool: str) -> Iterator[tuple[StateFile, str]]:
-    sf = StateFile(args.state)
-    st = sf.read()
-    ab = st.get("abnormal") or {}
-    if ab.get("flag"):
-        from vkit.errors import Abnormal
-
-        raise Abnormal(f"the environment is ABNORMAL since {ab.get('since')}: {ab.get('reason')}; fix the cause, then "
-                       "`state --clear-abnormal --reason ...`")
-    owner = lease_owner(tool)
-    with sf.lease(owner, ttl_s=args.lease_ttl, tool=tool):
-        yield sf, owner
+def context(args: argparse.Namespace, io: IO, tool: str) -> RunContext:
+    """The driver's context: ``tool``'s lease owner ($VKIT_LEASE_OWNER), the policy ($VKIT_POLICY), io's callbacks."""
+    return RunContext(tool=tool, owner=lease_owner(tool), policy=load_policy(), lease_ttl_s=args.lease_ttl,
+                      progress=io.progress, warn=io.warn, interrupts=io.interrupts)
 
 
-def runner_for(sf: StateFile, s: Settings, io: IO, tool: str, owner: str | None, run_id: str | None = None) -> Runner:
-    """A runner whose measurements go to runs/<run_id>/ beside the state (when given); ``owner``
-    holds the lease (None: a reading that needs none)."""
-    r = Runner(sf, s, io.progress, tool_name=tool, owner=owner or lease_owner(tool), policy=load_policy(), interrupts=io.interrupts)
-    if run_id:
-        r.runs_dir = os.path.join(sf.dir, "runs", run_id)
-        os.makedirs(r.runs_dir, exist_ok=True)
-    return r
-
-
-def dumps(obj) -> str:
-    return json.dumps(obj, indent=2, sort_keys=True, default=str)
+def tune_plan(args: argparse.Namespace) -> TunePlan:
+    """tune's search flags as a plan; the knowledge base is $VKIT_KB, else beside the state."""
+    try:
+        steps = [x.strip() for x in args.steps.split(",") if x.strip()]
+        cands = [int(x) for x in args.max_model_len_candidates.split(",") if x.strip()]
+    except ValueError:
+        raise UsageError("--steps and --max-model-len-candidates take comma-separated numbers") from None
+    bad = [x for x in steps if x not in ("1", "2", "3", "4", "5")]
+    if bad:
+        raise UsageError(f"unknown step(s) {', '.join(bad)}: steps are 1 to 5")
+    return TunePlan(mode=args.mode, steps=steps, budget=args.budget, seed=args.seed, staged_candidates=args.staged_candidates,
+                    business_len=args.business_len, max_model_len_candidates=cands, confirm_front=args.confirm_front,
+                    restart=args.restart, report_dir=args.report_dir,
+                    kb_path=kb_path(os.path.dirname(os.path.abspath(args.state))))

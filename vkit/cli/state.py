@@ -18,7 +18,7 @@ from vkit.apply.policy import parse_assignments, render_table, to_serve_flags
 from vkit.cli._common import IO, add_subcommand, load_policy, make_parser, run
 from vkit.errors import ExitCode, UsageError
 from vkit.measure.fingerprint import fingerprint
-from vkit.state import StateFile, lease_staleness, new_state, now_iso
+from vkit.state import StateFile, lease_staleness, new_state
 
 TOOL = "state"
 
@@ -116,7 +116,7 @@ def _init(sf: StateFile, args: argparse.Namespace, io: IO) -> int:
     policy = load_policy()
     kept = parse_assignments(args.sets, policy)
     overrides = policy.check_change(kept, allow=args.allow)
-    doc = new_state(args.url.rstrip("/"), args.model, args.launch, kept)
+    launch = None
     if args.stop_hook:
         try:
             stop = json.loads(args.stop_hook)
@@ -124,15 +124,13 @@ def _init(sf: StateFile, args: argparse.Namespace, io: IO) -> int:
             raise UsageError("--stop-hook takes a JSON list, e.g. '[\"systemctl\", \"stop\", \"vllm\"]'") from None
         if not (isinstance(stop, list) and stop and all(isinstance(x, str) for x in stop)):
             raise UsageError("--stop-hook takes a non-empty JSON list of strings (an argv, never a shell string)")
-        doc["service"]["launch"] = {"mode": "hooks", "start_hook": list(args.launch), "stop_hook": stop, "argv": []}
-    doc["fingerprint"] = fingerprint(args.model, args.launch)
+        launch = {"mode": "hooks", "start_hook": list(args.launch), "stop_hook": stop, "argv": []}
+    fp = fingerprint(args.model, args.launch)
     did = sf.log.new_id()
-    doc["kept"]["decision_id"] = did
-    doc["kept"]["since"] = now_iso()
+    url = args.url.rstrip("/")
+    doc = new_state(url, args.model, args.launch, kept, launch=launch, fingerprint=fp, decision_id=did)
     sf.create(doc, force=args.force)
-    sf.log.append(
-        TOOL, "init", decision_id=did, url=doc["service"]["url"], model=args.model, launch_argv=args.launch, kept=kept, overrides=overrides
-    )
+    sf.log.append(TOOL, "init", decision_id=did, url=url, model=args.model, launch_argv=args.launch, kept=kept, overrides=overrides)
     io.progress(f"state written to {sf.path} ({did})")
     if args.json:
         io.emit_json(sf.read())

@@ -8,13 +8,12 @@ following the runbook. Resumable: rerun the same command after an interruption.
 from __future__ import annotations
 
 import argparse
-import contextlib
 
 from vkit.cli import _tuneargs as ta
-from vkit.cli._common import IO, load_policy, make_parser, run
+from vkit.cli._common import IO, make_parser, run
 from vkit.errors import ExitCode, UsageError
-from vkit.jsonio import load_json_lines
 from vkit.state import StateFile
+from vkit.tune import driver
 
 TOOL = "sweep"
 
@@ -48,63 +47,28 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _run(args: argparse.Namespace, io: IO) -> int:
-    from vkit.tune import steps as tuning
-
     if args.replay:
-        return _replay(args, io)
+        rep = driver.replay(args.replay)
+        io.emit_json(rep.to_dict())
+        return ExitCode.OK if not rep.differences else ExitCode.REJECTED
+    if not (args.deliver or args.ablate or args.step or args.mode == "bo"):
+        raise UsageError("give --step N (2, 3 or 4), --mode bo, --ablate, --deliver or --replay LOG")
+    if not args.deliver:
+        ta.check_confirmation(args)
+    sf = StateFile(args.state)
+    main, _ = ta.workloads(args, sf.read()["service"]["model"])
+    settings = ta.settings(args, main)
+    ctx = ta.context(args, io, TOOL)
     if args.deliver:
         confirm = (args.yes or args.sandbox) and args.confirm_front > 0
-        # re-confirming the front restarts the server: under the lease, like any trial; reading needs none
-        with (ta.held(args, io, TOOL) if confirm else contextlib.nullcontext((StateFile(args.state), None))) as (sf, owner):
-            main, _ = ta.workloads(args, sf.read()["service"]["model"])
-            settings = ta.settings(args, main)
-            runner = ta.runner_for(sf, settings, io, TOOL, owner, run_id="deliver" if confirm else None)
-            if confirm:
-                tuning.confirm_front(runner, ta.goal(settings), args.confirm_front, io.progress)
-            out = tuning.deliver(runner, ta.goal(settings))
-        io.emit_json(out)
-        return ExitCode.OK
-    if args.ablate:
-        ta.check_confirmation(args)
-        with ta.held(args, io, TOOL) as (sf, owner):
-            main, _ = ta.workloads(args, sf.read()["service"]["model"])
-            runner = ta.runner_for(sf, ta.settings(args, main), io, TOOL, owner, run_id="ablate")
-            out = tuning.run_ablation(runner, io.progress)
-        io.emit_json(out)
-        return ExitCode.OK
-    if not args.step and args.mode != "bo":
-        raise UsageError("give --step N (2, 3 or 4), --mode bo, --ablate, --deliver or --replay LOG")
-    ta.check_confirmation(args)
-    with ta.held(args, io, TOOL) as (sf, owner):
-        st = sf.read()
-        main, _ = ta.workloads(args, st["service"]["model"])
-        settings = ta.settings(args, main)
-        runner = ta.runner_for(sf, settings, io, TOOL, owner, run_id=(st.get("tune") or {}).get("run_id") or "sweep")
-        runner.baseline()
-        tuning.guard_anomalies(runner)
-        policy = load_policy()
-        if args.mode == "bo":
-            nxt, stop = tuning.bo_proposer(runner, policy, args.budget, args.seed)
-            rec = tuning.run_screening_step(runner, "bo", nxt, io.progress, args.budget, stop)
-        else:
-            nxt, stop = tuning.staged_proposer(runner, policy, args.step, args.staged_candidates)
-            rec = tuning.run_screening_step(runner, args.step, nxt, io.progress, args.budget, stop)
-    step = rec["step"]
-    trials = [t for t in sf.read()["trials"] if t["step"] == step]
-    io.emit_json({"step": rec, "trials": trials, "kept": sf.read()["kept"]})
+        io.emit_json(driver.deliver(sf, settings, ctx, confirm_front=args.confirm_front if confirm else 0))
+    elif args.ablate:
+        io.emit_json(driver.ablate(sf, settings, ctx))
+    else:
+        step = driver.sweep_step(sf, settings, ctx, args.step, mode=args.mode, budget=args.budget, seed=args.seed,
+                                 staged_candidates=args.staged_candidates)
+        io.emit_json(step.to_dict())
     return ExitCode.OK
-
-
-def _replay(args: argparse.Namespace, io: IO) -> int:
-    from vkit import search
-
-    recs = [r for _, r in load_json_lines(args.replay, "decision log")]
-    records = [r["audit"]["replay"] for r in recs if r.get("event") == "propose" and (r.get("audit") or {}).get("replay")]
-    if not records:
-        raise UsageError(f"{args.replay} holds no replayable proposals (Bayesian-search proposals carry their inputs)")
-    bad = search.replay_mismatches(records)
-    io.emit_json({"proposals": len(records), "identical": len(records) - len(bad), "differences": bad})
-    return ExitCode.OK if not bad else ExitCode.REJECTED
 
 
 def main(argv: list[str] | None = None, stdin=None, stdout=None, stderr=None) -> int:

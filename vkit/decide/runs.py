@@ -16,6 +16,7 @@ import numpy as np
 from scipy import stats as _sps
 
 from vkit.errors import InvalidData, UsageError, VkitError
+from vkit.jsonio import load_json_file
 from vkit.validate import invariants
 
 # The gauge: what must match between baseline and candidate (vkit summaries).
@@ -51,17 +52,7 @@ def parse_date(value: Any) -> _dt.datetime | None:
 
 
 def load_summary(path: str, arm: str, fresh: bool = False) -> Run:
-    try:
-        with open(path, "rb") as f:
-            raw = f.read()
-    except FileNotFoundError:
-        raise UsageError(f"no such file: {path}") from None
-    except OSError as e:
-        raise UsageError(f"cannot read {path}: {e.strerror}") from None
-    try:
-        doc = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise UsageError(f"{path} is not valid JSON ({e})") from None
+    doc, raw = load_json_file(path)  # a missing, unreadable or bad file: UsageError
     if not isinstance(doc, dict) or "completed" not in doc:
         from vkit.validate.formats import detect
 

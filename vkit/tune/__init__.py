@@ -1,7 +1,8 @@
 """TUNE: the state machine of a tuning run, composed from the stages before it.
 
-``runner`` (one trial: APPLY → VERIFY → VALIDATE → GATE → KEEP or REVERT, resumable from the
-state file), ``steps`` (the staged steps, Bayesian search, delivery, ablation), ``knowledge``
-(the knowledge base of finished runs). Imports every stage package and ``vkit.search``; nothing
-below imports it.
+``driver`` (tune's whole run and sweep's modes, on typed inputs: what the CLI calls),
+``result`` (the tune result's versioned schema), ``runner`` (one trial: APPLY → VERIFY →
+VALIDATE → GATE → KEEP or REVERT, resumable from the state file), ``steps`` (the staged steps,
+Bayesian search, delivery, ablation), ``knowledge`` (the knowledge base of finished runs).
+Imports every stage package and ``vkit.search``; nothing below imports it.
 """

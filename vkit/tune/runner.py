@@ -37,8 +37,9 @@ from vkit.apply.policy import Policy, to_serve_flags
 from vkit.decide import gate as _gate
 from vkit.errors import Abnormal, ExitCode, Rejected, VkitError
 from vkit.interrupts import Interrupts
+from vkit.jsonio import read_json_file
 from vkit.measure.gauge import BenchOptions, build_config, measure
-from vkit.state import StateFile, default_owner, now_iso, upsert
+from vkit.state import StateFile, default_owner, now_iso
 from vkit.validate import invariants
 
 KEY_METRICS = ("output_throughput", "request_throughput", "request_goodput", "p95_ttft_ms", "p99_ttft_ms", "mean_ttft_ms",
@@ -121,8 +122,8 @@ class Runner:
         return rel if os.path.isabs(rel) else os.path.join(self.sf.dir, rel)
 
     def load(self, rel: str) -> dict:
-        with open(self._abs(rel), encoding="utf-8") as f:
-            return json.load(f)
+        """A run's summary (``OSError``, ``ValueError`` propagate: a caller may skip a damaged run)."""
+        return read_json_file(self._abs(rel))[0]
 
     def trial(self, tid: str) -> dict:
         for t in self.sf.read()["trials"]:
@@ -131,12 +132,7 @@ class Runner:
         raise KeyError(tid)
 
     def update_trial(self, tid: str, **fields: Any) -> dict:
-        with self.sf.transaction() as st:
-            for t in st["trials"]:
-                if t["id"] == tid:
-                    t.update(fields)
-                    return dict(t)
-        raise KeyError(tid)
+        return self.sf.update_trial(tid, **fields)
 
     def log(self, event: str, **kw: Any) -> str:
         return self.sf.log.append(self.tool_name, event, **kw)
@@ -310,8 +306,7 @@ class Runner:
         if force or not b or b.get("config") != kept or b.get("workload") != w.describe():
             gen = (b or {}).get("generation", 0) + 1
             b = {"config": kept, "workload": w.describe(), "runs": [], "checks": [], "generation": gen, "started": now_iso()}
-            with self.sf.transaction() as s2:
-                s2[key] = b
+            self.sf.set_baseline(key, b)
         if config is None:
             self.restore_kept(fresh=not b["runs"])
         else:
@@ -328,8 +323,7 @@ class Runner:
             b["checks"].append(check)
             self.progress(f"{key} {k}/{self.s.baseline_repeats}: {doc['output_throughput']:.0f} out tok/s, "
                           f"P95 TTFT {doc['p95_ttft_ms']:.0f} ms" + ("" if check["code"] == 0 else f"  [{check['verdict']}: {', '.join(check.get('findings') or [])}]"))
-            with self.sf.transaction() as s2:
-                s2[key] = b
+            self.sf.set_baseline(key, b)
         docs = [self.load(p) for p in b["runs"]]
         sig = {}
         for m in KEY_METRICS:
@@ -338,24 +332,13 @@ class Runner:
                 sig[m] = float(np.std(np.log(vals), ddof=1))
         b["metrics"] = aggregate(docs)
         b["sigma"] = sig
-        with self.sf.transaction() as s2:
-            s2[key] = b
-            if key == "baseline":
-                s2["sigma_baseline"] = sig
-                s2["kept"]["repeats"] = list(b["runs"])
+        self.sf.set_baseline(key, b, final=True)
         self.log("baseline", key=key, config=kept, runs=b["runs"], sigma=sig, metrics=b["metrics"])
         return b
 
     # -- a trial ----------------------------------------------------------------
     def new_trial(self, step: str, config: dict, reason: str, audit: dict | None = None) -> dict:
-        with self.sf.transaction() as st:
-            n = len(st["trials"]) + 1
-            kept = st["kept"]["config"]
-            t = {"id": f"t{n:03d}", "step": step, "config": dict(config),
-                 "changes": {k: v for k, v in config.items() if kept.get(k) != v},
-                 "status": "proposed", "runs": [], "checks": [], "valid": None, "metrics": {}, "verdict": None,
-                 "why": reason, "kept": False, "decision_id": None, "proposal": audit or {}, "started": now_iso()}
-            st["trials"].append(t)
+        t = self.sf.add_trial(step, config, reason, audit or {})
         self.log("propose", trial=t["id"], step=step, config=config, reason=reason, audit=audit or {})
         return t
 
@@ -504,8 +487,7 @@ class Runner:
         return conf
 
     def save_conf(self, conf: dict, list_key: str = "confirmations") -> None:
-        with self.sf.transaction() as st:
-            upsert(st.setdefault(list_key, []), conf, "trial_id")
+        self.sf.save_confirmation(conf, list_key)
 
     def _new_conf(self, tid: str, selected_from: int, primary: str | None, against: dict) -> dict:
         t = self.trial(tid)
@@ -535,8 +517,7 @@ class Runner:
         d = os.path.join(self.runs_dir, "sentinel")
         k = 1 + (sum(1 for f in os.listdir(d) if f.endswith(".json")) if os.path.isdir(d) else 0)  # never overwrite
         path, doc, check = self.measure("sentinel", k)
-        with self.sf.transaction() as s2:
-            s2["kept"]["repeats"] = list(s2["kept"].get("repeats") or []) + [path]
+        self.sf.add_kept_repeat(path)
         series = self.kept_series()
         vals = [d["output_throughput"] for _, d in series]
         # σ from the series' own reference window: the baseline's σ comes from a handful of runs, and the
@@ -546,15 +527,14 @@ class Runner:
         out = {"after_trial": trials[-1]["id"] if trials else None, "runs": len(vals), "min_runs": MIN_RUNS,
                "changed": bool(res.get("changed")), "shift": res.get("shift"), "why": res.get("why") or res.get("verdict"),
                "last": doc["output_throughput"]}
-        with self.sf.transaction() as s2:
-            s2.setdefault("drift_checks", []).append(dict(out, ts=now_iso()))
-            if out["changed"]:
-                # Runs before now no longer describe the server: the series restarts, the baseline is re-measured.
-                ci = res.get("change_index")
-                cp, cdoc = series[ci] if ci is not None else (None, {})
-                s2["drift"] = {"reset": now_iso(), "changed": True, "change_date": cdoc.get("date") or now_iso(),
-                               "change_run": cp, "shift": out["shift"], "detector": res.get("detector"),
-                               "source": "tune sentinel"}
+        change = None
+        if out["changed"]:
+            # Runs before now no longer describe the server: the series restarts, the baseline is re-measured.
+            ci = res.get("change_index")
+            cp, cdoc = series[ci] if ci is not None else (None, {})
+            change = {"reset": now_iso(), "changed": True, "change_date": cdoc.get("date") or now_iso(),
+                      "change_run": cp, "shift": out["shift"], "detector": res.get("detector"), "source": "tune sentinel"}
+        self.sf.record_drift_check(dict(out, ts=now_iso()), change)
         self.log("drift_check", **out)
         return out
 

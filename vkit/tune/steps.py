@@ -22,7 +22,7 @@ from vkit.apply.launcher import serve_argv
 from vkit.apply.lifecycle import Lifecycle
 from vkit.apply.policy import Policy, to_serve_flags
 from vkit.errors import ExitCode, Rejected, VkitError
-from vkit.state import now_iso, upsert
+from vkit.state import now_iso
 from vkit.tune.runner import Runner, Workload
 
 OBJECTIVES = [search.Objective("output_throughput", "max"), search.Objective("p95_ttft_ms", "min")]
@@ -67,8 +67,7 @@ def _finished(runner: Runner, step: str) -> dict | None:
 
 
 def _record_step(runner: Runner, rec: dict) -> None:
-    with runner.sf.transaction() as st:
-        upsert(st.setdefault("steps", []), rec, "step")
+    runner.sf.record_step(rec)
 
 
 def _open_trial(runner: Runner, step: str) -> dict | None:
@@ -147,8 +146,7 @@ def run_step1(runner: Runner, candidates: list[int], need_len: int, target_concu
                              f"for {target_concurrency} sequences (a business decision, frozen from now on)", decision="step1")
         t1 = next(x for x in runner.sf.read()["trials"] if x["step"] == "1" and x["config"].get("max_model_len") == chosen)
         runner.update_trial(t1["id"], kept=True, decision_id=did)
-    with runner.sf.transaction() as s2:
-        s2.setdefault("frozen", {})["max_model_len"] = chosen
+    runner.sf.freeze("max_model_len", chosen)
     rec = {"step": "1", "name": STEP_NAMES["1"], "finished": now_iso(), "chosen": chosen, "notes": notes,
            "stop_rule": f"smallest candidate >= {need_len} tokens that starts with KV room for {target_concurrency} sequences: {chosen}; frozen"}
     _record_step(runner, rec)
@@ -503,7 +501,6 @@ def run_ablation(runner: Runner, progress: Callable[[str], None]) -> dict:
     runner.restore_kept()
     out = {"decision_id": e["id"], "previous": prev, "kept": new, "switches": rows,
            "attribution": [r["param"] for r in rows if r["verdict"] == "accept"]}
-    with runner.sf.transaction() as st:
-        st.setdefault("ablations", []).append(dict(out, finished=now_iso()))
+    runner.sf.record_ablation(dict(out, finished=now_iso()))
     runner.log("ablation", **out)
     return out

@@ -1,0 +1,353 @@
+"""The drivers of tune and sweep: a whole tuning run (:func:`tune`) and each of sweep's modes —
+one step or a Bayesian search (:func:`sweep_step`), delivery with an optional re-confirmation
+(:func:`deliver`), ablation (:func:`ablate`), replay of logged proposals (:func:`replay`).
+
+They take typed inputs — the run's ``Settings`` and workloads, a :class:`TunePlan`, a
+:class:`RunContext` (tool, lease owner, policy, callbacks) — and return typed results. The CLI
+builds the inputs from its flags (``vkit.cli._tuneargs``), makes one call and prints what comes
+back; everything that reads or writes the state or drives trials is here. Library only:
+progress and warnings go to the callbacks, nothing is printed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+from vkit import search
+from vkit.apply.policy import Policy
+from vkit.errors import Abnormal, ExitCode, UsageError, VkitError
+from vkit.interrupts import Interrupts
+from vkit.jsonio import load_json_lines
+from vkit.state import StateFile, now_iso
+from vkit.tune import knowledge
+from vkit.tune import steps as tuning
+from vkit.tune.result import TuneResult
+from vkit.tune.runner import Runner, Settings, Workload
+
+
+def _quiet(msg: str) -> None:
+    pass
+
+
+@dataclass
+class RunContext:
+    """Who drives and where it reports: the tool's name, the lease owner (a parent run's when it
+    hands its lease down), the parameter policy, the lease's lifetime and the callbacks."""
+
+    tool: str
+    owner: str
+    policy: Policy
+    lease_ttl_s: float = 6 * 3600.0
+    progress: Callable[[str], None] = _quiet
+    warn: Callable[[str], None] = _quiet
+    interrupts: Interrupts = field(default_factory=Interrupts)
+
+
+@dataclass
+class TunePlan:
+    """What a tuning run does: its mode, steps and budgets (tune's search flags)."""
+
+    mode: str = "staged"  # staged | bo
+    steps: list[str] = field(default_factory=lambda: ["1", "2", "3", "4", "5"])
+    budget: int = 8  # trials per step (staged) or in all (bo)
+    seed: int = 1  # the Bayesian search's seed
+    staged_candidates: str = "policy"  # policy | octaves
+    business_len: int | None = None  # step 1: None = (longest prompt + output) x 1.25
+    max_model_len_candidates: list[int] = field(default_factory=lambda: [1024, 2048, 4096, 8192])
+    confirm_front: int = 4  # delivered configurations re-confirmed before delivery
+    restart: bool = False  # a new run even if the state holds an unfinished one
+    report_dir: str | None = None  # None: reports/<run id> beside the state
+    kb_path: str | None = None  # the knowledge base; None: knowledge.jsonl beside the state
+
+
+@dataclass
+class Tuned:
+    """A finished tuning run: its result, its id and the report files written."""
+
+    result: TuneResult
+    run_id: str
+    report: dict = field(default_factory=dict)  # md, html, json: paths
+
+
+@dataclass
+class StepRun:
+    """One sweep step (or Bayesian search): its record, its trials, the kept configuration after it."""
+
+    step: dict
+    trials: list[dict]
+    kept: dict
+
+    def to_dict(self) -> dict:
+        return {"step": self.step, "trials": self.trials, "kept": self.kept}
+
+
+@dataclass
+class Replay:
+    """Logged proposals re-derived: how many, how many identical, and each difference."""
+
+    proposals: int
+    identical: int
+    differences: list
+
+    def to_dict(self) -> dict:
+        return {"proposals": self.proposals, "identical": self.identical, "differences": self.differences}
+
+
+def goal(s: Settings) -> dict:
+    """The tuning goal: max output throughput subject to the SLO."""
+    return {"maximize": "output_throughput", "subject_to": s.slo,
+            "text": "max output throughput with " + ", ".join(f"{k} <= {v:g}" for k, v in s.slo.items())}
+
+
+@contextlib.contextmanager
+def held(sf: StateFile, ctx: RunContext) -> Iterator[StateFile]:
+    """The service's lease for ``ctx.owner`` over the block; refused while the environment is ABNORMAL."""
+    ab = sf.read().get("abnormal") or {}
+    if ab.get("flag"):
+        raise Abnormal(f"the environment is ABNORMAL since {ab.get('since')}: {ab.get('reason')}; fix the cause, then "
+                       "`state --clear-abnormal --reason ...`")
+    with sf.lease(ctx.owner, ttl_s=ctx.lease_ttl_s, tool=ctx.tool):
+        yield sf
+
+
+def make_runner(sf: StateFile, s: Settings, ctx: RunContext, run_id: str | None = None) -> Runner:
+    """A runner whose measurements go to runs/<run_id>/ beside the state (when given), its restarts
+    under ``ctx.owner``'s lease."""
+    r = Runner(sf, s, ctx.progress, tool_name=ctx.tool, owner=ctx.owner, policy=ctx.policy, interrupts=ctx.interrupts)
+    if run_id:
+        r.runs_dir = os.path.join(sf.dir, "runs", run_id)
+        os.makedirs(r.runs_dir, exist_ok=True)
+    return r
+
+
+def check_drift(runner: Runner, warn: Callable[[str], None]) -> dict:
+    """The drift sentinel between two steps; on a change the baseline is measured again."""
+    d = runner.sentinel()
+    if d["changed"]:
+        warn(f"drift: the kept configuration's throughput moved {d.get('shift') or 0:+.1%}; re-measuring the baseline")
+        runner.baseline(force=True)
+    return d
+
+
+# -- tune -----------------------------------------------------------------------------------------
+def tune(sf: StateFile, settings: Settings, mixed: Workload, plan: TunePlan, ctx: RunContext,
+         write_report: Callable[[dict, str], dict] | None = None,
+         on_abnormal: Callable[[str | None], None] | None = None) -> Tuned:
+    """The whole tuning run under the lease — LEASE → (step 1) → BASELINE → the staged steps or the
+    Bayesian search, with a drift check after each → (step 5) → CONVERGE — resumed when the state
+    holds an unfinished run with the same settings. ``mixed`` is step 5's workload. The result goes
+    to ``write_report(result, out_dir)`` (vkit.report's, which this stage does not import), then the
+    run is recorded as finished. ``on_abnormal(reason)`` is told when the run stops on an
+    environment that turned ABNORMAL."""
+    t0 = time.time()
+    with held(sf, ctx):
+        run_id = _open_run(sf, settings, plan, ctx)
+        runner = make_runner(sf, settings, ctx, run_id=run_id)
+        try:
+            result = _drive(runner, settings, mixed, plan, ctx, run_id, t0)
+        except VkitError as e:
+            ab = (sf.read().get("abnormal") or {}) if e.code == ExitCode.UNAVAILABLE else {}
+            if ab.get("flag") and on_abnormal is not None:
+                on_abnormal(ab.get("reason"))
+            raise
+    out_dir = plan.report_dir or os.path.join(sf.dir, "reports", run_id)
+    paths = write_report(result.to_dict(), out_dir) if write_report is not None else {}
+    sf.update_tune_run(finished=now_iso(), report=paths)
+    sf.log.append(ctx.tool, "converge", recommendation=result.recommendation, report=paths)
+    return Tuned(result=result, run_id=run_id, report=paths)
+
+
+def _open_run(sf: StateFile, settings: Settings, plan: TunePlan, ctx: RunContext) -> str:
+    """Start a new tuning run (archiving a finished one), or resume the unfinished one the state
+    holds when its settings are the same; returns the run's id."""
+    st = sf.read()
+    cfg: dict[str, Any] = {"mode": plan.mode, "steps": list(plan.steps), "budget": plan.budget,
+                           "workload": settings.workload.describe(), "slo": settings.slo, "guards": settings.guards,
+                           "baseline_repeats": settings.baseline_repeats, "screen_repeats": settings.screen_repeats}
+    prev = st.get("tune") or {}
+    if plan.restart or not prev or prev.get("finished"):
+        cfg["run_id"] = time.strftime("run-%Y%m%dT%H%M%S", time.gmtime())
+        cfg["started"] = now_iso()
+        sf.start_tune_run(cfg, archive=bool(prev))
+    else:
+        theirs = {k: prev.get(k) for k in cfg}
+        if cfg != theirs:
+            diff = sorted(k for k in cfg if cfg[k] != theirs[k])
+            raise UsageError(f"this state holds an unfinished tuning run with other settings ({', '.join(diff)}); resume it "
+                             "with the same flags, or pass --restart")
+        ctx.progress(f"resuming tuning run {prev.get('run_id')} ({len(st['trials'])} trials recorded)")
+    return sf.read()["tune"]["run_id"]
+
+
+def _drive(runner: Runner, settings: Settings, mixed: Workload, plan: TunePlan, ctx: RunContext, run_id: str,
+           t0: float) -> TuneResult:
+    """The run's machine states, from LEASE to CONVERGE, and its knowledge-base entry."""
+    sf, steps, main = runner.sf, plan.steps, settings.workload
+    sf.set_machine_state("LEASE")
+    if "1" in steps:
+        longest = (mixed.options.mixed_long_len or 4 * main.options.random_input_len) if "5" in steps else main.options.random_input_len
+        need = plan.business_len or int((longest + main.options.random_output_len) * 1.25)
+        tuning.run_step1(runner, plan.max_model_len_candidates, need, main.options.max_concurrency, ctx.progress)
+    sf.set_machine_state("BASELINE")
+    b = runner.baseline()
+    ctx.progress("baseline: " + ", ".join(f"{k} {v:.1f} (σ {b['sigma'].get(k, 0):.1%})" for k, v in b["metrics"].items()
+                                          if k in ("output_throughput", "p95_ttft_ms", "mean_tpot_ms")))
+    staged = [x for x in steps if x in ("2", "3", "4")]
+    if staged:
+        tuning.guard_anomalies(runner)
+    kb = plan.kb_path or knowledge.default_path(sf.dir)
+    kb_key = knowledge.fingerprint_key(sf.read(), server_info(runner))
+    kb_work = {"bench_args": main.options.flags(), "slo": settings.slo}
+    matched = _knowledge(sf, kb, kb_key, kb_work, plan.mode, ctx.progress)
+    if plan.mode == "bo" and staged:
+        sf.set_machine_state("PROPOSE")
+        nxt, stop = tuning.bo_proposer(runner, ctx.policy, plan.budget, plan.seed, prior=tuning.prior_observations(matched))
+        tuning.run_screening_step(runner, "bo", nxt, ctx.progress, plan.budget, stop)
+        check_drift(runner, ctx.warn)
+    else:
+        for step in staged:
+            sf.set_machine_state("PROPOSE")
+            nxt, stop = tuning.staged_proposer(runner, ctx.policy, step, plan.staged_candidates)
+            tuning.run_screening_step(runner, step, nxt, ctx.progress, plan.budget, stop)
+            check_drift(runner, ctx.warn)
+    if "5" in steps:
+        tuning.run_step5(runner, mixed, ctx.progress)
+    sf.set_machine_state("CONVERGE")
+    if plan.confirm_front > 0:
+        tuning.confirm_front(runner, goal(settings), plan.confirm_front, ctx.progress)
+    result = build_result(runner, settings, t0)
+    if not (sf.read().get("tune") or {}).get("kb_recorded"):
+        knowledge.record(kb, kb_key, kb_work, tuning.kb_observations(runner), result.recommendation, run_id)
+        sf.update_tune_run(kb_recorded=True)
+    return result
+
+
+def _knowledge(sf: StateFile, kb: str, key: dict, work: dict, mode: str, progress: Callable[[str], None]) -> list[dict]:
+    """The knowledge base's entries of this environment (recorded in the run, said in progress)."""
+    matched, ignored = knowledge.match(kb, key, work)
+    if matched or ignored:
+        progress(f"knowledge base {kb}: {len(matched)} earlier run(s) of this environment"
+                 + (" (used to warm-start the Bayesian search)" if mode == "bo" else " (shown; staged mode does not warm-start)")
+                 + (f"; {len(ignored)} ignored because the environment changed: " + "; ".join(ignored[:3]) if ignored else ""))
+    sf.update_tune_run(knowledge={"path": kb, "matched": [e.get("run_id") for e in matched], "ignored": ignored})
+    return matched
+
+
+def server_info(runner: Runner) -> dict:
+    """The server's version facts, from the baseline's first run ({} when there is none)."""
+    b = runner.sf.read().get("baseline") or {}
+    try:
+        return runner.load(b["runs"][0])["vkit"]["server"].get("version_info") or {}
+    except (KeyError, IndexError, OSError, ValueError):
+        return {}
+
+
+def build_result(runner: Runner, settings: Settings, t0: float) -> TuneResult:
+    """The tune result of the state as it is now (``t0``: when the run started)."""
+    st = runner.sf.read()
+    svc = st["service"]
+    g = goal(settings)
+    delivered = tuning.deliver(runner, g)
+    b = st.get("baseline") or {}
+    version = server_info(runner)
+    opts = settings.workload.options
+    restarts = sum(1 for e in runner.sf.log.read() if e.get("event") in ("applied", "rolled_back", "start_failed"))
+    trials = []
+    for t in st["trials"]:
+        row = {k: t.get(k) for k in ("id", "step", "config", "changes", "status", "verdict", "why", "valid", "metrics",
+                                     "kept", "decision_id", "diagnosis")}
+        row["status"] = "measured" if t["status"] == "done" else t["status"]
+        row["repeats"] = len(t.get("runs") or [])
+        trials.append(row)
+    warnings = []
+    for t in st["trials"]:
+        for w in ((t.get("gate") or {}).get("warnings") or []):
+            if w not in warnings:
+                warnings.append(w)
+    tune_run = st.get("tune") or {}
+    return TuneResult(
+        title="vkit tuning report",
+        generated=now_iso(),
+        simulated=bool((version or {}).get("sim")),
+        server={"url": svc["url"], "model": svc["model"], "version": (version or {}).get("version"),
+                "sim": ({"gpu": version.get("sim_gpu"), "model": version.get("sim_model"), "speed": version.get("sim_speed"),
+                         "noise": version.get("sim_noise"), "seed": version.get("sim_seed")} if (version or {}).get("sim") else None),
+                "launch_argv": svc["launch"].get("argv")},
+        workload={"dataset": "random", "input_len": opts.random_input_len, "output_len": opts.random_output_len,
+                  "max_concurrency": opts.max_concurrency, "num_prompts": opts.num_prompts, "slo": settings.slo},
+        goal=g,
+        baseline={"config": b.get("config"), "repeats": len(b.get("runs") or []),
+                  "metrics": {k: {"mean": v, "sigma_rel": (b.get("sigma") or {}).get(k)} for k, v in (b.get("metrics") or {}).items()}},
+        trials=trials,
+        steps=[{"step": s["step"], "name": s.get("name"), "stop_rule": s.get("stop_rule"), "result": s.get("result")}
+               for s in st.get("steps", [])],
+        knee=delivered.get("knee"),
+        pareto=delivered.get("pareto"),
+        not_confirmed=delivered.get("not_confirmed") or [],
+        recommendation=delivered.get("recommendation"),
+        stop_rule="; ".join(f"step {s['step']}: {s.get('stop_rule')}" for s in st.get("steps", [])),
+        drift=[{"after_trial": d.get("after_trial"), "changed": d.get("changed"), "runs": d.get("runs"),
+                "min_runs": d.get("min_runs"), "detail": d.get("why")} for d in st.get("drift_checks", [])],
+        warnings=warnings + [f"knowledge base: {x}" for x in (tune_run.get("knowledge") or {}).get("ignored", [])[:3]],
+        knowledge=tune_run.get("knowledge"),
+        soak="recommended before delivery: a long bench_stream (30 min or more) at the recommended configuration, with "
+             "drift detection over its windows (a short benchmark is not production)",
+        timings={"total_s": round(time.time() - t0, 1), "restarts": restarts},
+    )
+
+
+# -- sweep ----------------------------------------------------------------------------------------
+def sweep_step(sf: StateFile, settings: Settings, ctx: RunContext, step: str | None, mode: str = "staged",
+               budget: int = 8, seed: int = 1, staged_candidates: str = "policy") -> StepRun:
+    """One staged step (``step`` 2, 3 or 4) or, with ``mode`` bo, the Bayesian search, under the
+    lease: the baseline first (resumed when measured), then screening, confirmation, KEEP or REVERT."""
+    if mode != "bo" and step is None:
+        raise UsageError("a staged sweep needs its step (2, 3 or 4)")
+    with held(sf, ctx):
+        st = sf.read()
+        runner = make_runner(sf, settings, ctx, run_id=(st.get("tune") or {}).get("run_id") or "sweep")
+        runner.baseline()
+        tuning.guard_anomalies(runner)
+        if mode == "bo":
+            nxt, stop = tuning.bo_proposer(runner, ctx.policy, budget, seed)
+            rec = tuning.run_screening_step(runner, "bo", nxt, ctx.progress, budget, stop)
+        else:
+            nxt, stop = tuning.staged_proposer(runner, ctx.policy, step, staged_candidates)
+            rec = tuning.run_screening_step(runner, step, nxt, ctx.progress, budget, stop)
+    st = sf.read()
+    return StepRun(step=rec, trials=[t for t in st["trials"] if t["step"] == rec["step"]], kept=st["kept"])
+
+
+def deliver(sf: StateFile, settings: Settings, ctx: RunContext, confirm_front: int = 0) -> dict:
+    """The Pareto front, knee and recommendation of the trials so far (``steps.deliver``). With
+    ``confirm_front`` > 0, up to that many front members are first re-confirmed against the kept
+    configuration under the lease (restarts); with 0 the state is only read."""
+    confirm = confirm_front > 0
+    # re-confirming the front restarts the server: under the lease, like any trial; reading needs none
+    with (held(sf, ctx) if confirm else contextlib.nullcontext(sf)):
+        runner = make_runner(sf, settings, ctx, run_id="deliver" if confirm else None)
+        if confirm:
+            tuning.confirm_front(runner, goal(settings), confirm_front, ctx.progress)
+        return tuning.deliver(runner, goal(settings))
+
+
+def ablate(sf: StateFile, settings: Settings, ctx: RunContext) -> dict:
+    """Under the lease: each parameter of the last kept multi-parameter change measured alone
+    against the configuration it replaced (``steps.run_ablation``)."""
+    with held(sf, ctx):
+        runner = make_runner(sf, settings, ctx, run_id="ablate")
+        return tuning.run_ablation(runner, ctx.progress)
+
+
+def replay(log_path: str) -> Replay:
+    """Re-derive every replayable proposal of a decision log and compare (``search.replay_mismatches``)."""
+    recs = [r for _, r in load_json_lines(log_path, "decision log")]
+    records = [r["audit"]["replay"] for r in recs if r.get("event") == "propose" and (r.get("audit") or {}).get("replay")]
+    if not records:
+        raise UsageError(f"{log_path} holds no replayable proposals (Bayesian-search proposals carry their inputs)")
+    bad = search.replay_mismatches(records)
+    return Replay(proposals=len(records), identical=len(records) - len(bad), differences=bad)
