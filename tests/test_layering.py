@@ -152,7 +152,7 @@ STAGE_DEPS = {
     "tune": {"measure", "validate", "decide", "apply", "search"},
     "search": set(),
     "sim": set(),
-    "report": set(),
+    "report": {"tune.result"},  # the report renders the tune's typed result
 }
 
 

@@ -421,3 +421,16 @@ def test_confirmation_text_says_how_each_member_was_confirmed():
     assert confirmation_text({"confirmed": True, "confirmation": {"decision": "kept"}}) == "kept"
     assert confirmation_text({"confirmed": False, "confirmation": {"decision": "undecided"}}) == "undecided"
     assert confirmation_text({"confirmed": False, "confirmation": {"decision": None}}) == "screening only"
+
+
+def test_the_report_reads_the_typed_result_and_says_no_front_only_when_there_is_none(sample, tmp_path):
+    from vkit.tune.result import TuneResult
+
+    typed = TuneResult.from_dict(sample)
+    assert report.render_markdown(typed) == report.render_markdown(sample) and report.render_html(typed) == report.render_html(sample)
+    paths = report.write_report(typed, str(tmp_path))
+    assert json.loads(open(paths["json"]).read()) == typed.to_dict()
+    assert sample["pareto"] and not sample.get("not_confirmed")
+    assert "No Pareto front" not in report.render_markdown(sample) and "No Pareto front" not in report.render_html(sample)
+    empty = dict(sample, pareto=[])
+    assert "No Pareto front in the result." in report.render_markdown(empty)

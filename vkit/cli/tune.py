@@ -63,7 +63,7 @@ def _run(args: argparse.Namespace, io: IO) -> int:
     if args.json:
         io.emit_json(tuned.result.to_dict())
     else:
-        io.out.write(report.render_terminal(tuned.result.to_dict(), color=io.is_tty()))
+        io.out.write(report.render_terminal(tuned.result, color=io.is_tty()))
         io.out.write(f"\nreport: {tuned.report.get('html')}  ({tuned.report.get('md')})\n")
     return ExitCode.OK
 

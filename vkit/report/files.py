@@ -9,6 +9,7 @@ from vkit.errors import StateWriteError, Unavailable
 from vkit.report import html, markdown
 from vkit.report.model import build
 from vkit.state import atomic_write_text
+from vkit.tune.result import TuneResult
 
 
 class ReportWriteError(Unavailable):
@@ -23,7 +24,7 @@ def _atomic_write(path: str, text: str) -> None:
         raise ReportWriteError(f"{e}; choose a writable report directory") from e
 
 
-def write_report(result: dict, out_dir: str) -> dict:
+def write_report(result: TuneResult | dict, out_dir: str) -> dict:
     """Write ``report.md``, ``report.html`` and ``result.json`` into ``out_dir`` (created when
     missing), each atomically; return ``{"md": path, "html": path, "json": path}``."""
     try:
@@ -33,10 +34,11 @@ def write_report(result: dict, out_dir: str) -> dict:
                                f"{os.strerror(e.errno) if e.errno else e}") from e
     # Render everything before writing anything: a rendering bug leaves no half-written report.
     report = build(result)
+    doc = result.to_dict() if isinstance(result, TuneResult) else result
     texts = {
         "md": ("report.md", markdown.render(report)),
         "html": ("report.html", html.render(report)),
-        "json": ("result.json", json.dumps(result, indent=2, sort_keys=True, ensure_ascii=False, default=str) + "\n"),
+        "json": ("result.json", json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False, default=str) + "\n"),
     }
     paths = {}
     for key, (name, text) in texts.items():

@@ -36,6 +36,7 @@ from vkit.report.text import (
     num,
 )
 from vkit.report.view import View
+from vkit.tune.result import TuneResult
 
 WORDS, VALUE, TEXT, CODE, FLAGS, STRONG = "words", "value", "text", "code", "flags", "strong"
 TRIAL, VERDICT, STATUS = "trial", "verdict", "status"
@@ -415,8 +416,10 @@ def _pareto(v: View) -> Pareto:
     dropped = [Dropped(trial_id=as_text(d.get("trial_id")), config=config_text(d.get("config")), claim=as_text(d.get("claim")),
                        decision=as_text(d.get("decision")), why=as_text(d.get("why"))) for d in v.dropped]
     blocks: list[Block] = [_pareto_table(v, rows), Para([Span(TEXT, CONFIRMATION_NOTE)])] if rows else []
-    # As before the split: the empty-front sentence stands wherever nothing was dropped.
-    blocks.append(Bullets([_dropped_item(d) for d in dropped], "dropped") if dropped else Para(words(v.empty_pareto_text())))
+    if dropped:
+        blocks.append(Bullets([_dropped_item(d) for d in dropped], "dropped"))
+    elif not rows:
+        blocks.append(Para(words(v.empty_pareto_text())))
     blocks.append(Figure("plot-pareto", plots.pareto_chart(v), words(
         "Figure 3. The Pareto configurations joined by latency, the knee ringed, the recommendation boxed; "
         "grey circles are the other measured trials.")))
@@ -483,8 +486,9 @@ def _end(v: View) -> Section:
 
 
 def build(result: Any) -> Report:
-    """The section model of a tune result (any value: what is not a result reads as empty)."""
-    v = View(result)
+    """The section model of a tune result: a :class:`TuneResult`, or any value (a ``result.json``
+    of another version, a partial dict): what is not a result reads as empty."""
+    v = View(result.to_dict() if isinstance(result, TuneResult) else result)
     sections = [step(v) for step in (_intro, _goal, _baseline, _trials, _plots, _knee, _pareto, _recommendation,
                                      _stop_rule, _drift, _warnings, _soak, _end)]
     return Report(title=v.title, simulated=v.simulated, sections=sections)

@@ -34,6 +34,7 @@ from vkit.report.text import (
     metric_label,
     metric_unit,
 )
+from vkit.tune.result import TuneResult
 
 __all__ = [
     "BANNER", "CONFIRMATION_NOTE", "METRIC_INFO", "SCHEMA", "X_KEY", "Y_DEFAULT", "ReportWriteError", "axis_label",
@@ -42,17 +43,17 @@ __all__ = [
 ]
 
 
-def render_markdown(result: dict) -> str:
+def render_markdown(result: TuneResult | dict) -> str:
     """The whole report as GitHub-flavoured Markdown (the plots are in report.html)."""
     return markdown.render(build(result))
 
 
-def render_html(result: dict) -> str:
+def render_html(result: TuneResult | dict) -> str:
     """One self-contained, XHTML-compatible page: inline CSS and SVG, no script, no link."""
     return html.render(build(result))
 
 
-def render_terminal(result: dict, width: int = 78, color: bool = False) -> str:
+def render_terminal(result: TuneResult | dict, width: int = 78, color: bool = False) -> str:
     """The key facts and a text scatter plot (P95 TTFT across, throughput up) for stderr.
 
     Marks: a digit per step (the step's number, or a letter), B baseline, * a Pareto

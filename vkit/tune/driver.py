@@ -135,7 +135,7 @@ def check_drift(runner: Runner, warn: Callable[[str], None]) -> dict:
 
 # -- tune -----------------------------------------------------------------------------------------
 def tune(sf: StateFile, settings: Settings, mixed: Workload, plan: TunePlan, ctx: RunContext,
-         write_report: Callable[[dict, str], dict] | None = None,
+         write_report: Callable[[TuneResult, str], dict] | None = None,
          on_abnormal: Callable[[str | None], None] | None = None) -> Tuned:
     """The whole tuning run under the lease — LEASE → (step 1) → BASELINE → the staged steps or the
     Bayesian search, with a drift check after each → (step 5) → CONVERGE — resumed when the state
@@ -155,7 +155,7 @@ def tune(sf: StateFile, settings: Settings, mixed: Workload, plan: TunePlan, ctx
                 on_abnormal(ab.get("reason"))
             raise
     out_dir = plan.report_dir or os.path.join(sf.dir, "reports", run_id)
-    paths = write_report(result.to_dict(), out_dir) if write_report is not None else {}
+    paths = write_report(result, out_dir) if write_report is not None else {}
     sf.update_tune_run(finished=now_iso(), report=paths)
     sf.log.append(ctx.tool, "converge", recommendation=result.recommendation, report=paths)
     return Tuned(result=result, run_id=run_id, report=paths)
