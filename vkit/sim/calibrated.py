@@ -43,8 +43,8 @@ import math
 from dataclasses import asdict, dataclass, fields
 
 from vkit.errors import UsageError
-from vkit.sim.engine import DEFAULT_MBU, DEFAULT_MFU, GEMM_M_HALF, PER_REQ_OVERHEAD_S, STEP_OVERHEAD_S
 from vkit.sim.profiles import WEIGHT_QUANT_BYTES, GpuProfile, ModelProfile
+from vkit.sim.steptime import DEFAULT_MBU, DEFAULT_MFU, GEMM_M_HALF, PER_REQ_OVERHEAD_S, STEP_OVERHEAD_S
 
 PROFILE_FORMAT = "vkit-sim-profile/1"
 

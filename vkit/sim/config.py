@@ -130,12 +130,69 @@ def page_bytes_per_layer(m: ModelProfile, block_size: int, tp: int, kv_bytes: in
 
 
 def resolve(o: ServeOptions) -> Resolved:
+    """The engine configuration ``vllm serve`` would run with, or the :class:`SimStartupError` it fails with.
+
+    Front-end validation first (ModelConfig, ParallelConfig, CacheConfig, SchedulerConfig), then the
+    engine's start-up: load the weights, profile the activation peak, size the KV cache.
+    """
     m, gpu, tp = o.model_profile, o.gpu, o.tensor_parallel_size
     warnings: list[str] = []
     infos: list[str] = []
-    derived = m.max_position_embeddings
+    max_model_len = _model_len(o, warnings)
+    _check_parallel(m, tp)
+    kv_bytes = _cache_dtype_bytes(o)
+    chunked, prefix, max_num_seqs, tokens = _scheduler(o, max_model_len, warnings, infos)
 
-    # ModelConfig: the derived-max-len check.
+    # Engine start-up: load, profile, size the KV cache.
+    weights = _weights_per_gpu(o)
+    activation = activation_peak_bytes(m, tokens, max_num_seqs, tp)
+    available = int(gpu.memory_bytes * o.gpu_memory_utilization) - weights - activation - NON_TORCH_BYTES - CUDA_GRAPH_BYTES
+    page = page_bytes_per_layer(m, o.block_size, tp, kv_bytes)
+    per_block_all_layers = page * m.layers
+    if available <= 0:
+        raise SimStartupError(
+            "engine", "ValueError",
+            "No available memory for the cache blocks. Try increasing `gpu_memory_utilization` "
+            f"when initializing the engine. See {DOCS_MEMORY} for more details.",
+        )
+    fit_blocks = available // per_block_all_layers
+    if o.max_model_len == -1:
+        max_model_len = _auto_fit_len(m.max_position_embeddings, fit_blocks * o.block_size, available, infos)
+    blocks_per_seq = _check_one_sequence_fits(o, max_model_len, per_block_all_layers, fit_blocks, available)
+    num_blocks = int(fit_blocks)
+    if o.num_gpu_blocks_override is not None:
+        infos.append(f"Overriding num_gpu_blocks={num_blocks} with num_gpu_blocks_override={o.num_gpu_blocks_override}")
+        num_blocks = o.num_gpu_blocks_override
+    names = list(o.served_model_name) if o.served_model_name else [o.model]
+    return Resolved(
+        served_model_names=names,
+        max_model_len=max_model_len,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=tokens,
+        enable_chunked_prefill=chunked,
+        enable_prefix_caching=prefix,
+        scheduling_policy=o.scheduling_policy,
+        block_size=o.block_size,
+        tensor_parallel_size=tp,
+        kv_cache_dtype=o.kv_cache_dtype,
+        kv_dtype_bytes=kv_bytes,
+        gpu_memory_utilization=o.gpu_memory_utilization,
+        weights_bytes_per_gpu=weights,
+        activation_bytes_per_gpu=activation,
+        available_kv_bytes_per_gpu=available,
+        num_gpu_blocks=num_blocks,
+        kv_cache_tokens=num_blocks * o.block_size,
+        max_concurrency=num_blocks / blocks_per_seq,
+        num_gpu_blocks_override=o.num_gpu_blocks_override,
+        long_prefill_token_threshold=o.long_prefill_token_threshold,
+        warnings=warnings,
+        infos=infos,
+    )
+
+
+def _model_len(o: ServeOptions, warnings: list[str]) -> int:
+    """ModelConfig: the max model len asked for (the derived one when auto), checked against the derived one."""
+    derived = o.model_profile.max_position_embeddings
     auto_len = o.max_model_len is None or o.max_model_len == -1
     max_model_len = derived if auto_len else o.max_model_len
     if not auto_len and max_model_len > derived:
@@ -166,15 +223,20 @@ def resolve(o: ServeOptions) -> Resolved:
             "1 validation error for ModelConfig\nmax_model_len\n  Input should be greater than or "
             f"equal to 1 [type=greater_than_equal, input_value={max_model_len}, input_type=int]",
         )
+    return max_model_len
 
-    # ParallelConfig vs the model.
+
+def _check_parallel(m: ModelProfile, tp: int) -> None:
+    """ParallelConfig vs the model: the attention heads split evenly over the GPUs."""
     if m.heads % tp != 0:
         raise SimStartupError(
             "frontend", "ValueError",
             f"Total number of attention heads ({m.heads}) must be divisible by tensor parallel size ({tp}).",
         )
 
-    # CacheConfig.
+
+def _cache_dtype_bytes(o: ServeOptions) -> int:
+    """CacheConfig: validate gpu_memory_utilization; the bytes of one KV-cache element."""
     if not 0 < o.gpu_memory_utilization <= 1:
         bound = "greater than 0" if o.gpu_memory_utilization <= 0 else "less than or equal to 1"
         kind = "greater_than" if o.gpu_memory_utilization <= 0 else "less_than_equal"
@@ -183,10 +245,15 @@ def resolve(o: ServeOptions) -> Resolved:
             "1 validation error for CacheConfig\ngpu_memory_utilization\n  Input should be "
             f"{bound} [type={kind}, input_value={o.gpu_memory_utilization}, input_type=float]",
         )
-    kv_bytes = KV_DTYPE_BYTES.get(o.kv_cache_dtype) or m.dtype_bytes
+    return KV_DTYPE_BYTES.get(o.kv_cache_dtype) or o.model_profile.dtype_bytes
 
-    # SchedulerConfig: V1 defaults for this device, then validation.
-    d_tokens, d_seqs = batch_defaults(gpu)
+
+def _scheduler(o: ServeOptions, max_model_len: int, warnings: list[str], infos: list[str]) -> tuple[bool, bool, int, int]:
+    """SchedulerConfig: V1 defaults for this device, then validation.
+
+    Returns (enable_chunked_prefill, enable_prefix_caching, max_num_seqs, max_num_batched_tokens).
+    """
+    d_tokens, d_seqs = batch_defaults(o.gpu)
     chunked = True if o.enable_chunked_prefill is None else o.enable_chunked_prefill
     prefix = True if o.enable_prefix_caching is None else o.enable_prefix_caching
     max_num_seqs = o.max_num_seqs if o.max_num_seqs is not None else d_seqs
@@ -228,10 +295,13 @@ def resolve(o: ServeOptions) -> Resolved:
             f"max_num_batched_tokens ({tokens}) exceeds max_num_seqs * max_model_len "
             f"({max_num_seqs * max_model_len}). This may lead to unexpected behavior."
         )
+    return chunked, prefix, max_num_seqs, tokens
 
-    # Engine start-up: load, profile, size the KV cache.
-    total = gpu.memory_bytes
-    weights = m.weight_bytes_for(o.quantization) // tp
+
+def _weights_per_gpu(o: ServeOptions) -> int:
+    """Loading the model: its weight bytes on each GPU, or vLLM's OOM when they cannot fit at all."""
+    total = o.gpu.memory_bytes
+    weights = o.model_profile.weight_bytes_for(o.quantization) // o.tensor_parallel_size
     if weights > total:
         raise SimStartupError(
             "engine", "torch.OutOfMemoryError",
@@ -243,33 +313,31 @@ def resolve(o: ServeOptions) -> Resolved:
                 f"See {DOCS_MEMORY} for more tips."
             ],
         )
-    activation = activation_peak_bytes(m, tokens, max_num_seqs, tp)
-    available = int(total * o.gpu_memory_utilization) - weights - activation - NON_TORCH_BYTES - CUDA_GRAPH_BYTES
-    page = page_bytes_per_layer(m, o.block_size, tp, kv_bytes)
-    per_block_all_layers = page * m.layers
-    if available <= 0:
+    return weights
+
+
+def _auto_fit_len(derived: int, fit_tokens: int, available: int, infos: list[str]) -> int:
+    """``--max-model-len -1``: the derived max model len, reduced to the tokens the KV cache holds."""
+    fit_len = min(derived, fit_tokens)
+    if fit_len <= 0:
         raise SimStartupError(
             "engine", "ValueError",
-            "No available memory for the cache blocks. Try increasing `gpu_memory_utilization` "
-            f"when initializing the engine. See {DOCS_MEMORY} for more details.",
+            "Cannot auto-fit max_model_len: not enough GPU memory available to serve even a "
+            "single token. Try increasing `gpu_memory_utilization`.",
         )
-    fit_blocks = available // per_block_all_layers
-    if auto_len and o.max_model_len == -1:
-        fit_len = min(derived, fit_blocks * o.block_size)
-        if fit_len <= 0:
-            raise SimStartupError(
-                "engine", "ValueError",
-                "Cannot auto-fit max_model_len: not enough GPU memory available to serve even a "
-                "single token. Try increasing `gpu_memory_utilization`.",
-            )
-        if fit_len >= derived:
-            infos.append(f"Auto-fit max_model_len: full model context length {derived} fits in available GPU memory")
-        else:
-            infos.append(
-                f"Auto-fit max_model_len: reduced from {derived} to {fit_len} to fit in available "
-                f"GPU memory ({format_gib(available)} GiB available for KV cache)"
-            )
-            max_model_len = fit_len
+    if fit_len >= derived:
+        infos.append(f"Auto-fit max_model_len: full model context length {derived} fits in available GPU memory")
+        return derived
+    infos.append(
+        f"Auto-fit max_model_len: reduced from {derived} to {fit_len} to fit in available "
+        f"GPU memory ({format_gib(available)} GiB available for KV cache)"
+    )
+    return fit_len
+
+
+def _check_one_sequence_fits(o: ServeOptions, max_model_len: int, per_block_all_layers: int, fit_blocks: int,
+                             available: int) -> int:
+    """The KV cache must hold one request of ``max_model_len`` tokens; returns its blocks."""
     blocks_per_seq = math.ceil(max_model_len / o.block_size)
     needed = per_block_all_layers * blocks_per_seq
     if needed > available:
@@ -282,32 +350,4 @@ def resolve(o: ServeOptions) -> Resolved:
             f"memory ({format_gib(available)} GiB). {est_msg}Try increasing `gpu_memory_utilization` or "
             f"decreasing `max_model_len` when initializing the engine. See {DOCS_MEMORY} for more details.",
         )
-    num_blocks = int(fit_blocks)
-    if o.num_gpu_blocks_override is not None:
-        infos.append(f"Overriding num_gpu_blocks={num_blocks} with num_gpu_blocks_override={o.num_gpu_blocks_override}")
-        num_blocks = o.num_gpu_blocks_override
-    names = list(o.served_model_name) if o.served_model_name else [o.model]
-    return Resolved(
-        served_model_names=names,
-        max_model_len=max_model_len,
-        max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=tokens,
-        enable_chunked_prefill=chunked,
-        enable_prefix_caching=prefix,
-        scheduling_policy=o.scheduling_policy,
-        block_size=o.block_size,
-        tensor_parallel_size=tp,
-        kv_cache_dtype=o.kv_cache_dtype,
-        kv_dtype_bytes=kv_bytes,
-        gpu_memory_utilization=o.gpu_memory_utilization,
-        weights_bytes_per_gpu=weights,
-        activation_bytes_per_gpu=activation,
-        available_kv_bytes_per_gpu=available,
-        num_gpu_blocks=num_blocks,
-        kv_cache_tokens=num_blocks * o.block_size,
-        max_concurrency=num_blocks / blocks_per_seq,
-        num_gpu_blocks_override=o.num_gpu_blocks_override,
-        long_prefill_token_threshold=o.long_prefill_token_threshold,
-        warnings=warnings,
-        infos=infos,
-    )
+    return blocks_per_seq
