@@ -249,6 +249,36 @@ def _dist(x: np.ndarray) -> dict:
     return {"mean": float(x.mean()), "p50": float(p50), "p95": float(p95), "p99": float(p99)}
 
 
+def _poisson_arrivals(rng: random.Random, rate: float, n: int) -> list[float]:
+    t, out = 0.0, []
+    for _ in range(n):
+        t += rng.expovariate(rate)
+        out.append(t)
+    return out
+
+
+def _first_slots(sc: Scenario, n_req: int) -> list[tuple[int, int]]:
+    """Closed loop: (step it reaches the engine, request id) of the C slots' first requests.
+
+    Evenly over ``ramp_steps`` steps (default: one request's lifetime, osl steps); with fixed
+    lengths the phases a ramp sets persist (slots that start in the same step finish, and come
+    back, together). ``burst_start``: the first alone at once, the others in the next step."""
+    c = min(sc.concurrency, n_req)
+    if sc.burst_start:
+        return [(0 if i == 0 else 1, i) for i in range(c)]
+    span = sc.ramp_steps if sc.ramp_steps is not None else sc.osl
+    return [(i * span // c, i) for i in range(c)]
+
+
+def _capacity_blocked(engine, left: int, chunked: bool, max_num_seqs: int) -> bool:
+    """A request waits although the step had token budget for it: KV blocks (or seqs) held it back."""
+    if not engine.num_waiting():
+        return False
+    head = engine.waiting.peek()
+    need = 1 if chunked else len(head.token_ids) - head.num_computed
+    return left >= need or engine.num_running() >= max_num_seqs
+
+
 def run_trace(sc: Scenario, params: CostParams | None = None, max_steps: int = 5_000_000) -> Trace:
     """Drive the engine through the scenario and record its schedule."""
     engine, r, rec = build(sc, params)
@@ -256,13 +286,7 @@ def run_trace(sc: Scenario, params: CostParams | None = None, max_steps: int = 5
     vocab = get_model(sc.model).vocab
     rng = random.Random(sc.seed)
     base = [rng.randrange(256, vocab) for _ in range(sc.isl)]
-    if sc.rate:
-        t, arrivals = 0.0, []
-        for _ in range(n_req):
-            t += rng.expovariate(sc.rate)
-            arrivals.append(t)
-    else:
-        arrivals = None
+    arrivals = _poisson_arrivals(rng, sc.rate, n_req) if sc.rate else None
     budget = r.max_num_batched_tokens
     chunked = r.enable_chunked_prefill
     a_stamp: dict[int, int] = {}
@@ -276,16 +300,8 @@ def run_trace(sc: Scenario, params: CostParams | None = None, max_steps: int = 5
     step = 0
     pending: list[tuple[int, int]] = []  # closed loop: (step it reaches the engine, request id)
     if arrivals is None:
-        # The C slots' first requests enter evenly over `ramp_steps` steps (default: one request's
-        # lifetime, osl steps). With fixed lengths the phases a ramp sets persist: slots that start
-        # in the same step finish, and come back, together.
-        c = min(sc.concurrency, n_req)
-        if sc.burst_start:
-            pending = [(0 if i == 0 else 1, i) for i in range(c)]
-        else:
-            span = sc.ramp_steps if sc.ramp_steps is not None else sc.osl
-            pending = [(i * span // c, i) for i in range(c)]
-        nxt = c
+        pending = _first_slots(sc, n_req)
+        nxt = len(pending)
 
     def admit(i: int, arrival_step: int) -> None:
         prompt = list(base)
@@ -336,14 +352,7 @@ def run_trace(sc: Scenario, params: CostParams | None = None, max_steps: int = 5
                 a_stamp[nxt] = step + 1
                 pending.append((step + 2, nxt))
                 nxt += 1
-        waiting = engine.num_waiting()
-        left = budget - res.num_tokens
-        if waiting:
-            head = engine.waiting.peek()
-            need = 1 if chunked else len(head.token_ids) - head.num_computed
-            blocked.append(left >= need or engine.num_running() >= r.max_num_seqs)
-        else:
-            blocked.append(False)
+        blocked.append(_capacity_blocked(engine, budget - res.num_tokens, chunked, r.max_num_seqs))
         preempted.append(res.num_preempted)
         running.append(len(res.scheduled))
         kv_usage.append(engine.kv_usage())
