@@ -13,7 +13,7 @@ Lognormal run-to-run noise σ = 2% (the seeds' figure). Rules compared on the sa
   at after every pair (2 … 20 pairs, interleaved ABBA), stopped at the first decision;
 - ``gate_seq_pooled``: the same with σ pooled from 16 earlier A/A runs: normal mixture.
 
-The sequential rules call gate's own vectorised rule (``vkit.decide.gate.seq_bounds``,
+The sequential rules call gate's own vectorised rule (``vkit.decide.rule.seq_bounds``,
 ``call_primary``, ``Boundaries``, ``n_needed``) so the benchmark measures the shipped code.
 Settings: A/A, A/A with slow drift (0.5%/run), true gains of 3, 6 and 10% (and 6% with
 drift); the winner's curse (best of K = 8/16/32 equal candidates, 3 screening runs each,
@@ -42,6 +42,7 @@ sys.path.insert(0, ROOT)
 
 from vkit.decide import drift as vdrift  # noqa: E402
 from vkit.decide import gate as vgate  # noqa: E402
+from vkit.decide import rule as vrule  # noqa: E402
 from vkit.decide import stats as vstats  # noqa: E402
 
 RESULTS = os.path.join(ROOT, "bench", "results", "gate.json")
@@ -68,7 +69,7 @@ class NTable:
 
     def __init__(self, settings: vgate.Settings):
         self.grid = np.linspace(0.005, 0.6, 1191)
-        self.n = np.array([vgate.n_needed(r, 1.0, settings, known_sigma=False, paired=True)[0] for r in self.grid])
+        self.n = np.array([vrule.n_needed(r, 1.0, settings, known_sigma=False, paired=True)[0] for r in self.grid])
 
     def __call__(self, sigma: np.ndarray, d: np.ndarray) -> np.ndarray:
         i = np.clip(np.searchsorted(self.grid, sigma / d), 0, len(self.grid) - 1)
@@ -87,7 +88,7 @@ def abba_times(k: int) -> tuple[np.ndarray, np.ndarray]:
     return tb, tc
 
 
-def sequential(b: np.ndarray, c: np.ndarray, pool: np.ndarray | None, bnd: vgate.Boundaries, ntab: NTable) -> dict:
+def sequential(b: np.ndarray, c: np.ndarray, pool: np.ndarray | None, bnd: vrule.Boundaries, ntab: NTable) -> dict:
     """gate's default rule looked at after every pair; b, c: (R, K_MAX) log values in pair order."""
     r, kmax = b.shape
     verdict = np.zeros(r, int)
@@ -103,12 +104,12 @@ def sequential(b: np.ndarray, c: np.ndarray, pool: np.ndarray | None, bnd: vgate
         thr = np.log1p(np.maximum(2 * sig_t, FLOOR))
         if pool is not None:
             sigma_d = math.sqrt(2) * np.maximum(pool, sb)
-            lo, _hi, hf, hc = vgate.seq_bounds(bnd, k, est, sd, sigma_d)
+            lo, _hi, hf, hc = vrule.seq_bounds(bnd, k, est, sd, sigma_d)
             need = n_normal(pool, thr)
         else:
-            lo, _hi, hf, hc = vgate.seq_bounds(bnd, k, est, sd, None)
+            lo, _hi, hf, hc = vrule.seq_bounds(bnd, k, est, sd, None)
             need = ntab(sb, thr)
-        code = vgate.call_primary(est, lo, hf, hc, k, need, thr)
+        code = vrule.call_primary(est, lo, hf, hc, k, need, thr)
         new = active & (code != 0)
         verdict[new] = code[new]
         stop[new] = k
@@ -140,7 +141,7 @@ def fixed_rules(rng, reps: int, gain: float, drift: float, pool: np.ndarray, nta
     out["welch7"] = {"accept": stats.ttest_ind(c7, b7, axis=1, equal_var=False, alternative="greater").pvalue < ALPHA, "runs": np.full(reps, 7)}
     # gate --fixed: n planned from the pooled σ, interleaved pairs, paired t.
     thr = np.log1p(np.maximum(2 * pool, FLOOR))
-    n_plan = np.maximum(ntab_paired(pool, thr), vgate.MIN_FIXED_RUNS)
+    n_plan = np.maximum(ntab_paired(pool, thr), vrule.MIN_FIXED_RUNS)
     nmax = int(n_plan.max())
     bb, cc = draw(rng, reps, gain, drift, nmax, "abba")
     acc = np.zeros(reps, bool)
@@ -248,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     t0 = time.time()
     settings = vgate.Settings(alpha=ALPHA, power=POWER, floor=FLOOR)
-    bnd = vgate.Boundaries.build(settings, kmax=K_MAX)
+    bnd = vrule.Boundaries.build(settings, kmax=K_MAX)
     ntab = NTable(settings)
     rng = np.random.default_rng(SEED)
     rows = gate_settings(rng, a.reps, bnd, ntab)

@@ -13,6 +13,7 @@ import pytest
 
 from tests.conftest import REPO, call
 from vkit.decide import gate as vg
+from vkit.decide import rule
 from vkit.errors import InvalidData, UsageError
 from vkit.state import StateFile, new_state
 
@@ -252,9 +253,9 @@ def test_parse_metric():
 
 def test_thresholds_on_logs():
     # +t means c/b >= 1 + t; for lower-is-better, c/b <= 1 - t.
-    assert vg.threshold_log(0.04, 1) == pytest.approx(0.0392207)
-    assert vg.threshold_log(0.04, -1) == pytest.approx(0.0408220)
-    assert vg.tolerance_log(0.05, -1) == pytest.approx(-0.0487902)
+    assert rule.threshold_log(0.04, 1) == pytest.approx(0.0392207)
+    assert rule.threshold_log(0.04, -1) == pytest.approx(0.0408220)
+    assert rule.tolerance_log(0.05, -1) == pytest.approx(-0.0487902)
 
 
 def test_rule_codes_vectorised():
@@ -264,7 +265,7 @@ def test_rule_codes_vectorised():
     lo = np.array([0.05, -0.05, -0.01])
     hf = np.array([0.2, 0.02, 0.06])
     hc = np.array([0.15, 0.03, 0.05])
-    codes = vg.call_primary(est, lo, hf, hc, np.array([6, 6, 6]), 5, 0.04)
+    codes = rule.call_primary(est, lo, hf, hc, np.array([6, 6, 6]), 5, 0.04)
     assert codes.tolist() == [1, -1, 0]
 
 

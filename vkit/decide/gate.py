@@ -40,17 +40,7 @@ from vkit.apply.policy import Policy
 from vkit.decide import drift as _drift
 from vkit.decide import stats as st
 from vkit.decide.analysis import Context, _finite, _pct, analyze_metric
-from vkit.decide.rule import (
-    MAX_PROJECT,
-    MIN_FIXED_RUNS,
-    Boundaries,
-    call_guard,
-    call_primary,
-    n_needed,
-    seq_bounds,
-    threshold_log,
-    tolerance_log,
-)
+from vkit.decide.rule import Boundaries, n_needed
 from vkit.decide.runs import (
     CLIENT_NAMES,
     GAUGE_TOP,
@@ -88,12 +78,12 @@ from vkit.decide.specs import (
 from vkit.errors import ExitCode, InvalidData, UsageError
 
 __all__ = [
-    "ACCEPT", "CLIENT_NAMES", "DEFAULT_PRIMARY", "EXIT_CODE", "GAUGE_TOP", "GAUGE_VKIT", "MAX_PROJECT", "MIN_FIXED_RUNS",
+    "ACCEPT", "CLIENT_NAMES", "DEFAULT_PRIMARY", "EXIT_CODE", "GAUGE_TOP", "GAUGE_VKIT",
     "REJECT", "REPORT_METRICS", "UNDECIDED", "Boundaries", "Checker", "Context", "GateInput", "MetricSpec", "Run",
-    "Settings", "analyze_metric", "call_guard", "call_primary", "check_invariants", "check_same_gauge", "check_seeds",
+    "Settings", "analyze_metric", "check_invariants", "check_same_gauge", "check_seeds",
     "cross_gauge_differences", "decide", "detect_layout", "drift_warning", "gauge_of", "has_metric", "infer_direction",
     "load_summary", "metric_logs", "n_needed", "pair_indices", "parse_date", "parse_guards", "parse_metric",
-    "parse_sigma", "seed_of", "seq_bounds", "sigma_from_state", "stale_refusal", "threshold_log", "tolerance_log",
+    "parse_sigma", "seed_of", "sigma_from_state", "stale_refusal",
     "trial_inputs", "validate",
 ]
 
