@@ -131,6 +131,13 @@ def test_arrivals_are_poisson_at_the_asked_rate():
     assert np.all(arrival_times(5, float("inf")) == 0)
 
 
+def test_exact_rate_arrivals_offer_the_asked_rate_and_keep_the_order_of_the_gaps():
+    free, exact = arrival_times(200, rate=40.0, seed=9), arrival_times(200, rate=40.0, seed=9, exact=True)
+    assert exact[0] == 0.0 and exact[-1] == pytest.approx(199 / 40.0)
+    assert free[-1] != pytest.approx(199 / 40.0, rel=1e-3)  # a free run's own rate is off by chance
+    assert np.allclose(np.diff(exact), np.diff(free) * (199 / 40.0) / free[-1])  # the same gaps, scaled
+
+
 def test_open_loop_send_times_follow_the_schedule(tmp_path):
     rec = tmp_path / "r.jsonl"
     with FakeServer() as s:

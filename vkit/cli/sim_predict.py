@@ -115,6 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--ramp-steps", type=_positive_int, default=None, metavar="N",
                    help="closed loop: the first C requests enter over N engine steps; their phases persist "
                         "(default: the profile's, else one request's lifetime = O steps)")
+    w.add_argument("--exact-rate", action="store_true",
+                   help="open loop: scale the Poisson gaps so the run offers exactly R on average, as bench_stream "
+                        "--exact-rate and capacity do")
     w.add_argument("--burst-start", action="store_true",
                    help="closed loop: the C first requests reach an idle engine together, as a benchmark client "
                         "sends them (bench_stream, vllm bench serve); the first runs alone at once, the others "
@@ -167,6 +170,7 @@ def _scenario(a: dict) -> Scenario:
         tp=a["tensor_parallel_size"], quantization=a["quantization"], concurrency=a["max_concurrency"],
         rate=a["request_rate"], num_prompts=a["num_prompts"], warmup=a["warmup"], seed=a["seed"], serve=serve,
         ramp_steps=a["ramp_steps"], burst_start=bool(a.get("burst_start")),
+        exact_rate=bool(a.get("exact_rate")),
     )
 
 

@@ -21,7 +21,8 @@ from vkit.validate import invariants
 
 # The gauge: what must match between baseline and candidate (vkit summaries).
 GAUGE_TOP = ("endpoint_type", "backend", "model_id", "num_prompts", "max_concurrency", "request_rate", "burstiness")
-GAUGE_VKIT = ("stream", "endpoint", "ignore_eos", "warmups", "goodput_slo_ms", "client.name", "client.version", "dataset")
+GAUGE_VKIT = ("stream", "endpoint", "ignore_eos", "warmups", "goodput_slo_ms", "client.name", "client.version", "dataset",
+              "exact_rate")
 
 
 @dataclass

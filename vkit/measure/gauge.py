@@ -44,6 +44,7 @@ class BenchOptions:
     max_concurrency: int | None = None
     request_rate: float = math.inf
     burstiness: float = 1.0
+    exact_rate: bool = False
     duration: float | None = None
     num_warmups: int = 0
     stall_timeout: float = 60.0
@@ -86,6 +87,8 @@ class BenchOptions:
                 out += [flag, fmt(value)]
         if self.no_stream:
             out.append("--no-stream")
+        if self.exact_rate:
+            out.append("--exact-rate")
         if self.goodput:
             out += ["--goodput", *(f"{k}:{v:g}" for k, v in self.goodput.items())]
         return out
@@ -119,7 +122,8 @@ def build_config(o: BenchOptions, url: str, command: list[str], api_key: str | N
     for i, r in enumerate(meas):
         r.index = i
     arrivals = None if math.isinf(o.request_rate) else arrival_times(
-        n if o.duration is None else max(n, int(o.request_rate * o.duration) + 1), o.request_rate, o.burstiness, o.seed)
+        n if o.duration is None else max(n, int(o.request_rate * o.duration) + 1), o.request_rate, o.burstiness, o.seed,
+        exact=o.exact_rate)
     dataset = {
         "name": o.dataset_name,
         "path": o.dataset_path,
@@ -151,7 +155,7 @@ def build_config(o: BenchOptions, url: str, command: list[str], api_key: str | N
         scrape_interval_s=o.scrape_interval,
         transport=o.transport,
         drain_timeout_s=o.drain_timeout,
-        meta={"dataset": dataset, "seed": o.seed, "command": [TOOL] + list(command), "command_line": shlex.join([TOOL] + list(command))},
+        meta={"dataset": dataset, "seed": o.seed, **({"exact_rate": True} if o.exact_rate else {}), "command": [TOOL] + list(command), "command_line": shlex.join([TOOL] + list(command))},
     )
 
 

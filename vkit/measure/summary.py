@@ -55,7 +55,7 @@ def describe_ms(values_s: Iterable[float], metric: str) -> dict:
 
 
 def dist(values: Iterable[float]) -> dict | None:
-    """A compact distribution (count, mean, p5/p50/p95, min, max) or None when empty."""
+    """A compact distribution (count, mean, p5/p50/p95/p99, min, max) or None when empty."""
     a = np.asarray([v for v in values if v is not None and math.isfinite(v)], dtype=float)
     if a.size == 0:
         return None
@@ -65,6 +65,7 @@ def dist(values: Iterable[float]) -> dict | None:
         "p5": float(np.percentile(a, 5)),
         "p50": float(np.percentile(a, 50)),
         "p95": float(np.percentile(a, 95)),
+        "p99": float(np.percentile(a, 99)),
         "min": float(a.min()),
         "max": float(a.max()),
     }

@@ -63,6 +63,8 @@ class Scenario:
     # closed loop: the client's C first requests reach an idle engine together; the first is
     # scheduled alone at once, the others join in the next step (how a benchmark client starts)
     burst_start: bool = False
+    # Poisson: gaps scaled so the run offers exactly ``rate`` on average (bench_stream --exact-rate)
+    exact_rate: bool = False
 
     def counts(self) -> tuple[int, int]:
         if self.concurrency:
@@ -249,11 +251,14 @@ def _dist(x: np.ndarray) -> dict:
     return {"mean": float(x.mean()), "p50": float(p50), "p95": float(p95), "p99": float(p99)}
 
 
-def _poisson_arrivals(rng: random.Random, rate: float, n: int) -> list[float]:
+def _poisson_arrivals(rng: random.Random, rate: float, n: int, exact: bool = False) -> list[float]:
     t, out = 0.0, []
     for _ in range(n):
         t += rng.expovariate(rate)
         out.append(t)
+    if exact and n > 1 and out[-1] > out[0]:
+        k = ((n - 1) / rate) / (out[-1] - out[0])
+        out = [out[0] + (a - out[0]) * k for a in out]
     return out
 
 
@@ -286,7 +291,7 @@ def run_trace(sc: Scenario, params: CostParams | None = None, max_steps: int = 5
     vocab = get_model(sc.model).vocab
     rng = random.Random(sc.seed)
     base = [rng.randrange(256, vocab) for _ in range(sc.isl)]
-    arrivals = _poisson_arrivals(rng, sc.rate, n_req) if sc.rate else None
+    arrivals = _poisson_arrivals(rng, sc.rate, n_req, sc.exact_rate) if sc.rate else None
     budget = r.max_num_batched_tokens
     chunked = r.enable_chunked_prefill
     a_stamp: dict[int, int] = {}
@@ -384,7 +389,7 @@ def predict(sc: Scenario, params: CostParams | None = None) -> dict:
         "quantization": sc.quantization, "input_len": sc.isl, "output_len": sc.osl,
         "max_concurrency": sc.concurrency, "request_rate": sc.rate, "num_prompts": n, "warmup": w,
         "seed": sc.seed, "serve": dict(sc.serve), "ramp_steps": sc.ramp_steps,
-        "burst_start": sc.burst_start,
+        "burst_start": sc.burst_start, "exact_rate": sc.exact_rate,
     }
     out["resolved"] = {
         "max_model_len": r.max_model_len, "max_num_seqs": r.max_num_seqs,

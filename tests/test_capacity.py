@@ -1,0 +1,173 @@
+"""SLO capacity: the search, the three-way point verdict, the SLO margins, the live tool."""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+
+import pytest
+
+from vkit.errors import UsageError
+from vkit.tune import capacity as cap
+
+pytestmark = pytest.mark.unit
+
+
+def fake_server(knee: float = 100.0, noise: float = 0.02, fail_above: float | None = None, slow_above: float | None = None):
+    """An M/M/1-like server: P95 TTFT 50 / (1 - load/knee) ms, TPOT 10 ms, seeded noise per (load, k)."""
+    calls = []
+
+    def measure(load: float, k: int) -> dict:
+        calls.append((load, k))
+        rng = random.Random(f"{load}:{k}")
+        f = math.exp(rng.gauss(0.0, noise))
+        if load >= knee:
+            ttft = 1e5
+        else:
+            ttft = 50.0 / (1.0 - load / knee) * f
+        done = load * 0.98 if slow_above is None or load <= slow_above else load * 0.5
+        failed = 3 if fail_above is not None and load > fail_above else 0
+        n = 200
+        return {"p95_ttft_ms": ttft, "mean_tpot_ms": 10.0 * f, "request_throughput": done, "failed": failed,
+                "completed": n, "duration": n / done + 0.5, "mean_e2el_ms": 500.0,
+                "output_throughput": 128 * done, "vkit": {"dispatch_lag_ms": {"p99": 0.2}}}
+
+    return measure, calls
+
+
+def test_the_search_brackets_the_true_boundary_within_the_tolerance():
+    measure, calls = fake_server()
+    slo = cap.Slo({"p95_ttft_ms": 200.0, "mean_tpot_ms": 50.0})
+    res = cap.search(measure, slo, cap.Plan(start=4.0, tolerance=0.1))
+    # P95 TTFT = 200 where 50 / (1 - r/100) = 200: r = 75
+    assert res.capacity is not None and res.upper is not None
+    assert res.capacity <= 75.0 <= res.upper
+    # Between the clear hold and the clear failure only unclear points, each gap within the tolerance.
+    inside = sorted(p.load for p in res.points if res.capacity <= p.load <= res.upper)
+    assert all(b / a - 1 <= 0.1 for a, b in zip(inside, inside[1:], strict=False))
+    assert all(p.verdict == "unclear" for p in res.points if res.capacity < p.load < res.upper)
+    doc = res.as_dict()
+    assert doc["binding_slo"] == "p95_ttft_ms" and doc["unit"] == "req/s"
+    assert doc["capacity_req_s"] == pytest.approx(0.98 * res.capacity)
+    for p in doc["curve"]:
+        if p["load"] < 70:
+            assert p["verdict"] == "holds"
+        if p["load"] > 80:
+            assert p["verdict"] == "fails"
+    assert len({c[0] for c in calls}) <= 12 and doc["interval"] == [res.capacity, res.upper]
+
+
+def test_a_point_is_repeated_only_while_its_verdict_is_unclear():
+    plan = cap.Plan(repeats=3, noise=0.05)
+
+    def point(*margins):
+        p = cap.Point(10.0)
+        p.runs = [{"valid": True, "margin": m, "margins": {"x": m}, "metrics": {}, "why": None} for m in margins]
+        return p
+
+    assert cap.verdict_of(point(0.5), plan) == "holds"  # 0.5 - 2 x 0.05 > 0 after one run
+    assert cap.verdict_of(point(-0.5), plan) == "fails"
+    assert cap.verdict_of(point(0.05), plan) is None  # within 2 SE: measure again
+    assert cap.verdict_of(point(0.05, 0.06), plan) is None
+    assert cap.verdict_of(point(0.07, 0.06, 0.08), plan) == "holds"  # mean 0.07 > 2 x 0.05 / sqrt(3) = 0.058
+    assert cap.verdict_of(point(0.01, -0.01, 0.0), plan) == "unclear"  # three runs, still straddling zero
+
+
+def test_runs_that_did_not_measure_the_server_never_enter_a_verdict():
+    measure, _ = fake_server(fail_above=40.0)
+    res = cap.search(measure, cap.Slo({"p95_ttft_ms": 200.0}), cap.Plan(start=20.0, tolerance=0.1))
+    pts = {p.load: p for p in res.points}
+    assert all(p.verdict == "invalid" for load, p in pts.items() if load > 40)
+    assert res.capacity is not None and res.capacity <= 40 and res.upper is None
+    assert "no run could measure the server" in res.stop and "failed" in res.stop
+
+
+def test_a_server_that_cannot_keep_up_fails_whatever_its_latencies():
+    measure, _ = fake_server(knee=1e9, slow_above=60.0)  # latencies fine everywhere, completes half above 60
+    res = cap.search(measure, cap.Slo({"p95_ttft_ms": 200.0}), cap.Plan(start=16.0, tolerance=0.1))
+    assert res.capacity is not None and res.capacity <= 60.0 < res.upper
+    assert res.as_dict()["binding_slo"] == "throughput"
+
+
+def test_the_concurrency_ladder_offers_whole_streams():
+    measure, calls = fake_server(knee=50.0)
+    res = cap.search(measure, cap.Slo({"p95_ttft_ms": 100.0}), cap.Plan(mode="concurrency", start=8, lo_limit=1, tolerance=0.1))
+    assert all(float(load).is_integer() for load, _ in calls)
+    assert res.capacity <= 25.0 <= res.upper  # 50 / (1 - c/50) = 100 at c = 25
+
+
+def test_slo_margins_and_refusals():
+    slo = cap.Slo({"p95_ttft_ms": 200.0, "mean_tpot_ms": 50.0}, goodput=0.99)
+    m = slo.margins({"p95_ttft_ms": 100.0, "mean_tpot_ms": 50.0, "request_throughput": 10.0, "request_goodput": 9.8})
+    assert m["p95_ttft_ms"] == pytest.approx(math.log(2)) and m["mean_tpot_ms"] == 0.0
+    assert m["goodput"] == pytest.approx(math.log(0.01 / 0.02))  # 98 % met, 99 % wanted: fails
+    assert slo.per_request() == {"ttft": 200.0, "tpot": 50.0}
+    for bad in ({}, {"p95_nope_ms": 1.0}, {"p95_ttft_ms": -1.0}):
+        with pytest.raises(UsageError):
+            cap.Slo(bad)
+    with pytest.raises(UsageError, match="goodput"):
+        cap.Slo({"p95_ttft_ms": 1.0}, goodput=1.5)
+    with pytest.raises(UsageError):
+        cap.Plan(start=0.0)
+
+
+def test_a_quiet_server_is_bracketed_to_the_tolerance():
+    measure, _ = fake_server(noise=0.0)
+    res = cap.search(measure, cap.Slo({"p95_ttft_ms": 200.0}), cap.Plan(start=4.0, tolerance=0.05, noise=0.005))
+    assert res.capacity <= 75.0 <= res.upper and res.upper / res.capacity - 1 <= 0.05
+    assert "bracket within 5 %" in res.stop
+    assert all(len(p.runs) == 1 for p in res.points if abs(p.load / 75.0 - 1) > 0.01)  # repeats only at the edge
+
+
+# -- against a live simulator, and the predictor's answer ------------------------------------------
+
+SPEED = 4.0
+SCEN = dict(model="llama-3.1-70b", gpu="H100-80G", tp=4, isl=1024, osl=128, num_prompts=200, warmup=0,
+            serve={"max_model_len": 4096}, exact_rate=True)
+SLO_WALL_MS = 250.0  # P95 TTFT, wall ms: 1000 ms of the simulator's virtual time at --sim-speed 4
+
+
+def predicted_boundary(seed: int) -> float:
+    """The highest Poisson rate (virtual req/s) at which the predictor's P95 TTFT stays within the
+    SLO, for one arrival realisation: bisection to 0.5 %."""
+    from vkit.sim.predict import Scenario, predict
+
+    def holds(rate: float) -> bool:
+        return predict(Scenario(rate=rate, seed=seed, **SCEN))["ttft_s"]["p95"] * 1e3 <= SLO_WALL_MS * SPEED
+
+    lo, hi = 2.0, 20.0
+    assert holds(lo) and not holds(hi)
+    while hi / lo > 1.005:
+        mid = (lo * hi) ** 0.5
+        lo, hi = (mid, hi) if holds(mid) else (lo, mid)
+    return lo
+
+
+@pytest.mark.e2e
+def test_capacity_of_a_live_simulator_agrees_with_the_predictor(tmp_path):
+    """70B at TP 4 on H100, 1024/128, SLO P95 TTFT 1 s (virtual): capacity's interval on the live
+    server (noise off, --sim-speed 4, 200 requests a point) meets the spread of the predictor's
+    answers over ten arrival realisations of the same length. Near saturation one 200-request
+    run's effective rate varies by several percent, and P95 TTFT with it: the predictor's own
+    spread is the yardstick."""
+    import io
+    import json
+
+    from tests.sim_fixtures import SimProcess
+    from vkit.cli import capacity
+
+    truth = sorted(predicted_boundary(s) for s in range(10))
+    with SimProcess("--sim-gpu", "H100-80G", "--sim-model", "llama-3.1-70b", "-tp", "4", "--sim-speed", str(SPEED),
+                    "--max-model-len", "4096", "--sim-noise", "0", "--sim-restart-noise", "0") as sim:
+        out = io.StringIO()
+        rc = capacity.main(["--url", sim.url, "--model", "sim-model", "--random-input-len", "1024", "--random-output-len",
+                            "128", "--num-prompts", "200", "--point-seconds", "0", "--slo", f"p95_ttft_ms={SLO_WALL_MS:g}",
+                            "--start", "8", "--run-dir", str(tmp_path / "runs"), "-q"], stdout=out, stderr=io.StringIO())
+    doc = json.loads(out.getvalue())
+    assert rc == 0, doc["stop"]
+    lo, hi = doc["capacity"] / SPEED, doc["upper"] / SPEED
+    assert lo <= truth[-1] and hi >= truth[0], (lo, hi, truth)
+    assert doc["binding_slo"] == "p95_ttft_ms" and doc["runs"] <= 20
+    assert all(p["verdict"] == "holds" for p in doc["curve"] if p["load"] < doc["capacity"])
+    assert all(os.path.exists(os.path.join(doc["run_dir"], f"rate-{p['load']:g}", "rep0.json")) for p in doc["curve"])

@@ -1,0 +1,128 @@
+"""capacity: the SLO capacity of the running server — the highest offered load at which every
+SLO holds — with the load–latency curve and the binding SLO; JSON on stdout.
+
+Open loop by default (``--mode rate``: Poisson arrivals, ``--burstiness`` for gamma), or a
+closed-loop concurrency ladder (``--mode concurrency``). The dataset flags are bench_stream's.
+Each load point's runs are kept under ``--run-dir`` and checked by check_invariants.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+from vkit.cli import bench_stream
+from vkit.cli._common import IO, _epilog, run
+from vkit.errors import ExitCode, UsageError
+from vkit.measure.gauge import check
+from vkit.state import atomic_write_text
+from vkit.tune import capacity as cap
+
+TOOL = "capacity"
+EXAMPLES = [
+    "capacity --url http://127.0.0.1:8000 --random-input-len 512 --random-output-len 128 --num-prompts 200 \\\n"
+    "      --slo p95_ttft_ms=1000 --slo mean_tpot_ms=50",
+    "capacity --url $URL --dataset-name jsonl --dataset-path prompts.jsonl --slo p99_ttft_ms=2000 --goodput-fraction 0.99",
+    "capacity --url $URL --mode concurrency --start 8 --slo p95_e2el_ms=20000 --accelerators 8 -o capacity.json",
+]
+
+
+def _slo(items: list[str]) -> dict[str, float]:
+    out = {}
+    for it in items or []:
+        k, sep, v = it.partition("=")
+        try:
+            out[k.strip()] = float(v)
+        except ValueError:
+            raise UsageError(f"--slo takes METRIC=MS, e.g. p95_ttft_ms=1000; got {it!r}") from None
+        if not sep:
+            raise UsageError(f"--slo takes METRIC=MS, e.g. p95_ttft_ms=1000; got {it!r}")
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = bench_stream.build_parser()  # the dataset, target and client flags are bench_stream's own
+    p.prog = TOOL
+    p.description = ("Find the highest load (open-loop req/s or closed-loop streams) at which every SLO holds, with each "
+                     "point's three-way verdict, the curve and the binding SLO; JSON on stdout.")
+    p.epilog = ("The load flags of bench_stream (--request-rate, --max-concurrency, --records, --label) are the "
+                "search's own and are refused here.\n\n" + _epilog(EXAMPLES, {
+                    0: "capacity found, with a load that clearly fails above it",
+                    1: "no load clearly holds the SLO, or none clearly fails up to --max-load",
+                    2: "bad flag, unknown SLO metric, a load flag given"}))
+    c = p.add_argument_group("capacity")
+    c.add_argument("--slo", action="append", default=[], metavar="METRIC=MS",
+                   help="an upper limit, repeatable: p50/p90/p95/p99/mean/median of ttft, tpot, itl, e2el, e.g. p95_ttft_ms=1000")
+    c.add_argument("--goodput-fraction", type=float, default=None, metavar="F",
+                   help="also require this share of requests to meet every per-request limit (ttft, tpot, e2el), e.g. 0.99")
+    c.add_argument("--mode", choices=["rate", "concurrency"], default="rate",
+                   help="rate: open loop, Poisson (or gamma with --burstiness) arrivals; concurrency: closed loop (default rate)")
+    c.add_argument("--start", type=float, default=None, metavar="L", help="first load offered (default 4 req/s, or 8 streams)")
+    c.add_argument("--max-load", type=float, default=10_000.0, metavar="L", help="never offer more (default 10000)")
+    c.add_argument("--tolerance", type=float, default=0.10, metavar="F",
+                   help="stop when the bracket's upper end is within F of the capacity (default 0.10)")
+    c.add_argument("--max-points", type=int, default=12, metavar="N", help="distinct loads at most (default 12)")
+    c.add_argument("--repeats", type=int, default=3, metavar="N",
+                   help="runs per load at most; a clear point stops after one (default 3)")
+    c.add_argument("--noise", type=float, default=0.05, metavar="SD",
+                   help="prior sd of a point's SLO margin between runs, in log units (default 0.05)")
+    c.add_argument("--max-send-lag-ms", type=float, default=5.0, metavar="MS",
+                   help="open loop: a run whose p99 send lag exceeds this measured the client, not the server (default 5)")
+    c.add_argument("--point-seconds", type=float, default=20.0, metavar="S",
+                   help="open loop: each run sends at least load x S requests (--num-prompts is the floor), so an "
+                        "overloaded server's queue has time to show (default 20)")
+    c.add_argument("--keep-up", type=float, default=0.9, metavar="F",
+                   help="open loop: a load holds only if the server completes at least F x the offered rate (default 0.9)")
+    c.add_argument("--accelerators", type=int, default=None, metavar="N", help="divide the capacity by N accelerators too")
+    c.add_argument("--run-dir", default=None, metavar="DIR", help="where the runs go (default capacity-<time>/ here)")
+    return p
+
+
+def _run(args: argparse.Namespace, io: IO) -> int:
+    if args.max_concurrency is not None or not math.isinf(args.request_rate) or args.records or args.label:
+        raise UsageError("--request-rate, --max-concurrency, --records and --label belong to the search; leave them out")
+    slo = cap.Slo(_slo(args.slo), args.goodput_fraction)
+    start = args.start if args.start is not None else (4.0 if args.mode == "rate" else 8.0)
+    plan = cap.Plan(mode=args.mode, start=start, lo_limit=0.05 if args.mode == "rate" else 1.0, hi_limit=args.max_load,
+                    tolerance=args.tolerance, max_points=args.max_points, repeats=args.repeats, noise=args.noise,
+                    max_send_lag_ms=args.max_send_lag_ms, keep_up=args.keep_up, point_seconds=args.point_seconds)
+    opts = bench_stream.options(args)
+    per_request = slo.per_request()
+    if args.goodput_fraction is not None:
+        if not per_request:
+            raise UsageError("--goodput-fraction needs a per-request limit on ttft, tpot or e2el in --slo")
+        opts = type(opts)(**{**opts.__dict__, "goodput": per_request})
+    check(opts)
+    api_key = None
+    if args.api_key_env:
+        api_key = os.environ.get(args.api_key_env)
+        if not api_key:
+            raise UsageError(f"--api-key-env {args.api_key_env}: that environment variable is not set")
+    run_dir = args.run_dir or f"capacity-{time.strftime('%Y%m%dT%H%M%S')}"
+    url = bench_stream._url(args)
+    measure = cap.live_measure(opts, url, run_dir, plan, command=["--url", url], api_key=api_key,
+                               interrupts=io.interrupts)
+    io.progress(f"{url}: capacity search, {args.mode}, SLO {', '.join(f'{k} <= {v:g}' for k, v in slo.limits.items())}"
+                + (f", goodput >= {args.goodput_fraction:g}" if args.goodput_fraction else "") + f"; runs in {run_dir}")
+    res = cap.search(measure, slo, plan, io.progress)
+    doc = res.as_dict(args.accelerators)
+    doc["run_dir"] = os.path.abspath(run_dir)
+    if args.output:
+        atomic_write_text(args.output, json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    io.emit_json(doc)
+    unit = doc["unit"]
+    if doc["capacity"] is None:
+        io.progress(f"no capacity: {doc['stop']}")
+        return ExitCode.REJECTED
+    io.progress(f"capacity {doc['capacity']:g} {unit} (fails by {doc['upper']:g} {unit})" if doc["upper"] else
+                f"capacity {doc['capacity']:g} {unit}; {doc['stop']}")
+    return ExitCode.OK if doc["upper"] is not None else ExitCode.REJECTED
+
+
+def main(argv: list[str] | None = None, stdin=None, stdout=None, stderr=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    return run(build_parser(), _run, argv, stdout, stderr, stdin)

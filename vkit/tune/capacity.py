@@ -1,0 +1,370 @@
+"""SLO capacity of one configuration: the highest offered load at which every SLO holds.
+
+The load is an open-loop request rate (Poisson or gamma arrivals: production traffic is open
+loop) or a closed-loop concurrency ladder. The search brackets the boundary (doubling or halving
+from a start), then narrows it by interpolating the SLO margin in log load (regula falsi, kept
+inside the middle 60 % of the bracket), until the bracket is within a relative tolerance.
+
+Each load point gets a three-way verdict. Its margin is ``min over SLOs of log(limit / value)``
+(positive: every SLO holds); a point is measured again while ``|mean margin| < 2 SE`` (SE from
+the repeats' spread, never below the prior ``noise / sqrt(k)``), at most ``repeats`` times, then
+called ``holds``, ``fails`` or ``unclear``. A run that did not measure the server — requests
+failed, the client fell behind its own arrival schedule (p99 send lag over the limit), the run
+was cut short — is ``invalid`` and never enters a verdict.
+
+The capacity is the highest load that clearly holds below every load that does not; the upper
+end of its interval is the lowest load that clearly fails (unclear points lie between). The
+binding SLO is the one with the smallest margin at that upper end.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from vkit.errors import UsageError
+
+HOLDS, FAILS, UNCLEAR, INVALID = "holds", "fails", "unclear", "invalid"
+# Per-request SLOs bench_stream's --goodput knows, by summary key.
+GOODPUT_KEYS = {"ttft": ("mean_ttft_ms", "p50_ttft_ms", "p95_ttft_ms", "p99_ttft_ms", "median_ttft_ms"),
+                "tpot": ("mean_tpot_ms", "p50_tpot_ms", "p95_tpot_ms", "p99_tpot_ms", "median_tpot_ms"),
+                "e2el": ("mean_e2el_ms", "p50_e2el_ms", "p95_e2el_ms", "p99_e2el_ms", "median_e2el_ms")}
+SLO_METRICS = tuple(f"{s}_{m}_ms" for m in ("ttft", "tpot", "itl", "e2el") for s in ("mean", "median", "p50", "p90", "p95", "p99"))
+
+
+@dataclass(frozen=True)
+class Slo:
+    """Upper limits on summary metrics (ms), and optionally the share of requests that must meet
+    every per-request limit (``goodput``, e.g. 0.99: bench_stream's request goodput over throughput)."""
+
+    limits: dict[str, float]
+    goodput: float | None = None
+
+    def __post_init__(self):
+        if not self.limits:
+            raise UsageError("give at least one SLO, e.g. --slo p95_ttft_ms=1000")
+        bad = [k for k in self.limits if k not in SLO_METRICS]
+        if bad:
+            raise UsageError(f"unknown SLO metric(s) {', '.join(bad)}; one of {', '.join(SLO_METRICS)}")
+        if any(not (v > 0 and math.isfinite(v)) for v in self.limits.values()):
+            raise UsageError("every SLO limit must be a positive number of milliseconds")
+        if self.goodput is not None and not 0 < self.goodput < 1:
+            raise UsageError(f"--goodput-fraction must be in (0, 1), got {self.goodput:g}")
+
+    def per_request(self) -> dict[str, float]:
+        """The limits bench_stream checks per request (--goodput ttft:MS tpot:MS e2el:MS): the
+        tightest limit given on each of TTFT, TPOT and E2EL."""
+        out = {}
+        for key, names in GOODPUT_KEYS.items():
+            vals = [v for k, v in self.limits.items() if k in names]
+            if vals:
+                out[key] = min(vals)
+        return out
+
+    def margins(self, summary: dict) -> dict[str, float]:
+        """log(limit / value) per SLO (positive: it holds); goodput: log((1 - target) / (1 - share))."""
+        out = {}
+        for k, limit in self.limits.items():
+            v = summary.get(k)
+            out[k] = math.log(limit / v) if isinstance(v, (int, float)) and v > 0 else (math.inf if v == 0 else -math.inf)
+        if self.goodput is not None:
+            rt, gp = summary.get("request_throughput"), summary.get("request_goodput")
+            share = gp / rt if isinstance(rt, (int, float)) and rt > 0 and isinstance(gp, (int, float)) else 0.0
+            out["goodput"] = math.log((1 - self.goodput) / max(1e-9, 1 - min(share, 1.0)))
+        return out
+
+
+@dataclass(frozen=True)
+class Plan:
+    mode: str = "rate"  # "rate" (open loop, req/s) or "concurrency" (closed loop, streams)
+    start: float = 4.0  # first load offered
+    lo_limit: float = 0.05  # never offer less (rate) / 1 stream
+    hi_limit: float = 10_000.0  # never offer more
+    tolerance: float = 0.10  # stop when upper / capacity - 1 <= this
+    max_points: int = 12  # distinct loads at most
+    repeats: int = 3  # runs per load at most (the sequential stop)
+    noise: float = 0.05  # prior sd of a margin between runs (log units, tail latencies)
+    max_send_lag_ms: float = 5.0  # open loop: p99 actual - scheduled send above this: the client, not the server
+    keep_up: float = 0.9  # open loop: the server must complete at least this share of the offered rate
+    point_seconds: float = 20.0  # open loop: each run sends at least load x this many requests
+
+    def __post_init__(self):
+        if self.mode not in ("rate", "concurrency"):
+            raise UsageError(f"mode must be rate or concurrency, got {self.mode!r}")
+        if not 0 < self.lo_limit <= self.start <= self.hi_limit:
+            raise UsageError(f"the start load {self.start:g} must lie in [{self.lo_limit:g}, {self.hi_limit:g}]")
+        if not 0 < self.tolerance < 1 or self.max_points < 2 or self.repeats < 1:
+            raise UsageError("need 0 < tolerance < 1, max points >= 2, repeats >= 1")
+
+    def snap(self, load: float) -> float:
+        load = min(self.hi_limit, max(self.lo_limit, load))
+        return float(max(1, round(load))) if self.mode == "concurrency" else float(f"{load:.4g}")
+
+
+@dataclass
+class Point:
+    load: float
+    runs: list[dict] = field(default_factory=list)  # per run: margins, metrics, valid, why
+    verdict: str = UNCLEAR
+
+    def margins(self) -> np.ndarray:
+        return np.array([r["margin"] for r in self.runs if r["valid"]], dtype=float)
+
+    def mean_margin(self) -> float | None:
+        m = self.margins()
+        return float(m.mean()) if m.size else None
+
+    def binding(self) -> str | None:
+        """The SLO with the smallest mean margin over the valid runs."""
+        valid = [r for r in self.runs if r["valid"]]
+        if not valid:
+            return None
+        keys = sorted({k for r in valid for k in r["margins"]})
+        # a margin a run lacks held there (throughput is recorded only when the server fell short)
+        return min(keys, key=lambda k: np.mean([r["margins"].get(k, 0.0) for r in valid]))
+
+    def as_dict(self) -> dict:
+        valid = [r for r in self.runs if r["valid"]]
+        means = {}
+        for r in valid:
+            for k, v in r["metrics"].items():
+                means.setdefault(k, []).append(v)
+        return {"load": self.load, "verdict": self.verdict, "runs": len(self.runs), "valid_runs": len(valid),
+                "margin": self.mean_margin(), "binding": self.binding(),
+                "metrics": {k: float(np.mean(v)) for k, v in means.items()},
+                "invalid": [r["why"] for r in self.runs if not r["valid"]]}
+
+
+CURVE_KEYS = ("request_throughput", "output_throughput", "total_token_throughput", "mean_ttft_ms", "p50_ttft_ms",
+              "p95_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "p95_tpot_ms", "p99_tpot_ms", "mean_itl_ms", "p95_itl_ms",
+              "p99_itl_ms", "mean_e2el_ms", "p95_e2el_ms", "p99_e2el_ms", "request_goodput")
+
+
+def sending_rate(summary: dict) -> float:
+    """Requests completed per second of the sending window: the run's duration less the last
+    requests' own latency (the drain after the last send), so a server that keeps up scores
+    about the offered rate however short the run."""
+    done, dur, e2el = summary.get("completed"), summary.get("duration"), summary.get("mean_e2el_ms")
+    if not isinstance(done, (int, float)) or not isinstance(dur, (int, float)) or dur <= 0:
+        return 0.0
+    window = dur - (e2el / 1000.0 if isinstance(e2el, (int, float)) else 0.0)
+    return done / max(window, 0.5 * dur)
+
+
+def judge_run(summary: dict | None, slo: Slo, plan: Plan, load: float | None = None) -> dict:
+    """One run's margins and curve figures, or why it cannot count. Open loop, the server must
+    also keep up: ``throughput`` margin ``log(achieved / (keep_up x offered))``."""
+    why = None
+    if summary is None:
+        why = "the run did not complete"
+    elif summary.get("failed"):
+        why = f"{summary['failed']} request(s) failed"
+    elif (summary.get("vkit") or {}).get("partial"):
+        why = "the run was cut short"
+    elif ((summary.get("vkit") or {}).get("capacity_check") or {}).get("verdict") == "invalid":
+        why = "check_invariants: invalid (" + ", ".join(summary["vkit"]["capacity_check"].get("findings") or []) + ")"
+    elif plan.mode == "rate":
+        lag = ((summary.get("vkit") or {}).get("dispatch_lag_ms") or {}).get("p99")
+        if isinstance(lag, (int, float)) and lag > plan.max_send_lag_ms:
+            why = f"the client fell behind its arrival schedule (p99 send lag {lag:.1f} ms > {plan.max_send_lag_ms:g} ms)"
+    if why:
+        return {"valid": False, "why": why, "margin": None, "margins": {}, "metrics": {}}
+    margins = slo.margins(summary)
+    if plan.mode == "rate" and load:
+        # Overload shows as a server that cannot complete what is offered: a failure whatever the
+        # latencies say (a short run may end before the queue has grown), never a binding margin.
+        rt = sending_rate(summary)
+        keep = math.log(rt / (plan.keep_up * load)) if rt > 0 else -math.inf
+        if keep < 0:
+            margins["throughput"] = keep
+    metrics = {k: float(summary[k]) for k in CURVE_KEYS if isinstance(summary.get(k), (int, float))}
+    tpot = summary.get("mean_tpot_ms")
+    if isinstance(tpot, (int, float)) and tpot > 0:
+        metrics["per_user_output_tok_s"] = 1000.0 / tpot
+    return {"valid": True, "why": None, "margin": min(margins.values()), "margins": margins, "metrics": metrics}
+
+
+def verdict_of(point: Point, plan: Plan) -> str | None:
+    """holds / fails when clear, unclear after the last repeat, None: measure once more."""
+    m = point.margins()
+    invalid = len(point.runs) - m.size
+    if m.size == 0:
+        return INVALID if invalid >= 2 else None
+    k = m.size
+    se = max(float(m.std(ddof=1)) if k > 1 else 0.0, plan.noise) / math.sqrt(k)
+    if m.mean() - 2 * se > 0:
+        return HOLDS
+    if m.mean() + 2 * se < 0:
+        return FAILS
+    return UNCLEAR if k >= plan.repeats or invalid >= 2 else None
+
+
+Measure = Callable[[float, int], "dict | None"]  # (load, repeat index) -> a bench_stream summary
+
+
+@dataclass
+class Capacity:
+    plan: Plan
+    slo: Slo
+    points: list[Point]
+    capacity: float | None  # highest load that clearly holds below every load that does not
+    upper: float | None  # lowest load that clearly fails
+    stop: str
+
+    def as_dict(self, accelerators: int | None = None) -> dict:
+        pts = sorted(self.points, key=lambda p: p.load)
+        at = next((p for p in pts if p.load == self.capacity), None)
+        up = next((p for p in pts if p.load == self.upper), None)
+        m = at.as_dict()["metrics"] if at else {}
+        unit = "req/s" if self.plan.mode == "rate" else "streams"
+        out = {
+            "mode": self.plan.mode, "unit": unit, "slo": dict(self.slo.limits), "goodput_fraction": self.slo.goodput,
+            "capacity": self.capacity, "upper": self.upper,
+            "interval": [self.capacity, self.upper],
+            "capacity_req_s": m.get("request_throughput"), "capacity_output_tok_s": m.get("output_throughput"),
+            "binding_slo": (up.binding() if up else None) or (at.binding() if at else None),
+            "stop": self.stop,
+            "curve": [p.as_dict() for p in pts],
+            "runs": sum(len(p.runs) for p in pts),
+        }
+        if accelerators:
+            out["accelerators"] = accelerators
+            out["per_accelerator"] = {k: (v / accelerators if v is not None else None)
+                                      for k, v in (("req_s", out["capacity_req_s"]), ("output_tok_s", out["capacity_output_tok_s"]))}
+        return out
+
+
+def _bounds(points: list[Point]) -> tuple[Point | None, Point | None]:
+    """(highest point that holds below every point that does not, lowest point that fails)."""
+    pts = sorted((p for p in points if p.verdict != INVALID), key=lambda p: p.load)
+    lo = None
+    for p in pts:
+        if p.verdict != HOLDS:
+            break
+        lo = p
+    hi = next((p for p in pts if p.verdict == FAILS and (lo is None or p.load > lo.load)), None)
+    return lo, hi
+
+
+def _next_load(plan: Plan, lo: Point | None, hi: Point | None, points: list[Point]) -> float | None:
+    """The next load to offer: halve below the lowest point while nothing holds, double above
+    the highest while nothing else is measured there, else narrow between the highest clear
+    hold and the lowest point above it that does not hold (fails, unclear or not measurable)."""
+    tried = {p.load for p in points}
+    if lo is None:
+        low = min(points, key=lambda p: p.load)
+        nxt = plan.snap(low.load / 2)
+        return None if nxt in tried or low.load <= plan.lo_limit else nxt
+    above = sorted((p for p in points if p.load > lo.load), key=lambda p: p.load)
+    # Narrow the lowest gap above the clear hold; once a gap is within the tolerance and its top
+    # is unclear, the next gap up (towards a clear failure) is the one to narrow.
+    below = lo
+    for p in above:
+        nxt = _between(plan, below, p, tried)
+        if nxt is not None or p.verdict != UNCLEAR:
+            return nxt
+        below = p
+    if above:
+        return None
+    nxt = plan.snap(lo.load * 2)
+    return None if nxt in tried or lo.load >= plan.hi_limit else nxt
+
+
+def _between(plan: Plan, lo: Point, hi: Point, tried: set[float]) -> float | None:
+    if hi.load / lo.load - 1 <= plan.tolerance:
+        return None
+    a, b = math.log(lo.load), math.log(hi.load)
+    m_lo, m_hi = lo.mean_margin(), hi.mean_margin()
+    f = 0.5
+    if m_lo is not None and m_hi is not None and m_lo > 0 > m_hi:
+        f = min(0.8, max(0.2, m_lo / (m_lo - m_hi)))  # regula falsi on the margin in log load
+    nxt = plan.snap(math.exp(a + f * (b - a)))
+    if nxt in tried or not lo.load < nxt < hi.load:
+        nxt = plan.snap(math.exp((a + b) / 2))
+    return None if nxt in tried or not lo.load < nxt < hi.load else nxt
+
+
+def search(measure: Measure, slo: Slo, plan: Plan, progress: Callable[[str], None] = lambda s: None) -> Capacity:
+    """Bracket and narrow the SLO boundary; every run through ``measure(load, k)``."""
+    points: list[Point] = []
+    load: float | None = plan.snap(plan.start)
+    stop = ""
+    while load is not None:
+        if len(points) >= plan.max_points:
+            stop = f"{plan.max_points} load points measured (the most allowed)"
+            break
+        p = Point(load)
+        points.append(p)
+        while True:
+            p.runs.append(judge_run(measure(load, len(p.runs)), slo, plan, load))
+            v = verdict_of(p, plan)
+            if v is not None:
+                p.verdict = v
+                break
+        d = p.as_dict()
+        progress(f"load {load:g}: {p.verdict} (margin {d['margin']:+.3f} over {d['valid_runs']} run(s), binding "
+                 f"{d['binding']})" if d["margin"] is not None else f"load {load:g}: {p.verdict} ({'; '.join(d['invalid'])})")
+        lo, hi = _bounds(points)
+        load = _next_load(plan, lo, hi, points)
+    lo, hi = _bounds(points)
+    if not stop:
+        if lo is None:
+            stop = ("no load clearly holds the SLO" + (f" down to {plan.lo_limit:g}" if hi is not None else "")
+                    + " (every valid point fails or is unclear)")
+        elif hi is None:
+            above = sorted((p for p in points if p.load > lo.load), key=lambda p: p.load)
+            if not above:
+                stop = f"every load up to {lo.load:g} holds (the most allowed)"
+            elif above[0].verdict == INVALID:
+                stop = (f"above {lo.load:g} no run could measure the server ({'; '.join(above[0].as_dict()['invalid'][:1])}"
+                        f" at {above[0].load:g}): the capacity is at least {lo.load:g}")
+            else:
+                stop = f"between {lo.load:g} (holds) and {above[0].load:g} the SLO sits within the noise; more repeats would narrow it"
+        elif hi.load / lo.load - 1 <= plan.tolerance:
+            stop = f"bracket within {100 * plan.tolerance:g} %: holds at {lo.load:g}, fails at {hi.load:g}"
+        else:
+            stop = f"unclear points between {lo.load:g} (holds) and {hi.load:g} (fails): the SLO sits within the noise there"
+    return Capacity(plan, slo, points, lo.load if lo else None, hi.load if hi else None, stop)
+
+
+def live_measure(opts, url: str, out_dir: str, plan: Plan, command: list[str] | None = None, api_key: str | None = None,
+                 interrupts=None) -> Measure:
+    """``measure(load, k)`` against a server: bench_stream's run at that load (dataset seed + the
+    run's number, so no run finds its prompts in the prefix cache; open loop at exactly that mean
+    rate (``--exact-rate``: a short run's own rate would otherwise vary by chance), with at least ``load x plan.point_seconds`` requests, closed loop at least
+    5 per stream), its summary and records under ``out_dir/<mode>-<load>/rep<k>.json``, checked by
+    check_invariants (an invalid verdict marks the run, which then counts for nothing)."""
+    mode = plan.mode
+    import os
+    from dataclasses import replace
+
+    from vkit.measure.gauge import build_config, measure
+    from vkit.validate import invariants
+
+    runs = [0]
+
+    def run(load: float, k: int) -> dict | None:
+        # every run its own prompts (dataset seed + the run's number): none finds its prefixes cached
+        seed = opts.seed + runs[0]
+        runs[0] += 1
+        if mode == "rate":
+            n = max(opts.num_prompts, math.ceil(load * plan.point_seconds))
+            o = replace(opts, seed=seed, request_rate=load, max_concurrency=None, num_prompts=n, exact_rate=True)
+        else:
+            o = replace(opts, seed=seed, max_concurrency=int(load), request_rate=math.inf,
+                        num_prompts=max(opts.num_prompts, 5 * int(load)))
+        d = os.path.join(out_dir, f"{mode}-{load:g}")
+        os.makedirs(d, exist_ok=True)
+        path, rec = os.path.join(d, f"rep{k}.json"), os.path.join(d, f"rep{k}.jsonl")
+        cfg = build_config(o, url, [*(command or []), *o.flags(), "--seed", str(o.seed), "-o", path])
+        cfg.api_key = api_key
+        out = measure(cfg, records=rec, output=path, interrupts=interrupts)
+        s = out.summary
+        c = invariants.check_file(path, records=rec)
+        s["vkit"]["capacity_check"] = {"verdict": c.verdict, "findings": c.findings, "path": path}
+        return s
+
+    return run
