@@ -278,17 +278,27 @@ def test_calibrating_from_bench_stream_summaries_recovers_a_live_servers_paramet
                                  "trials": [{"config": {"max_num_batched_tokens": 1024}, "runs": ["runs/r3.json"]}]}))
     out = io.StringIO()
     rc = sim_calibrate.main([*paths, "--state", str(state), "-o", str(tmp_path / "twin.json"), "--free",
-                             "mfu,mbu,decode_step_overhead_s,mixed_step_overhead_s", "--folds", "0", "--group-by", "none",
+                             "mfu,mbu,decode_step_overhead_s,mixed_step_overhead_s,frontend_latency_s", "--folds", "0", "--group-by", "none",
                              "--json", "-q"], stdout=out, stderr=io.StringIO())
     assert rc == 0
     r = json.loads(out.getvalue())
     got = r["params"]
     # Bandwidth and the decode step's CPU time trade off (a decode step costs weights / mbu +
-    # overhead): the wall clock's jitter moves them along that ridge more than it moves mfu.
-    assert got["mfu"] == pytest.approx(0.35, rel=0.08) and got["mbu"] == pytest.approx(0.6, rel=0.15)
-    assert got["decode_step_overhead_s"] == pytest.approx(0.002, rel=0.35)
-    assert got["mixed_step_overhead_s"] == pytest.approx(0.004, rel=0.35)
-    assert r["fitted"]["ttft"]["mape_pct"] < 5 and r["fitted"]["tpot"]["mape_pct"] < 3
+    # overhead), and the wall clock's jitter on a busy machine moves them along that ridge: what
+    # the runs pin down is mfu and the time of each kind of step, so those are what must match.
+    assert got["mfu"] == pytest.approx(0.35, rel=0.1)
+    # frontend_latency_s takes up the HTTP and client time a live TTFT has on top of the engine's
+    fitted = CostParams(**{**LIVE_TRUTH.to_dict(), **{k: v for k, v in got.items() if k != "frontend_latency_s"}})
+    assert got["frontend_latency_s"] < 0.005
+    m, g = get_model("llama-3.1-8b"), get_gpu("H200")
+    true_cost, fit_cost = PhysCost(m, g, 1, 2, LIVE_TRUTH), PhysCost(m, g, 1, 2, fitted)
+    for step in ((8, 8 * 600, 8 * 600, 8, 8), (32, 32 * 300, 32 * 300, 32, 32),  # decode-only steps
+                 (2048, 2048 * 1024, 2048, 1, 1), (1024 + 7, 1024 * 512 + 7 * 900, 1024 + 7 * 900, 8, 8)):  # prefill, mixed
+        assert fit_cost.step_time(*step) == pytest.approx(true_cost.step_time(*step), rel=0.1), step
+    # TTFT: the client's C first requests reach the engine over one step or a few (as the sends
+    # fall), which the replay's burst start takes as one: 2-5 % on a quiet machine, up to 16 % on
+    # the 16-stream row
+    assert r["fitted"]["ttft"]["mape_pct"] < 8 and r["fitted"]["tpot"]["mape_pct"] < 3
     assert {row["source"] for row in r["per_row"]} == set(paths)
     assert load_profile(str(tmp_path / "twin.json"))["cost_params"].mfu == pytest.approx(got["mfu"])
 
