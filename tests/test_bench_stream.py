@@ -218,3 +218,39 @@ def test_summary_of_a_run_interrupted_before_anything_ended():
     s, recs = bench.summarize(cfg, "m", [], [], 5.0, 5.0, True, None, extra={})
     assert (s["completed"], s["failed"], s["request_throughput"], s["output_throughput"]) == (0, 0, 0.0, 0.0)
     assert s["vkit"]["partial"] is True and recs == []
+
+
+def test_a_sharegpt_file_is_read_and_the_dataset_content_is_part_of_the_gauge(tmp_path):
+    import json as _json
+
+    from vkit.decide.runs import gauge_of
+    from vkit.measure.datasets import jsonl_requests
+    from vkit.measure.gauge import BenchOptions, build_config
+
+    share = tmp_path / "share.json"
+    share.write_text(_json.dumps([
+        {"id": "a", "conversations": [{"from": "system", "value": "be brief"}, {"from": "human", "value": "hi there"},
+                                      {"from": "gpt", "value": "hello"}]},
+        {"id": "b", "conversations": [{"from": "human", "value": "two"}], "output_len": 7}]))
+    chat = jsonl_requests(str(share), None, 16, chat=True)
+    assert [r.messages for r in chat] == [[{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi there"}],
+                                          [{"role": "user", "content": "two"}]]
+    assert [r.output_len for r in chat] == [16, 7]
+    assert [r.prompt for r in jsonl_requests(str(share), None, 16, chat=False)] == ["hi there", "two"]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(_json.dumps({"conversations": [{"from": "gpt", "value": "no question"}]}) + "\n")
+    with pytest.raises(UsageError, match="no human turn"):
+        jsonl_requests(str(bad), None, 16, chat=True)
+    # Same name, other content: another gauge.
+    one, two = tmp_path / "one" / "p.jsonl", tmp_path / "two" / "p.jsonl"
+    for f, text in ((one, "hello"), (two, "goodbye")):
+        f.parent.mkdir()
+        f.write_text(_json.dumps({"prompt": text}) + "\n")
+
+    def gauge(path):
+        cfg = build_config(BenchOptions(dataset_name="jsonl", dataset_path=str(path), num_prompts=2), "http://x", [])
+        return gauge_of({"vkit": {**cfg.meta, "stream": True}})[1]
+
+    g1, g2 = gauge(one), gauge(two)
+    assert g1["vkit.dataset.sha256"] != g2["vkit.dataset.sha256"]
+    assert {k for k in g1 if g1[k] != g2.get(k)} == {"vkit.dataset.sha256", "vkit.dataset.path"}

@@ -56,7 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--no-stream", action="store_true", help="send stream=false (TTFT then equals E2EL: for demonstrating the broken gauge only)")
     d = p.add_argument_group("dataset")
     d.add_argument("--dataset-name", choices=["random", "jsonl", "mixed"], default="random", help="request set (default random)")
-    d.add_argument("--dataset-path", metavar="FILE", help="JSON Lines prompt file for --dataset-name jsonl (fields prompt or messages, optional output_len)")
+    d.add_argument("--dataset-path", metavar="FILE", help="prompt file for --dataset-name jsonl: JSON Lines or one JSON array; fields prompt, messages or "
+                   "ShareGPT-style conversations (sent up to the first human turn), optional output_len; its content "
+                   "hash is part of the gauge")
     d.add_argument("--random-input-len", type=_pos_int, default=1024, metavar="N", help="input tokens per prompt (default 1024)")
     d.add_argument("--random-output-len", type=_pos_int, default=128, metavar="N", help="output tokens per request (default 128)")
     d.add_argument("--random-range-ratio", type=float, default=0.0, metavar="R", help="lengths uniform in [N(1-R), N(1+R)] (default 0: fixed)")

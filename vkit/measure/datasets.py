@@ -10,13 +10,14 @@ the same request set.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from vkit.errors import UsageError
-from vkit.jsonio import load_json_lines
+from vkit.jsonio import load_json_lines, read_json
 
 # Words for text prompts: short, common, tokenised to about one token each by BPE tokenizers.
 _WORDS = (
@@ -116,13 +117,52 @@ def mixed_requests(
     return out
 
 
+_SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant",
+                   "system": "system", "bing": "assistant", "bard": "assistant"}
+
+
+def _rows(path: str) -> list[tuple[int, object]]:
+    """(line or item number, object): JSON Lines, or one JSON array (a ShareGPT-style file)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            head = f.read(4096).lstrip()
+    except FileNotFoundError:
+        raise UsageError(f"no such dataset file: {path}") from None
+    except OSError as e:
+        raise UsageError(f"cannot read dataset file {path}: {e.strerror}") from None
+    if head.startswith("["):
+        doc = read_json(path, "dataset file")
+        return list(enumerate(doc, start=1))
+    return load_json_lines(path, "dataset file")
+
+
+def _conversation(path: str, ln: int, turns: object) -> tuple[list[dict], str]:
+    """A ShareGPT ``conversations`` list as chat messages up to the first user turn, and that turn."""
+    if not isinstance(turns, list) or not turns:
+        raise UsageError(f"{path}:{ln}: 'conversations' must be a non-empty list of turns")
+    msgs = []
+    for t in turns:
+        role = _SHAREGPT_ROLES.get(str((t or {}).get("from", (t or {}).get("role", ""))).lower()) if isinstance(t, dict) else None
+        text = t.get("value", t.get("content")) if isinstance(t, dict) else None
+        if role is None or not isinstance(text, str):
+            raise UsageError(f"{path}:{ln}: each turn needs 'from' (human/gpt/system) and a string 'value'")
+        msgs.append({"role": role, "content": text})
+        if role == "user":
+            return msgs, text
+    raise UsageError(f"{path}:{ln}: the conversation has no human turn")
+
+
 def jsonl_requests(path: str, n: int | None, default_output_len: int | None, chat: bool, seed: int = 0) -> list[Request]:
-    """A user's prompt file: one JSON object a line with ``prompt`` or ``messages`` and an
+    """A user's prompt file: one JSON object a line (or a JSON array of them) with ``prompt``,
+    ``messages`` or ShareGPT-style ``conversations`` (up to the first human turn is sent), and an
     optional ``output_len`` / ``max_tokens``. With ``n`` larger than the file, rows repeat."""
     rows = []
-    for ln, obj in load_json_lines(path, "dataset file"):
-        if not isinstance(obj, dict) or not ("prompt" in obj or "messages" in obj):
-            raise UsageError(f"{path}:{ln}: each line needs a 'prompt' or 'messages' field")
+    for ln, obj in _rows(path):
+        if not isinstance(obj, dict) or not ("prompt" in obj or "messages" in obj or "conversations" in obj):
+            raise UsageError(f"{path}:{ln}: each line needs a 'prompt', 'messages' or 'conversations' field")
+        if "conversations" in obj and "prompt" not in obj and "messages" not in obj:
+            msgs, first = _conversation(path, ln, obj["conversations"])
+            obj = {**obj, "messages": msgs} if chat else {**obj, "prompt": first}
         rows.append(obj)
     if not rows:
         raise UsageError(f"{path} holds no requests")
@@ -141,6 +181,15 @@ def jsonl_requests(path: str, n: int | None, default_output_len: int | None, cha
             p = obj["prompt"]
             out.append(Request(i, prompt=p, input_len=len(p) if isinstance(p, list) else None, output_len=olen))
     return out
+
+
+def file_sha256(path: str) -> str:
+    """The content hash of a dataset file: part of the gauge (two files of one name are not one gauge)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def arrival_times(n: int, rate: float, burstiness: float = 1.0, seed: int = 0, exact: bool = False) -> np.ndarray:

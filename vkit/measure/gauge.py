@@ -16,7 +16,7 @@ from typing import Callable
 
 from vkit.errors import UsageError
 from vkit.interrupts import Interrupts
-from vkit.measure.datasets import arrival_times, jsonl_requests, mixed_requests, random_requests
+from vkit.measure.datasets import arrival_times, file_sha256, jsonl_requests, mixed_requests, random_requests
 from vkit.measure.loadgen import BenchConfig, Outcome, run_bench
 from vkit.state import atomic_write_text
 
@@ -137,6 +137,8 @@ def build_config(o: BenchOptions, url: str, command: list[str], api_key: str | N
         "num_prompts": n,
         "duration_s": o.duration,  # a timed run: the requests sent vary, the duration is the gauge
     }
+    if o.dataset_path and o.dataset_name == "jsonl":
+        dataset["sha256"] = file_sha256(o.dataset_path)  # the file's content is the gauge, not its name
     return BenchConfig(
         url=url,
         model=o.model,
