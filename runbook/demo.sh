@@ -43,7 +43,7 @@ print(f"  {os.path.basename(sys.argv[1]):<12} {d['output_throughput']:8.0f} out 
 PYEOF
 }
 
-say "SIMULATED server: an 8B model on one H200, noise 2%, virtual time ${SPEED}x faster than wall time (every figure below is simulated)"
+say "SIMULATED server: an 8B model on one H200, noise settings 2% run to run and 1.5% between starts, virtual time ${SPEED}x faster than wall time (every figure below is simulated)"
 "$PY" $B/state init --url "$URL" --model sim-8b --set max_num_seqs=8 -- \
     "$PY" $B/sim_server sim-8b --port "$PORT" --max-model-len 8192 --sim-speed "$SPEED" --sim-startup-s 1 --sim-seed 7 \
     || fail "state init failed"
