@@ -283,8 +283,8 @@ def components(groups: list[list[float]]) -> dict:
     from vkit.decide.stats import variance_components
 
     vc = variance_components([np.log(g) for g in groups])
-    return {k: (round(v, 5) if isinstance(v, float) else [round(x, 5) for x in v] if isinstance(v, tuple) else v)
-            for k, v in vc.__dict__.items()}
+    return {k: (round(v, 5) if isinstance(v, float) else [round(x, 5) for x in v] if isinstance(v, list) else v)
+            for k, v in vc.as_dict().items()}
 
 
 def noise_part(a) -> int:

@@ -171,3 +171,17 @@ def test_capacity_of_a_live_simulator_agrees_with_the_predictor(tmp_path):
     assert doc["binding_slo"] == "p95_ttft_ms" and doc["runs"] <= 20
     assert all(p["verdict"] == "holds" for p in doc["curve"] if p["load"] < doc["capacity"])
     assert all(os.path.exists(os.path.join(doc["run_dir"], f"rate-{p['load']:g}", "rep0.json")) for p in doc["curve"])
+
+
+@pytest.mark.parametrize("argv", [["--slo", "p95_nope_ms=1"], ["--slo", "p95_ttft_ms"], ["--slo", "p95_ttft_ms=1", "--request-rate", "4"],
+                                  ["--slo", "p95_ttft_ms=1", "--max-points", "1"], ["--slo", "p95_ttft_ms=1", "--tolerance", "2"],
+                                  ["--slo", "p95_ttft_ms=1", "--accelerators", "0"], ["--slo", "mean_itl_ms=5", "--goodput-fraction", "0.99"],
+                                  []])
+def test_bad_capacity_input_is_exit_2_with_one_error_line(argv, tmp_path):
+    from tests.conftest import call
+
+    r = call("capacity", "--url", "http://127.0.0.1:9", "--run-dir", str(tmp_path / "runs"), *argv)
+    assert r.code == 2, r
+    lines = [ln for ln in r.err.splitlines() if "error" in ln]
+    assert len(lines) == 1 and lines[0].startswith("capacity: error: "), r.err
+    assert not (tmp_path / "runs").exists()  # refused before anything was measured

@@ -121,6 +121,22 @@ def int_at_least(lo: int) -> Callable[[str], int]:
     return conv
 
 
+def positive_float(value: str) -> float:
+    """An argparse type: a number > 0 (argparse says "invalid positive_float value")."""
+    v = float(value)
+    if not v > 0:
+        raise ValueError(value)
+    return v
+
+
+def non_negative_float(value: str) -> float:
+    """An argparse type: a number >= 0."""
+    v = float(value)
+    if v < 0:
+        raise ValueError(value)
+    return v
+
+
 def fraction_arg(open_unit: bool = True) -> Callable[[str], float]:
     """An argparse type: a number or a percentage (``vkit.decide.percent``), said as argparse says it."""
 

@@ -129,14 +129,21 @@ def _url(args: argparse.Namespace) -> str:
         raise UsageError("no --url given and no service in the state file") from None
 
 
+def api_key(args: argparse.Namespace) -> str | None:
+    """The key from ``--api-key-env VAR`` (never logged); a usage error when VAR is not set."""
+    if not args.api_key_env:
+        return None
+    key = os.environ.get(args.api_key_env)
+    if not key:
+        raise UsageError(f"--api-key-env {args.api_key_env}: that environment variable is not set")
+    return key
+
+
 def _run(args: argparse.Namespace, io: IO) -> int:
     opts = options(args)
     check(opts)
     cfg = build_config(opts, _url(args), args._argv)
-    if args.api_key_env:
-        cfg.api_key = os.environ.get(args.api_key_env)
-        if not cfg.api_key:
-            raise UsageError(f"--api-key-env {args.api_key_env}: that environment variable is not set")
+    cfg.api_key = api_key(args)
     if not cfg.stream:
         io.warn("streaming is OFF (--no-stream): TTFT will equal E2EL and every TTFT figure is void")
 

@@ -14,9 +14,10 @@ import math
 import os
 import sys
 import time
+from dataclasses import replace
 
 from vkit.cli import bench_stream
-from vkit.cli._common import IO, _epilog, run
+from vkit.cli._common import IO, _epilog, fraction_arg, int_at_least, non_negative_float, positive_float, run
 from vkit.errors import ExitCode, UsageError
 from vkit.measure.gauge import check
 from vkit.state import atomic_write_text
@@ -57,27 +58,27 @@ def build_parser() -> argparse.ArgumentParser:
     c = p.add_argument_group("capacity")
     c.add_argument("--slo", action="append", default=[], metavar="METRIC=MS",
                    help="an upper limit, repeatable: p50/p90/p95/p99/mean/median of ttft, tpot, itl, e2el, e.g. p95_ttft_ms=1000")
-    c.add_argument("--goodput-fraction", type=float, default=None, metavar="F",
+    c.add_argument("--goodput-fraction", type=fraction_arg(), default=None, metavar="F",
                    help="also require this share of requests to meet every per-request limit (ttft, tpot, e2el), e.g. 0.99")
     c.add_argument("--mode", choices=["rate", "concurrency"], default="rate",
                    help="rate: open loop, Poisson (or gamma with --burstiness) arrivals; concurrency: closed loop (default rate)")
-    c.add_argument("--start", type=float, default=None, metavar="L", help="first load offered (default 4 req/s, or 8 streams)")
-    c.add_argument("--max-load", type=float, default=10_000.0, metavar="L", help="never offer more (default 10000)")
-    c.add_argument("--tolerance", type=float, default=0.10, metavar="F",
+    c.add_argument("--start", type=positive_float, default=None, metavar="L", help="first load offered (default 4 req/s, or 8 streams)")
+    c.add_argument("--max-load", type=positive_float, default=10_000.0, metavar="L", help="never offer more (default 10000)")
+    c.add_argument("--tolerance", type=fraction_arg(), default=0.10, metavar="F",
                    help="stop when the bracket's upper end is within F of the capacity (default 0.10)")
-    c.add_argument("--max-points", type=int, default=12, metavar="N", help="distinct loads at most (default 12)")
-    c.add_argument("--repeats", type=int, default=3, metavar="N",
+    c.add_argument("--max-points", type=int_at_least(2), default=12, metavar="N", help="distinct loads at most (default 12)")
+    c.add_argument("--repeats", type=int_at_least(1), default=3, metavar="N",
                    help="runs per load at most; a clear point stops after one (default 3)")
-    c.add_argument("--noise", type=float, default=0.05, metavar="SD",
+    c.add_argument("--noise", type=non_negative_float, default=0.05, metavar="SD",
                    help="prior sd of a point's SLO margin between runs, in log units (default 0.05)")
-    c.add_argument("--max-send-lag-ms", type=float, default=5.0, metavar="MS",
+    c.add_argument("--max-send-lag-ms", type=positive_float, default=5.0, metavar="MS",
                    help="open loop: a run whose p99 send lag exceeds this measured the client, not the server (default 5)")
-    c.add_argument("--point-seconds", type=float, default=20.0, metavar="S",
+    c.add_argument("--point-seconds", type=non_negative_float, default=20.0, metavar="S",
                    help="open loop: each run sends at least load x S requests (--num-prompts is the floor), so an "
                         "overloaded server's queue has time to show (default 20)")
-    c.add_argument("--keep-up", type=float, default=0.9, metavar="F",
+    c.add_argument("--keep-up", type=fraction_arg(), default=0.9, metavar="F",
                    help="open loop: a load holds only if the server completes at least F x the offered rate (default 0.9)")
-    c.add_argument("--accelerators", type=int, default=None, metavar="N", help="divide the capacity by N accelerators too")
+    c.add_argument("--accelerators", type=int_at_least(1), default=None, metavar="N", help="divide the capacity by N accelerators too")
     c.add_argument("--run-dir", default=None, metavar="DIR", help="where the runs go (default capacity-<time>/ here)")
     return p
 
@@ -95,13 +96,9 @@ def _run(args: argparse.Namespace, io: IO) -> int:
     if args.goodput_fraction is not None:
         if not per_request:
             raise UsageError("--goodput-fraction needs a per-request limit on ttft, tpot or e2el in --slo")
-        opts = type(opts)(**{**opts.__dict__, "goodput": per_request})
+        opts = replace(opts, goodput=per_request)
     check(opts)
-    api_key = None
-    if args.api_key_env:
-        api_key = os.environ.get(args.api_key_env)
-        if not api_key:
-            raise UsageError(f"--api-key-env {args.api_key_env}: that environment variable is not set")
+    api_key = bench_stream.api_key(args)
     run_dir = args.run_dir or f"capacity-{time.strftime('%Y%m%dT%H%M%S')}"
     url = bench_stream._url(args)
     measure = cap.live_measure(opts, url, run_dir, plan, command=["--url", url], api_key=api_key,

@@ -14,7 +14,7 @@ import os
 import re
 import sys
 
-from vkit.cli._common import IO, loop_signals, make_parser, run
+from vkit.cli._common import IO, loop_signals, make_parser, non_negative_float, positive_float, run
 from vkit.errors import ExitCode
 from vkit.sim.config import ServeOptions
 from vkit.sim.profiles import DEFAULT_GPU, DEFAULT_MODEL, GPUS, KV_DTYPE_BYTES, MODELS, WEIGHT_QUANT_BYTES, get_gpu, get_model
@@ -50,20 +50,6 @@ def human_readable_int_or_auto(value: str) -> int:
     if value.strip().lower() in ("auto", "-1"):
         return -1
     return human_readable_int(value)
-
-
-def positive_float(value: str) -> float:
-    v = float(value)
-    if not v > 0:
-        raise ValueError(value)
-    return v
-
-
-def non_negative_float(value: str) -> float:
-    v = float(value)
-    if v < 0:
-        raise ValueError(value)
-    return v
 
 
 def probability(value: str) -> float:

@@ -32,7 +32,7 @@ import numpy as np
 from vkit.errors import InvalidData, UsageError
 from vkit.jsonio import read_json
 from vkit.sim.calibrated import CostParams, PhysCost
-from vkit.sim.predict import Scenario, Trace, run_trace
+from vkit.sim.predict import SERVE_FIELDS, Scenario, Trace, run_trace
 from vkit.sim.profiles import get_gpu, get_model
 
 # The free parameters and their bounds (physical ranges, not targets).
@@ -160,8 +160,6 @@ def _configs_by_run(state_path: str | None) -> dict[str, dict]:
 
 
 def _summary_serve(doc: dict, config: dict) -> dict:
-    from vkit.sim.predict import SERVE_FIELDS
-
     srv = (doc.get("vkit") or {}).get("server") or {}
     cache = srv.get("cache_config") or {}
     serve = {k: v for k, v in config.items() if k in SERVE_FIELDS}

@@ -20,12 +20,15 @@ binding SLO is the one with the smallest margin at that upper end.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+import os
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import numpy as np
 
 from vkit.errors import UsageError
+from vkit.measure.gauge import build_config, measure
+from vkit.validate import invariants
 
 HOLDS, FAILS, UNCLEAR, INVALID = "holds", "fails", "unclear", "invalid"
 # Per-request SLOs bench_stream's --goodput knows, by summary key.
@@ -338,12 +341,6 @@ def live_measure(opts, url: str, out_dir: str, plan: Plan, command: list[str] | 
     5 per stream), its summary and records under ``out_dir/<mode>-<load>/rep<k>.json``, checked by
     check_invariants (an invalid verdict marks the run, which then counts for nothing)."""
     mode = plan.mode
-    import os
-    from dataclasses import replace
-
-    from vkit.measure.gauge import build_config, measure
-    from vkit.validate import invariants
-
     runs = [0]
 
     def run(load: float, k: int) -> dict | None:
