@@ -83,17 +83,24 @@ def test_sim_predict_and_a_live_sim_server_agree_within_the_noise():
     """One engine, two drivers: the predictor in virtual time and the live server measured by
     bench_stream over HTTP. Without noise they agree to the client's own overhead (1 %, plus
     1.5 wall ms on TTFT); with the default noise (2 % within, 1.5 % between starts) within
-    three of its sds."""
+    three of its sds.
+
+    TPOT also carries the start: --burst-start takes the client's 8 first requests as reaching
+    the engine in its first two steps; when the sends fall over a third, the streams run in one
+    more cohort, whose prefill step (about 19 ms against a 4.7 ms decode step) lengthens the
+    others' TPOT once per 127-token lifetime: (19 - 4.7) / 127 / 4.7 = 2.4 %, so 2.5 % more
+    (a fresh-clone run measured +1.7 %)."""
     pred = _predicted()
     allow_ms = 1.5 * SPEED  # the client's parse and delivery, wall ms, in virtual ms
+    cohort = 0.025
     with SimProcess(*SIM, "--sim-noise", "0", "--sim-restart-noise", "0") as sim:
         quiet = _measured(sim.url)
-    for k in ("output_throughput", "mean_e2el_ms", "mean_tpot_ms"):
-        assert quiet[k] == pytest.approx(pred[k], rel=0.01), (k, quiet[k], pred[k])
+    for k, rel in (("output_throughput", 0.01), ("mean_e2el_ms", 0.01), ("mean_tpot_ms", 0.01 + cohort)):
+        assert quiet[k] == pytest.approx(pred[k], rel=rel), (k, quiet[k], pred[k])
     assert abs(quiet["mean_ttft_ms"] - pred["mean_ttft_ms"]) <= 0.01 * pred["mean_ttft_ms"] + allow_ms
     with SimProcess(*SIM) as sim:
         noisy = _measured(sim.url)
     tol = 3 * math.hypot(0.02, 0.015)
-    for k in ("output_throughput", "mean_e2el_ms", "mean_tpot_ms"):
-        assert noisy[k] == pytest.approx(pred[k], rel=tol), (k, noisy[k], pred[k])
+    for k, rel in (("output_throughput", tol), ("mean_e2el_ms", tol), ("mean_tpot_ms", tol + cohort)):
+        assert noisy[k] == pytest.approx(pred[k], rel=rel), (k, noisy[k], pred[k])
     assert abs(noisy["mean_ttft_ms"] - pred["mean_ttft_ms"]) <= tol * pred["mean_ttft_ms"] + allow_ms
