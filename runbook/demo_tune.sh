@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # make demo: a whole tuning run on the embedded simulator (or on a real server with URL and SERVE).
 #   simulator (default): an 8B model on one H200; noise set to 2% run to run on one process and 1.5% between
-#   server starts (the sd the tune measures is in its result); virtual time SIM_SPEED x faster.
+#   server starts (the sd the tune measures is in its result); virtual time SIM_SPEED x faster. The objective
+#   is SLO capacity (bin/tune --objective capacity): req/s offered open loop while every SLO holds.
 #   real server: make demo URL=http://127.0.0.1:8000 MODEL=/models/x SERVE="vllm serve /models/x --port 8000"
 set -u
 PY=${PY:-python3}
 DIR=${DEMO_DIR:-vkit-state/demo-tune}
-SPEED=${SIM_SPEED:-4}
+SPEED=${SIM_SPEED:-2}
 PORT=${DEMO_PORT:-18089}
 URL=${URL:-}
 SERVE=${SERVE:-}
@@ -39,5 +40,12 @@ trap cleanup EXIT
 echo "SIMULATED server: llama-3.1-8b on one H200 (vkit sim_server), virtual time ${SPEED}x faster than wall time;" \
      "noise settings 2% run to run on one process, 1.5% more between server starts (the sd measured is the baseline's below)." >&2
 echo "Every figure below is simulated; throughputs and latencies are in wall time as a client sees them." >&2
-"$PY" $B/tune --sandbox --concurrency "${CONCURRENCY:-32}" --input-len 512 --output-len 128 --num-prompts "${PROMPTS:-160}" \
-    --slo p95_ttft_ms="${SLO_MS:-1000}" --budget 6 --ready-timeout 60 "$@"
+# The question a field engineer is asked: how many requests per second does the box carry with P95 TTFT
+# <= 1 s and mean TPOT <= 50 ms (open loop), and which flags get the most of it. Each configuration's
+# measurement is a capacity search, bracketed from the reference load (the first baseline search's
+# capacity); short load points (POINT_S wall seconds), the sequential stop per point, no drift sentinel.
+"$PY" $B/tune --sandbox --objective capacity --concurrency "${CONCURRENCY:-32}" --input-len 512 --output-len 128 \
+    --num-prompts "${PROMPTS:-100}" --slo p95_ttft_ms="${SLO_MS:-1000}" --slo mean_tpot_ms="${TPOT_MS:-50}" \
+    --steps "${STEPS:-1,2,3}" --budget "${BUDGET:-3}" --baseline-repeats 3 --screen-repeats 1 --confirm-blocks 1 \
+    --confirm-front "${CONFIRM_FRONT:-1}" --point-seconds "${POINT_S:-1}" --capacity-start "${START_RPS:-32}" \
+    --capacity-max-points 6 --capacity-repeats 2 --capacity-noise 0.03 --ready-timeout 60 "$@"

@@ -18,7 +18,7 @@ from vkit.tune.result import TuneResult
 
 pytestmark = pytest.mark.unit
 
-FLAGS = ["--sandbox", "--steps", "2", "--baseline-repeats", "3", "--slo", "p95_ttft_ms=5000"]
+FLAGS = ["--sandbox", "--objective", "throughput", "--steps", "2", "--baseline-repeats", "3", "--slo", "p95_ttft_ms=5000"]
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from vkit.state import StateFile
 
 pytestmark = pytest.mark.e2e
 
-FAST = ["--sandbox", "--concurrency", "16", "--input-len", "256", "--output-len", "64", "--num-prompts", "100",
+FAST = ["--sandbox", "--objective", "throughput", "--concurrency", "16", "--input-len", "256", "--output-len", "64", "--num-prompts", "100",
         "--baseline-repeats", "3", "--screen-repeats", "1", "--confirm-blocks", "1", "--ready-timeout", "30",
         "--slo", "p95_ttft_ms=5000"]
 

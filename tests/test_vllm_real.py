@@ -380,7 +380,7 @@ def test_tune_end_to_end_on_real_vllm(server, tmp_path):
     # start from 2 sequences kept (a manual keep): 8 streams then queue at the server
     r = call("restart_with_rollback", "--sandbox", "--ready-timeout", READY, "--set", "max_num_seqs=2", "--keep")
     assert r.code == 0, r
-    r = call("tune", "--sandbox", "--steps", "3", "--budget", "2", "--baseline-repeats", "3", "--screen-repeats", "1",
+    r = call("tune", "--sandbox", "--objective", "throughput", "--steps", "3", "--budget", "2", "--baseline-repeats", "3", "--screen-repeats", "1",
              "--confirm-blocks", "1", "--confirm-front", "1", "--input-len", "128", "--output-len", "64",
              "--num-prompts", "100", "--concurrency", "8", "--vocab-size", "2000", "--slo", "p95_ttft_ms=2000",
              "--ready-timeout", READY, "--json", "--report-dir", str(tmp_path / "rep"))
@@ -393,7 +393,9 @@ def test_tune_end_to_end_on_real_vllm(server, tmp_path):
         assert lag < 50, f"the load generator was saturated in-process: p99 scheduling lag {lag:.0f} ms"
     assert any(t["status"] == "done" for t in st["trials"])
     # 8 streams against 2 sequences: step 3 must find and keep the queueing gain (measured: +163%)
-    assert st["kept"]["config"]["max_num_seqs"] >= 8 and st["kept"].get("decision") == "gate"
+    trials = [(t.get("id"), t.get("status"), t.get("config", {}).get("max_num_seqs"), t.get("decision"), t.get("claim"))
+              for t in st["trials"]]
+    assert st["kept"]["config"]["max_num_seqs"] >= 8 and st["kept"].get("decision") == "gate", (trials, r.err[-3000:])
     assert res["recommendation"]["config"] == st["kept"]["config"]
     assert "--max-num-seqs" in res["recommendation"]["serve_command"]
     assert os.path.exists(tmp_path / "rep" / "report.html")

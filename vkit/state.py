@@ -338,14 +338,15 @@ class StateFile:
             reset = now_iso() if result.get("changed") else (st.get("drift") or {}).get("reset")
             st["drift"] = dict(result, reset=reset)
 
-    TUNE_RUN_KEYS = ("tune", "steps", "baseline", "baseline_mixed", "confirmations", "trials", "drift_checks")
+    TUNE_RUN_KEYS = ("tune", "steps", "baseline", "baseline_mixed", "confirmations", "trials", "drift_checks",
+                     "capacity_reference")
 
     def start_tune_run(self, cfg: dict, archive: bool) -> None:
         """A new tuning run: with ``archive``, the previous run's records move to ``archive`` first."""
         if archive:
             with self.transaction() as st:
                 st.setdefault("archive", []).append({k: st.get(k) for k in self.TUNE_RUN_KEYS})
-                for k in ("steps", "baseline", "baseline_mixed", "confirmations", "drift_checks"):
+                for k in ("steps", "baseline", "baseline_mixed", "confirmations", "drift_checks", "capacity_reference"):
                     st.pop(k, None)
                 st["trials"] = []
         with self.transaction() as st:
@@ -465,6 +466,11 @@ class StateFile:
         """``param`` is frozen at ``value``: no later step may change it."""
         with self.transaction() as st:
             st.setdefault("frozen", {})[param] = value
+
+    def set_capacity_reference(self, ref: dict) -> None:
+        """The capacity objective's reference load (tune: set once, from the first baseline search)."""
+        with self.transaction() as st:
+            st["capacity_reference"] = ref
 
     def record_ablation(self, rec: dict) -> None:
         """An ablation's result (which switch of a multi-parameter change paid)."""

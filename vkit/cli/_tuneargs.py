@@ -5,12 +5,19 @@ from __future__ import annotations
 
 import argparse
 import os
+from dataclasses import replace
 
-from vkit.cli._common import IO, int_at_least, kb_path, lease_owner, load_policy
+from vkit.cli._common import IO, fraction_arg, int_at_least, kb_path, lease_owner, load_policy, non_negative_float, positive_float
 from vkit.errors import UsageError
 from vkit.measure.gauge import BenchOptions
+from vkit.tune import capacity as cap
 from vkit.tune.driver import RunContext, TunePlan
-from vkit.tune.runner import Settings, Workload
+from vkit.tune.runner import CapacityObjective, Settings, Workload
+
+OBJECTIVE_HELP = ("capacity (default): each configuration's SLO capacity, the highest open-loop request rate at which every "
+                  "--slo holds (a capacity search per measurement, bracketed from the reference load: the first baseline "
+                  "search's capacity), with mean TPOT at that reference load as the second objective; throughput: output "
+                  "throughput at one closed-loop --concurrency, the SLO a constraint on it")
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -24,6 +31,28 @@ def add_args(p: argparse.ArgumentParser) -> None:
     w.add_argument("--stall-timeout", type=float, default=60.0, metavar="S",
                    help="a stream silent for S seconds is a failed request (bench_stream's flag; default 60)")
     w.add_argument("--mixed-long-len", type=int, default=None, metavar="N", help="long prompts of the step-5 mixed workload (default 4x --input-len)")
+    w.add_argument("--dataset-path", default=None, metavar="FILE",
+                   help="the business's own prompts instead of random tokens: JSON Lines or a JSON array (prompt or messages, "
+                        "optional output length per request) or ShareGPT conversations; its sha256 is part of the gauge")
+    c = p.add_argument_group("objective")
+    c.add_argument("--objective", choices=["capacity", "throughput"], default="capacity", help=OBJECTIVE_HELP)
+    c.add_argument("--goodput-fraction", type=fraction_arg(), default=None, metavar="F",
+                   help="capacity: also require this share of requests to meet every per-request limit, e.g. 0.99")
+    c.add_argument("--capacity-start", type=positive_float, default=4.0, metavar="R",
+                   help="capacity: the first baseline search's first rate, req/s (default 4)")
+    c.add_argument("--capacity-tolerance", type=fraction_arg(), default=0.10, metavar="F",
+                   help="capacity: a search stops when its bracket is within F (default 0.10)")
+    c.add_argument("--capacity-max-points", type=int_at_least(2), default=8, metavar="N", help="capacity: load points per search at most (default 8)")
+    c.add_argument("--capacity-repeats", type=int_at_least(1), default=3, metavar="N",
+                   help="capacity: runs per load point at most; a clear point stops after one (default 3)")
+    c.add_argument("--capacity-noise", type=non_negative_float, default=0.05, metavar="SD",
+                   help="capacity: prior sd of a point's SLO margin between runs, log units (default 0.05)")
+    c.add_argument("--point-seconds", type=non_negative_float, default=20.0, metavar="S",
+                   help="capacity: each load point sends at least rate x S requests (default 20)")
+    c.add_argument("--max-send-lag-ms", type=positive_float, default=5.0, metavar="MS",
+                   help="capacity: a run whose p99 send lag exceeds this measured the client, not the server (default 5)")
+    c.add_argument("--accelerators", type=int_at_least(1), default=None, metavar="N",
+                   help="capacity: accelerators the server uses, for capacity per accelerator")
     d = p.add_argument_group("decisions")
     d.add_argument("--slo", action="append", default=[], metavar="METRIC=VALUE", help="constraint, e.g. p95_ttft_ms=2000 (default p95_ttft_ms=2000)")
     d.add_argument("--baseline-repeats", type=int, default=4, metavar="N", help="runs of the kept configuration for σ (default 4)")
@@ -71,7 +100,12 @@ def workloads(args: argparse.Namespace, model: str) -> tuple[Workload, Workload]
         raise UsageError("--num-prompts, --concurrency, --input-len and --output-len must be >= 1")
     common = dict(model=model, random_input_len=args.input_len, random_output_len=args.output_len, num_prompts=args.num_prompts,
                   max_concurrency=args.concurrency, vocab_size=args.vocab_size, stall_timeout=args.stall_timeout)
-    main = Workload(BenchOptions(dataset_name="random", **common), seed=args.seed, name="main")
+    path = getattr(args, "dataset_path", None)
+    if path is not None and not os.path.isfile(path):
+        raise UsageError(f"--dataset-path {path}: no such file")
+    main_opts = BenchOptions(dataset_name="jsonl", dataset_path=os.path.abspath(path), **common) if path else \
+        BenchOptions(dataset_name="random", **common)
+    main = Workload(main_opts, seed=args.seed, name="main")
     mixed = Workload(BenchOptions(dataset_name="mixed", mixed_long_len=mixed_long_len(args), **common), seed=args.seed, name="mixed")
     return main, mixed
 
@@ -85,9 +119,31 @@ def settings(args: argparse.Namespace, main: Workload) -> Settings:
     if args.baseline_repeats < need:
         raise UsageError(f"--baseline-repeats {args.baseline_repeats}: the parameter policy asks for at least {need} "
                          "repeats of the kept configuration before any gate (rule R3: σ_baseline is measured, not guessed)")
+    slo = parse_slo(args.slo)
+    objective = capacity_objective(args, slo)
+    if objective is not None:
+        per_request = objective.slo.per_request()
+        if objective.slo.goodput is not None:
+            main.options = replace(main.options, goodput=per_request)
+        return Settings(workload=main, baseline_repeats=args.baseline_repeats, screen_repeats=args.screen_repeats,
+                        confirm_blocks=args.confirm_blocks, primary="slo_capacity:+", guards=args.guard or [], slo=slo,
+                        ready_timeout_s=args.ready_timeout, sandbox=not args.yes, capacity=objective)
     return Settings(workload=main, baseline_repeats=args.baseline_repeats, screen_repeats=args.screen_repeats,
-                    confirm_blocks=args.confirm_blocks, guards=args.guard or ["p95_ttft_ms:-:15%"], slo=parse_slo(args.slo),
+                    confirm_blocks=args.confirm_blocks, guards=args.guard or ["p95_ttft_ms:-:15%"], slo=slo,
                     ready_timeout_s=args.ready_timeout, sandbox=not args.yes)
+
+
+def capacity_objective(args: argparse.Namespace, slo: dict) -> CapacityObjective | None:
+    """The capacity objective from the flags (None with --objective throughput)."""
+    if getattr(args, "objective", "throughput") != "capacity":
+        return None
+    s = cap.Slo(dict(slo), args.goodput_fraction)
+    if args.goodput_fraction is not None and not s.per_request():
+        raise UsageError("--goodput-fraction needs a per-request limit on ttft, tpot or e2el in --slo")
+    plan = cap.Plan(mode="rate", start=args.capacity_start, tolerance=args.capacity_tolerance,
+                    max_points=args.capacity_max_points, repeats=args.capacity_repeats, noise=args.capacity_noise,
+                    max_send_lag_ms=args.max_send_lag_ms, point_seconds=args.point_seconds)
+    return CapacityObjective(slo=s, plan=plan, accelerators=args.accelerators)
 
 
 def check_confirmation(args: argparse.Namespace) -> None:

@@ -76,8 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--point-seconds", type=non_negative_float, default=20.0, metavar="S",
                    help="open loop: each run sends at least load x S requests (--num-prompts is the floor), so an "
                         "overloaded server's queue has time to show (default 20)")
-    c.add_argument("--keep-up", type=fraction_arg(), default=0.9, metavar="F",
-                   help="open loop: a load holds only if the server completes at least F x the offered rate (default 0.9)")
+    c.add_argument("--keep-up", type=fraction_arg(), default=0.95, metavar="F",
+                   help="open loop: a load holds only if the server completes requests at least at F x the offered rate, "
+                        "first completion to last (default 0.95)")
     c.add_argument("--accelerators", type=int_at_least(1), default=None, metavar="N", help="divide the capacity by N accelerators too")
     c.add_argument("--run-dir", default=None, metavar="DIR", help="where the runs go (default capacity-<time>/ here)")
     return p

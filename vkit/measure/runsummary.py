@@ -127,6 +127,17 @@ def _records(results: list[Result], warm: list[Result], ok: list[Result], t0: fl
     return records, phase
 
 
+def completion_rate(intervals: list[tuple[float, float]]) -> float | None:
+    """Requests completed per second between the first completion and the last: the offered rate
+    when the server keeps up (completions follow the arrivals), the server's own service rate when
+    it does not (the queue grows and the completions come as fast as the server can make them),
+    however short the run."""
+    ends = sorted(e for _, e in intervals)
+    if len(ends) < 2 or ends[-1] <= ends[0]:
+        return None
+    return (len(ends) - 1) / (ends[-1] - ends[0])
+
+
 def _vkit_fields(cfg: BenchConfig, model: str, results: list[Result], warm: list[Result], ok: list[Result],
                  failed: list[Result], partial: bool, duration: float, intervals: list[tuple[float, float]],
                  phase: dict[str, list[float]], queue_ms: float | None, extra: dict) -> dict:
@@ -146,6 +157,7 @@ def _vkit_fields(cfg: BenchConfig, model: str, results: list[Result], warm: list
         "goodput_slo_ms": cfg.goodput_slo_ms,
         "errors": errors,
         "mean_in_flight": mean_in_flight(intervals, duration),
+        "completion_rate": completion_rate(intervals),
         "requested_output_tokens": sum(x for x in requested if x) if all(requested) else None,
         "ignore_eos": bool(cfg.requests and cfg.requests[0].ignore_eos),
         "time_to_done": describe_ms([r.done for r in ok if r.done is not None], "done"),

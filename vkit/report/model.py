@@ -23,7 +23,6 @@ from vkit.report.charts import Chart
 from vkit.report.text import (
     CONFIRMATION_NOTE,
     SCHEMA,
-    X_KEY,
     as_dict,
     as_text,
     axis_label,
@@ -34,6 +33,7 @@ from vkit.report.text import (
     fmt_pct,
     metric_label,
     num,
+    upper_first,
 )
 from vkit.report.view import View
 from vkit.tune.result import TuneResult
@@ -164,6 +164,7 @@ class TrialRow:
 @dataclass(kw_only=True)
 class Trials(Section):
     y_key: str
+    x_key: str
     rows: list[TrialRow]
 
 
@@ -208,9 +209,32 @@ class Dropped:
 @dataclass(kw_only=True)
 class Pareto(Section):
     y_key: str
+    x_key: str
     rows: list[ParetoRow]
     dropped: list[Dropped]
     empty: str  # the sentence for no front
+
+
+@dataclass(frozen=True)
+class CapacityRow:
+    """One configuration's SLO capacity, for the capacity table and the terminal's list."""
+
+    trial_id: str
+    config: str
+    holds: str  # req/s: the figure to promise
+    fails: str
+    estimate: str
+    tok_s: str  # output tok/s at the capacity
+    per_user: str  # output tok/s per user at the reference load
+    binding: str
+    searches: str
+    spark: str  # the binding metric along the load points, as block characters
+
+
+@dataclass(kw_only=True)
+class CapacitySection(Section):
+    reference: str
+    rows: list[CapacityRow]
 
 
 @dataclass(kw_only=True)
@@ -352,7 +376,7 @@ def _trials(v: View) -> Trials:
         blocks.append(Para(words("Steps:"), only="markdown"))
         blocks.append(Bullets([[Span(TEXT, v.step_label(as_text(s.get("step")))), Span(WORDS, " — "),
                                 _text_or(as_text(s.get("stop_rule")), "no stop rule recorded")] for s in v.steps]))
-    return Trials(id="trials", title=f"Trials ({len(rows)})", blocks=blocks, y_key=v.y_key, rows=rows)
+    return Trials(id="trials", title=f"Trials ({len(rows)})", blocks=blocks, y_key=v.y_key, x_key=v.x_key, rows=rows)
 
 
 def _plots(v: View) -> Plots:
@@ -365,7 +389,7 @@ def _plots(v: View) -> Plots:
     if left:
         cap += ". Not plotted: " + ", ".join(f"{as_text(t.get('id')) or '?'} ({as_text(t.get('status')) or 'no status'})"
                                              for t in left)
-    progress = [Span(WORDS, "Figure 2. "), Span(VALUE, metric_label(v.y_key).capitalize()),
+    progress = [Span(WORDS, "Figure 2. "), Span(VALUE, upper_first(metric_label(v.y_key))),
                 Span(WORDS, " of each measured trial in run order; the line is the kept configuration's level, "
                             "the band the baseline's mean ± 2σ.")]
     blocks: list[Block] = [Figure("plot-trials", plots.trials_chart(v), [Span(TEXT, cap), Span(WORDS, ".")]),
@@ -391,13 +415,13 @@ def _pareto_row(v: View, p: dict) -> ParetoRow:
     tid = as_text(p.get("trial_id"))
     m = v.metrics_of(tid, p)
     return ParetoRow(trial_id=tid, config=config_text(p.get("config")), roles=v.roles_of(tid), y=m.get(v.y_key),
-                     x=m.get(X_KEY), dominance=fmt_pct(p.get("dominance_rate")), confirmation=confirmation_text(p),
+                     x=m.get(v.x_key), dominance=fmt_pct(p.get("dominance_rate")), confirmation=confirmation_text(p),
                      flags=_flags(p.get("serve_flags")))
 
 
 def _pareto_table(v: View, rows: list[ParetoRow]) -> Table:
     """The Pareto configurations: one table for every format that draws tables."""
-    head = ["trial", "configuration", axis_label(v.y_key), axis_label(X_KEY), "dominance rate", "confirmed",
+    head = ["trial", "configuration", axis_label(v.y_key), axis_label(v.x_key), "dominance rate", "confirmed",
             "vllm serve flags", "note"]
     body = [Row([Span(CODE, r.trial_id), Span(CODE, r.config), Span(VALUE, fmt_num(r.y)), Span(VALUE, fmt_num(r.x)),
                  Span(VALUE, r.dominance), Span(TEXT, r.confirmation), Span(FLAGS, flags=r.flags),
@@ -423,8 +447,42 @@ def _pareto(v: View) -> Pareto:
     blocks.append(Figure("plot-pareto", plots.pareto_chart(v), words(
         "Figure 3. The Pareto configurations joined by latency, the knee ringed, the recommendation boxed; "
         "grey circles are the other measured trials.")))
-    return Pareto(id="pareto", title="Pareto configurations", blocks=blocks, y_key=v.y_key, rows=rows, dropped=dropped,
+    return Pareto(id="pareto", title="Pareto configurations", blocks=blocks, y_key=v.y_key, x_key=v.x_key, rows=rows, dropped=dropped,
                   empty=v.empty_pareto_text())
+
+
+def _capacity(v: View) -> CapacitySection:
+    """The capacity objective: every measured configuration's SLO capacity and its load–latency curve."""
+    rows = []
+    limits = as_dict(as_dict(v.capacity.get("settings")).get("slo"))
+    for tid, cfg, c in v.capacity_rows():
+        metric = as_text(c.get("binding_slo"))
+        curve_metric = metric if metric in limits else next(iter(limits), "")
+        curve = sorted((p for p in c.get("curve") or [] if isinstance(p, dict) and num(p.get("load")) is not None),
+                       key=lambda p: p["load"])
+        spark = plots.sparkline([as_dict(p.get("metrics")).get(curve_metric) for p in curve]) if curve_metric else ""
+        rows.append(CapacityRow(trial_id=tid, config=cfg, holds=fmt_num(c.get("req_s")), fails=fmt_num(c.get("fails")),
+                                estimate=fmt_num(c.get("estimate")), tok_s=fmt_num(c.get("output_tok_s")),
+                                per_user=fmt_num(c.get("ref_per_user_output_tok_s")), binding=metric or "–",
+                                searches=as_text(c.get("searches")), spark=spark))
+    ref = fmt_num(v.capacity.get("reference_load"))
+    if not rows:
+        return CapacitySection(id="capacity", blocks=[], reference=ref, rows=[])
+    head = ["trial", "configuration", "holds (req/s)", "fails (req/s)", "estimate", "output tok/s at capacity",
+            f"per-user tok/s at {ref} req/s", "binding SLO", "searches", "curve"]
+    body = [Row([Span(CODE, r.trial_id), Span(CODE, r.config), Span(VALUE, r.holds), Span(VALUE, r.fails),
+                 Span(VALUE, r.estimate), Span(VALUE, r.tok_s), Span(VALUE, r.per_user), Span(VALUE, r.binding),
+                 Span(VALUE, r.searches), Span(VALUE, r.spark or "–")]) for r in rows]
+    blocks: list[Block] = [
+        Para(words("SLO capacity: the highest open-loop request rate at which every SLO held, clearly (the figure to "
+                   "promise: the lowest over a configuration's searches); it fails by the next column's rate. The estimate "
+                   "(the middle of the last bracket) is what the gate compares. Per-user output is 1000 / mean TPOT at "
+                   f"the reference load ({ref} req/s, the first baseline search's capacity).")),
+        Table(head, body, {2: "n", 3: "n", 4: "n", 5: "n", 6: "n"}, "capacity-table"),
+        Figure("plot-capacity", plots.capacity_chart(v), words(
+            "Figure 4. Each configuration's first capacity search: the binding SLO's metric at every load offered, "
+            "the SLO as a line."))]
+    return CapacitySection(id="capacity", title="SLO capacity", blocks=blocks, reference=ref, rows=rows)
 
 
 def _recommendation(v: View) -> Recommendation:
@@ -489,6 +547,6 @@ def build(result: Any) -> Report:
     """The section model of a tune result: a :class:`TuneResult`, or any value (a ``result.json``
     of another version, a partial dict): what is not a result reads as empty."""
     v = View(result.to_dict() if isinstance(result, TuneResult) else result)
-    sections = [step(v) for step in (_intro, _goal, _baseline, _trials, _plots, _knee, _pareto, _recommendation,
+    sections = [step(v) for step in (_intro, _goal, _baseline, _trials, _plots, _capacity, _knee, _pareto, _recommendation,
                                      _stop_rule, _drift, _warnings, _soak, _end)]
     return Report(title=v.title, simulated=v.simulated, sections=sections)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vkit.report.charts import SLO_COLOR, Chart
-from vkit.report.text import X_KEY, as_dict, as_text, axis_label, config_text, fmt_metric, fmt_pct, metric_label, num
+from vkit.report.text import as_dict, as_text, axis_label, config_text, fmt_metric, fmt_pct, metric_label, num, upper_first
 from vkit.report.view import View
 
 # Okabe–Ito: distinguishable with the common colour-vision deficiencies; shapes repeat the cue.
@@ -25,7 +25,7 @@ def _tip(v: View, t: dict, x: float, y: float) -> str:
     """A trial marker's tooltip."""
     tid = as_text(t.get("id"))
     return (f"{tid} · {v.step_label(as_text(t.get('step')))} · {config_text(t.get('config'))} · "
-            f"{fmt_metric(y, v.y_key)} · {metric_label(X_KEY)} {fmt_metric(x, X_KEY)}"
+            f"{fmt_metric(y, v.y_key)} · {metric_label(v.x_key)} {fmt_metric(x, v.x_key)}"
             + (f" · {as_text(t.get('verdict'))}" if t.get("verdict") else ""))
 
 
@@ -33,7 +33,7 @@ def _slo_vline(v: View) -> list[dict]:
     """The SLO as a dashed line with the region beyond it tinted, when the goal has one."""
     if v.slo is None:
         return []
-    text = f"SLO: {metric_label(X_KEY)} ≤ {fmt_metric(v.slo, X_KEY)}"
+    text = f"SLO: {metric_label(v.x_key)} ≤ {fmt_metric(v.slo, v.x_key)}"
     return [{"x": v.slo, "label": text, "tag": "SLO", "color": SLO_COLOR, "shade": "right"}]
 
 
@@ -50,11 +50,11 @@ def trials_chart(v: View) -> Chart:
     b = v.baseline_point()
     if b:
         tip = f"baseline · {config_text(v.baseline.get('config'))} · {fmt_metric(b[1], v.y_key)} · " \
-              f"{metric_label(X_KEY)} {fmt_metric(b[0], X_KEY)}"
+              f"{metric_label(v.x_key)} {fmt_metric(b[0], v.x_key)}"
         series.append({"name": "baseline", "label": "baseline (mean)", "points": [{"x": b[0], "y": b[1], "id": "baseline",
                        "tip": tip}], "color": "#000", "shape": "star", "size": 6})
-    return Chart("scatter", series, title=f"{metric_label(v.y_key).capitalize()} vs {metric_label(X_KEY)}, every measured trial",
-                 x_label=axis_label(X_KEY), y_label=axis_label(v.y_key), vlines=_slo_vline(v),
+    return Chart("scatter", series, title=f"{upper_first(metric_label(v.y_key))} vs {metric_label(v.x_key)}, every measured trial",
+                 x_label=axis_label(v.x_key), y_label=axis_label(v.y_key), vlines=_slo_vline(v),
                  empty_text="no measured trial to plot")
 
 
@@ -72,8 +72,8 @@ def pareto_chart(v: View) -> Chart:
     fp = []
     for p, x, y in front:
         tid = as_text(p.get("trial_id"))
-        tip = (f"{tid} · {config_text(p.get('config'))} · {fmt_metric(y, v.y_key)} · {metric_label(X_KEY)} "
-               f"{fmt_metric(x, X_KEY)} · dominance rate {fmt_pct(p.get('dominance_rate'))}")
+        tip = (f"{tid} · {config_text(p.get('config'))} · {fmt_metric(y, v.y_key)} · {metric_label(v.x_key)} "
+               f"{fmt_metric(x, v.x_key)} · dominance rate {fmt_pct(p.get('dominance_rate'))}")
         fp.append({"x": x, "y": y, "id": tid, "tip": tip})
     if fp:
         series.append({"name": "pareto", "label": "Pareto configurations", "points": fp, "color": FRONT_COLOR,
@@ -91,8 +91,8 @@ def pareto_chart(v: View) -> Chart:
                        "points": [{"x": rp[0], "y": rp[1], "id": v.rec_id, "note": "" if same else "recommended",
                                    "tip": f"recommended: {v.rec_id} · {config_text(v.rec.get('config'))}"}],
                        "color": REC_COLOR, "shape": "square", "size": 15 if same else 10, "filled": False})
-    return Chart("scatter", series, title=f"Pareto front: {metric_label(v.y_key)} vs {metric_label(X_KEY)}, knee and SLO",
-                 x_label=axis_label(X_KEY), y_label=axis_label(v.y_key), vlines=_slo_vline(v),
+    return Chart("scatter", series, title=f"Pareto front: {metric_label(v.y_key)} vs {metric_label(v.x_key)}, knee and SLO",
+                 x_label=axis_label(v.x_key), y_label=axis_label(v.y_key), vlines=_slo_vline(v),
                  empty_text=v.empty_pareto_text())
 
 
@@ -110,7 +110,7 @@ def progress_chart(v: View) -> Chart:
         m = as_dict(t.get("metrics"))
         y = num(m.get(v.y_key))
         if t.get("status") == "measured" and t.get("valid") is not False and y is not None:
-            x = num(m.get(X_KEY))
+            x = num(m.get(v.x_key))
             tip = _tip(v, t, x, y) if x is not None else f"{tid} · {fmt_metric(y, v.y_key)}"
             pts.append({"x": i, "y": y, "id": tid, "tip": tip})
             if t.get("kept") is True:
@@ -129,7 +129,7 @@ def progress_chart(v: View) -> Chart:
     mean, sr = num(bm.get("mean")), num(bm.get("sigma_rel"))
     if pts and mean is not None and sr is not None:
         bands.append({"lo": mean * (1 - 2 * sr), "hi": mean * (1 + 2 * sr), "label": "baseline ± 2σ", "color": "#666"})
-    return Chart("lines", series, title=f"{metric_label(v.y_key).capitalize()} trial by trial", x_label="trial (in run order)",
+    return Chart("lines", series, title=f"{upper_first(metric_label(v.y_key))} trial by trial", x_label="trial (in run order)",
                  y_label=axis_label(v.y_key), hbands=bands, x_tick_labels=ticks if pts else None,
                  empty_text="no measured trial to plot")
 
@@ -143,6 +143,7 @@ class TextPlot:
     """
 
     title: str
+    x_label: str
     points: list[tuple[str, float, float]]
     front: list[tuple[float, float]]
     baseline: tuple[float, float] | None
@@ -166,8 +167,42 @@ def text_plot(v: View) -> TextPlot:
     else:
         legend += ["K knee", "R recommendation"]
     if v.slo is not None:
-        legend.append(f": SLO {fmt_metric(v.slo, X_KEY)}")
-    return TextPlot(title=f"{metric_label(v.y_key).capitalize()} vs {metric_label(X_KEY)}",
+        legend.append(f": SLO {fmt_metric(v.slo, v.x_key)}")
+    return TextPlot(title=f"{upper_first(metric_label(v.y_key))} vs {metric_label(v.x_key)}", x_label=axis_label(v.x_key),
                     points=[(marks.get(as_text(t.get("step")), "o"), x, y) for t, x, y in pts],
                     front=[(x, y) for _, x, y in v.front()], baseline=v.baseline_point(),
                     knee=v.point_of(v.knee_id, v.knee), rec=v.point_of(v.rec_id, v.rec), slo=v.slo, legend=legend)
+
+
+def capacity_chart(v: View) -> Chart:
+    """Figure 4 (the capacity objective): each measured configuration's load–latency curve from its
+    first capacity search — the binding SLO's metric against the offered rate, the limit dashed."""
+    metric = as_text(as_dict(v.capacity.get("kept")).get("binding_slo"))
+    limits = as_dict(as_dict(v.capacity.get("settings")).get("slo"))
+    if metric not in limits:
+        metric = next(iter(limits), "p95_ttft_ms")
+    series = []
+    for i, (tid, cfg, c) in enumerate(v.capacity_rows()):
+        pts = [{"x": p["load"], "y": as_dict(p.get("metrics")).get(metric), "id": tid,
+                "tip": f"{tid} · {as_text(p.get('load'))} req/s · {metric_label(metric)} "
+                       f"{fmt_metric(as_dict(p.get('metrics')).get(metric), metric)} · {as_text(p.get('verdict'))}"}
+               for p in sorted((p for p in c.get("curve") or [] if isinstance(p, dict) and num(p.get("load")) is not None),
+                               key=lambda p: p["load"]) if num(as_dict(p.get("metrics")).get(metric)) is not None]
+        if pts:
+            series.append({"name": tid, "label": f"{tid} {cfg}", "points": pts, "color": PALETTE[i % len(PALETTE)],
+                           "line": "straight", "shape": SHAPES[i % len(SHAPES)], "size": 4})
+    limit = num(limits.get(metric))
+    return Chart("lines", series, title=f"{upper_first(metric_label(metric))} against the offered load, each configuration",
+                 x_label="offered load (req/s)", y_label=axis_label(metric),
+                 hbands=[{"lo": limit, "hi": limit, "label": f"SLO {fmt_metric(limit, metric)}", "color": SLO_COLOR}]
+                 if limit is not None else [], empty_text="no capacity search to plot")
+
+
+def sparkline(values: list[float]) -> str:
+    """A row of block characters, one per value, scaled between their minimum and maximum."""
+    bars = "▁▂▃▄▅▆▇█"
+    vals = [x for x in values if num(x) is not None]
+    if not vals:
+        return ""
+    lo, hi = min(vals), max(vals)
+    return "".join(bars[0 if hi == lo else min(7, int((x - lo) / (hi - lo) * 7 + 0.5))] for x in vals)

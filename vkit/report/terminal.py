@@ -15,7 +15,7 @@ from typing import Callable
 from vkit.report import model as m
 from vkit.report.charts import nice_domain, tick_text
 from vkit.report.plots import TextPlot
-from vkit.report.text import BANNER, X_KEY, axis_label, fmt_metric, fmt_num, metric_label, metric_unit
+from vkit.report.text import BANNER, fmt_metric, fmt_num, metric_label, metric_unit
 
 _ANSI = {"K": "1;35", "R": "1;32", "*": "32", "B": "1;36", ":": "31", ".": "2;32"}
 PLOT_HEIGHT = 15
@@ -105,7 +105,7 @@ def _draw_marks(g: _Grid, p: TextPlot) -> None:
         g.put(*g.cell(*p.knee), "K", 7)
 
 
-def _x_axis(g: _Grid, xt: list[float], xstep: float, lw: int) -> list[str]:
+def _x_axis(g: _Grid, xt: list[float], xstep: float, lw: int, xl: str) -> list[str]:
     """The axis line with its ticks, the tick labels that fit without overlapping, the label."""
     axis = ["-"] * g.cols
     under = [" "] * g.cols
@@ -118,7 +118,6 @@ def _x_axis(g: _Grid, xt: list[float], xstep: float, lw: int) -> list[str]:
         if start > last_end + 1 and start >= 0:
             under[start:start + len(s)] = list(s)
             last_end = start + len(s)
-    xl = axis_label(X_KEY)
     return [" " * lw + " +" + "".join(axis), " " * (lw + 2) + "".join(under).rstrip(),
             " " * (lw + 2 + max(0, (g.cols - len(xl)) // 2)) + xl]
 
@@ -144,7 +143,7 @@ def _plot(p: TextPlot, width: int, height: int, color: bool) -> list[str]:
         lab = tick_rows.get(r, "")
         row = "".join(f"\x1b[{_ANSI[ch]}m{ch}\x1b[0m" if color and ch in _ANSI else ch for ch in g.chars[r])
         lines.append(f"{lab:>{lw}} {'+' if lab else '|'}{row.rstrip() if not color else row}".rstrip())
-    return lines + _x_axis(g, xt, xstep, lw)
+    return lines + _x_axis(g, xt, xstep, lw, p.x_label)
 
 
 # ----------------------------------------------------------------------------- sections
@@ -193,11 +192,12 @@ def _trials(pg: _Page, s: m.Trials) -> None:
     if s.rows:
         pg.lines.append(pg.bold(f"Trials ({len(s.rows)}):"))
         yh = metric_unit(s.y_key) or metric_label(s.y_key)[:7]
-        pg.lines.append(f"  {'trial':<5} {'step':>4} {'outcome':<12} {yh:>7} {'P95 ms':>7}  changes")
+        xh = metric_unit(s.x_key) or metric_label(s.x_key)[:7]
+        pg.lines.append(f"  {'trial':<5} {'step':>4} {'outcome':<12} {yh:>7} {xh:>7}  changes")
         for t in s.rows:
             status = t.status or "-"
             outcome = (t.verdict if status == "measured" else status) + (", kept" if t.kept else "")
-            y, x = fmt_num(t.metrics.get(s.y_key)), fmt_num(t.metrics.get(X_KEY))
+            y, x = fmt_num(t.metrics.get(s.y_key)), fmt_num(t.metrics.get(s.x_key))
             pg.wrap(f"{t.id:<5} {t.step or '-':>4} {outcome:<12} {y:>7} {x:>7}  {t.changes}",
                     " " * (45 if pg.width - 45 >= 32 else 8), "  ")
             if t.why:
@@ -228,7 +228,7 @@ def _pareto(pg: _Page, s: m.Pareto) -> None:
         pg.lines.append(pg.bold("Pareto configurations:"))
         for r in s.rows:
             tag = "".join(f" [{n}]" for n in r.roles)
-            pg.wrap(f"{r.trial_id}{tag}: {fmt_metric(r.y, s.y_key)}, {metric_label(X_KEY)} {fmt_metric(r.x, X_KEY)}, "
+            pg.wrap(f"{r.trial_id}{tag}: {fmt_metric(r.y, s.y_key)}, {metric_label(s.x_key)} {fmt_metric(r.x, s.x_key)}, "
                     f"dominance rate {r.dominance}" + (f", {r.confirmation}" if r.confirmation != "–" else "")
                     + f"; {r.config}", "      ", "  ")
         for d in s.dropped:
@@ -280,8 +280,19 @@ def _soak(pg: _Page, s: m.Soak) -> None:
         pg.wrap(f"Soak: {s.text}", "  ")
 
 
+def _capacity(pg: _Page, s: m.CapacitySection) -> None:
+    if not s.rows:
+        return
+    pg.lines.append(pg.bold(f"SLO capacity (req/s; per-user tok/s at {s.reference} req/s):"))
+    for r in s.rows:
+        pg.wrap(f"{r.trial_id}: holds {r.holds}, fails {r.fails}, {r.tok_s} tok/s, {r.per_user} tok/s per user, "
+                f"binding {r.binding} {r.spark}; {r.config}", "      ", "  ")
+    pg.lines.append("")
+
+
 _SECTIONS: dict[type, Callable] = {
-    m.Goal: _goal, m.Baseline: _baseline, m.Trials: _trials, m.Plots: _plots, m.Knee: _knee, m.Pareto: _pareto,
+    m.Goal: _goal, m.Baseline: _baseline, m.Trials: _trials, m.Plots: _plots, m.CapacitySection: _capacity, m.Knee: _knee,
+    m.Pareto: _pareto,
     m.Recommendation: _recommendation, m.StopRule: _stop_rule, m.Drift: _drift, m.Warnings: _warnings, m.Soak: _soak,
 }
 

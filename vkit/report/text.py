@@ -30,8 +30,13 @@ METRIC_INFO = {
     "p95_tpot_ms": ("P95 TPOT", "ms"),
     "mean_itl_ms": ("mean ITL", "ms"),
     "p95_e2el_ms": ("P95 E2EL", "ms"),
+    "slo_capacity": ("SLO capacity", "req/s"),
+    "ref_mean_tpot_ms": ("mean TPOT at the reference load", "ms"),
+    "ref_per_user_output_tok_s": ("per-user output at the reference load", "tok/s"),
+    "capacity_output_tok_s": ("output throughput at capacity", "tok/s"),
 }
-TRIAL_METRICS = ("output_throughput", "request_goodput", "p95_ttft_ms", "mean_ttft_ms", "mean_tpot_ms")
+TRIAL_METRICS = ("slo_capacity", "capacity_output_tok_s", "ref_per_user_output_tok_s", "output_throughput", "request_goodput",
+                 "p95_ttft_ms", "mean_ttft_ms", "mean_tpot_ms")
 MAX_TRIAL_METRICS = 6
 
 
@@ -76,6 +81,11 @@ def fmt_num(v: Any) -> str:
 def fmt_pct(v: Any) -> str:
     f = num(v)
     return "–" if f is None else f"{fmt_num(float(f'{100 * f:.3g}'))}%"
+
+
+def upper_first(s: str) -> str:
+    """The first letter in upper case, the rest as it is ("SLO capacity" stays, "mean TPOT" → "Mean TPOT")."""
+    return s[:1].upper() + s[1:]
 
 
 def metric_label(key: str) -> str:

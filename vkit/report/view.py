@@ -55,9 +55,13 @@ class View:
         self.by_id = {as_text(t.get("id")): t for t in self.trials if t.get("id") is not None}
         self.knee_id = as_text(self.knee.get("trial_id"))
         self.rec_id = as_text(self.rec.get("trial_id"))
-        self.slo = num(as_dict(self.goal.get("subject_to")).get(X_KEY))
+        # the latency axis: P95 TTFT at the workload's load, or, tuning for capacity, mean TPOT at the
+        # reference load (interactivity; the SLO is inside the capacity then, no line to draw)
+        self.capacity = as_dict(r.get("capacity"))
+        self.x_key = "ref_mean_tpot_ms" if as_text(self.goal.get("objective")) == "capacity" else X_KEY
+        self.slo = num(as_dict(self.goal.get("subject_to")).get(self.x_key))
         if self.slo is None:
-            self.slo = num(as_dict(self.workload.get("slo")).get(X_KEY))
+            self.slo = num(as_dict(self.workload.get("slo")).get(self.x_key))
         self.y_key = self._y_key()
         self.step_names = {}
         for s in self.steps:
@@ -101,7 +105,7 @@ class View:
         pts, left = [], []
         for t in self.trials:
             m = as_dict(t.get("metrics"))
-            x, y = num(m.get(X_KEY)), num(m.get(self.y_key))
+            x, y = num(m.get(self.x_key)), num(m.get(self.y_key))
             if t.get("status") == "measured" and t.get("valid") is not False and x is not None and y is not None:
                 pts.append((t, x, y))
             else:
@@ -110,7 +114,7 @@ class View:
 
     def baseline_point(self) -> tuple[float, float] | None:
         bm = as_dict(self.baseline.get("metrics"))
-        x, y = num(as_dict(bm.get(X_KEY)).get("mean")), num(as_dict(bm.get(self.y_key)).get("mean"))
+        x, y = num(as_dict(bm.get(self.x_key)).get("mean")), num(as_dict(bm.get(self.y_key)).get("mean"))
         return None if x is None or y is None else (x, y)
 
     def front(self) -> list[tuple[dict, float, float]]:
@@ -118,7 +122,7 @@ class View:
         out = []
         for p in self.pareto:
             m = self.metrics_of(as_text(p.get("trial_id")), p)
-            x, y = num(m.get(X_KEY)), num(m.get(self.y_key))
+            x, y = num(m.get(self.x_key)), num(m.get(self.y_key))
             if x is not None and y is not None:
                 out.append((p, x, y))
         return sorted(out, key=lambda e: (e[1], e[2]))
@@ -130,8 +134,22 @@ class View:
         for p in self.pareto:
             if as_text(p.get("trial_id")) == trial_id:
                 m.update({k: v for k, v in as_dict(p.get("metrics")).items() if v is not None})
-        x, y = num(m.get(X_KEY)), num(m.get(self.y_key))
+        x, y = num(m.get(self.x_key)), num(m.get(self.y_key))
         return None if x is None or y is None else (x, y)
+
+    def capacity_rows(self) -> list[tuple[str, str, dict]]:
+        """(trial id, configuration, capacity) of every configuration a capacity search measured: the
+        kept one first (its baseline searches), then each trial that carries one."""
+        out = []
+        kept = as_dict(self.capacity.get("kept"))
+        if kept:
+            out.append(("kept", config_text(self.baseline.get("config")), kept))
+        for t in self.trials:
+            c = as_dict(t.get("capacity"))
+            if c:
+                out.append((as_text(t.get("id")), config_text(t.get("changes") if t.get("changes") is not None
+                                                               else t.get("config")), c))
+        return out
 
     def trial_metric_keys(self) -> list[str]:
         present: set[str] = set()
@@ -238,5 +256,5 @@ class View:
         cfg = self.knee.get("config") or as_dict(self.by_id.get(self.knee_id)).get("config")
         s = f"{self.knee_id} — {config_text(cfg)}"
         if pt:
-            s += f" — {fmt_metric(pt[1], self.y_key)} at {metric_label(X_KEY)} {fmt_metric(pt[0], X_KEY)}"
+            s += f" — {fmt_metric(pt[1], self.y_key)} at {metric_label(self.x_key)} {fmt_metric(pt[0], self.x_key)}"
         return s

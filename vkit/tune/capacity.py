@@ -3,7 +3,7 @@
 The load is an open-loop request rate (Poisson or gamma arrivals: production traffic is open
 loop) or a closed-loop concurrency ladder. The search brackets the boundary (doubling or halving
 from a start), then narrows it by interpolating the SLO margin in log load (regula falsi, kept
-inside the middle 60 % of the bracket), until the bracket is within a relative tolerance.
+inside the middle 30 % of the bracket, when both ends bind on the same SLO; bisection otherwise), until the bracket is within a relative tolerance.
 
 Each load point gets a three-way verdict. Its margin is ``min over SLOs of log(limit / value)``
 (positive: every SLO holds); a point is measured again while ``|mean margin| < 2 SE`` (SE from
@@ -91,16 +91,17 @@ class Plan:
     repeats: int = 3  # runs per load at most (the sequential stop)
     noise: float = 0.05  # prior sd of a margin between runs (log units, tail latencies)
     max_send_lag_ms: float = 5.0  # open loop: p99 actual - scheduled send above this: the client, not the server
-    keep_up: float = 0.9  # open loop: the server must complete at least this share of the offered rate
+    keep_up: float = 0.95  # open loop: the server must complete at least this share of the offered rate
     point_seconds: float = 20.0  # open loop: each run sends at least load x this many requests
+    step: float = 2.0  # bracketing: the factor between one load and the next until the SLO changes side
 
     def __post_init__(self):
         if self.mode not in ("rate", "concurrency"):
             raise UsageError(f"mode must be rate or concurrency, got {self.mode!r}")
         if not 0 < self.lo_limit <= self.start <= self.hi_limit:
             raise UsageError(f"the start load {self.start:g} must lie in [{self.lo_limit:g}, {self.hi_limit:g}]")
-        if not 0 < self.tolerance < 1 or self.max_points < 2 or self.repeats < 1:
-            raise UsageError("need 0 < tolerance < 1, max points >= 2, repeats >= 1")
+        if not 0 < self.tolerance < 1 or self.max_points < 2 or self.repeats < 1 or not self.step > 1 + self.tolerance:
+            raise UsageError("need 0 < tolerance < 1, max points >= 2, repeats >= 1, a bracketing step above 1 + tolerance")
 
     def snap(self, load: float) -> float:
         load = min(self.hi_limit, max(self.lo_limit, load))
@@ -141,15 +142,19 @@ class Point:
                 "invalid": [r["why"] for r in self.runs if not r["valid"]]}
 
 
-CURVE_KEYS = ("request_throughput", "output_throughput", "total_token_throughput", "mean_ttft_ms", "p50_ttft_ms",
+CURVE_KEYS = ("completed", "max_concurrent_requests", "request_throughput", "output_throughput", "total_token_throughput", "mean_ttft_ms", "p50_ttft_ms",
               "p95_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "p95_tpot_ms", "p99_tpot_ms", "mean_itl_ms", "p95_itl_ms",
               "p99_itl_ms", "mean_e2el_ms", "p95_e2el_ms", "p99_e2el_ms", "request_goodput")
 
 
 def sending_rate(summary: dict) -> float:
-    """Requests completed per second of the sending window: the run's duration less the last
-    requests' own latency (the drain after the last send), so a server that keeps up scores
-    about the offered rate however short the run."""
+    """The rate the server completed requests at: bench_stream's ``completion_rate`` (completions
+    per second from the first to the last: the offered rate when the server keeps up, its own
+    service rate when the queue grows, however short the run); for a summary without it, requests
+    completed per second of the sending window (the duration less the mean latency)."""
+    cr = (summary.get("vkit") or {}).get("completion_rate")
+    if isinstance(cr, (int, float)) and cr > 0:
+        return float(cr)
     done, dur, e2el = summary.get("completed"), summary.get("duration"), summary.get("mean_e2el_ms")
     if not isinstance(done, (int, float)) or not isinstance(dur, (int, float)) or dur <= 0:
         return 0.0
@@ -253,13 +258,21 @@ def _bounds(points: list[Point]) -> tuple[Point | None, Point | None]:
 
 
 def _next_load(plan: Plan, lo: Point | None, hi: Point | None, points: list[Point]) -> float | None:
-    """The next load to offer: halve below the lowest point while nothing holds, double above
-    the highest while nothing else is measured there, else narrow between the highest clear
+    """The next load to offer: step down below the lowest point while nothing holds, up above
+    the highest while nothing else is measured there (by ``plan.step``, accelerating), else narrow between the highest clear
     hold and the lowest point above it that does not hold (fails, unclear or not measurable)."""
     tried = {p.load for p in points}
+    # Bracketing from a warm start accelerates: the k-th step the same way is step^(2^(k-1)), at most
+    # a doubling (1.25, 1.56, 2, 2, ...), so a configuration far from its neighbour is bracketed in few points.
+    first = points[0].load
+
+    def factor(k: int) -> float:
+        return max(plan.step, min(2.0, plan.step ** (2 ** k)))
+
     if lo is None:
         low = min(points, key=lambda p: p.load)
-        nxt = plan.snap(low.load / 2)
+        k = sum(1 for p in points if p.load < first)
+        nxt = plan.snap(low.load / factor(k))
         return None if nxt in tried or low.load <= plan.lo_limit else nxt
     above = sorted((p for p in points if p.load > lo.load), key=lambda p: p.load)
     # Narrow the lowest gap above the clear hold; once a gap is within the tolerance and its top
@@ -272,7 +285,8 @@ def _next_load(plan: Plan, lo: Point | None, hi: Point | None, points: list[Poin
         below = p
     if above:
         return None
-    nxt = plan.snap(lo.load * 2)
+    k = sum(1 for p in points if p.load > first)
+    nxt = plan.snap(lo.load * factor(k))
     return None if nxt in tried or lo.load >= plan.hi_limit else nxt
 
 
@@ -282,8 +296,11 @@ def _between(plan: Plan, lo: Point, hi: Point, tried: set[float]) -> float | Non
     a, b = math.log(lo.load), math.log(hi.load)
     m_lo, m_hi = lo.mean_margin(), hi.mean_margin()
     f = 0.5
-    if m_lo is not None and m_hi is not None and m_lo > 0 > m_hi:
-        f = min(0.8, max(0.2, m_lo / (m_lo - m_hi)))  # regula falsi on the margin in log load
+    # the secant only when both ends' margins are of one SLO (comparable); else plain bisection
+    if m_lo is not None and m_hi is not None and m_lo > 0 > m_hi and lo.binding() == hi.binding():
+        # regula falsi on the margin in log load, kept near the middle: a tail latency's margin is far
+        # from linear near the knee, and an unclamped secant creeps in from one side
+        f = min(0.65, max(0.35, m_lo / (m_lo - m_hi)))
     nxt = plan.snap(math.exp(a + f * (b - a)))
     if nxt in tried or not lo.load < nxt < hi.load:
         nxt = plan.snap(math.exp((a + b) / 2))
@@ -365,3 +382,113 @@ def live_measure(opts, url: str, out_dir: str, plan: Plan, command: list[str] | 
         return s
 
     return run
+
+
+# -- a configuration's capacity as one measurement (tune's capacity objective) ------------------
+# The summary fields of one point that describe how it was measured (the gauge), copied into the
+# capacity document so that gate compares two capacities only when they were searched the same way.
+_GAUGE_TOP = ("endpoint_type", "backend", "model_id", "burstiness")
+_GAUGE_VKIT = ("stream", "endpoint", "ignore_eos", "warmups", "goodput_slo_ms", "client", "exact_rate", "model")
+
+
+def estimate(doc_capacity: dict, plan: Plan) -> tuple[float, float]:
+    """(point estimate, its own sd in log units) of a capacity search's answer. The boundary lies
+    somewhere in [capacity, upper]: the estimate is that interval's geometric middle and its sd
+    that of a uniform position in it, log(upper / capacity) / sqrt(12). Nothing clearly held: half
+    the lowest load offered (the estimate is then a bound); no clear failure: the capacity itself,
+    with the tolerance as the interval."""
+    lo, hi = doc_capacity.get("capacity"), doc_capacity.get("upper")
+    if lo is None:
+        low = min((p["load"] for p in doc_capacity.get("curve") or []), default=plan.lo_limit)
+        return max(plan.lo_limit, low) / 2.0, math.log(2.0) / math.sqrt(12.0)
+    if hi is None or hi <= lo:
+        return float(lo), math.log1p(plan.tolerance) / math.sqrt(12.0)
+    return float(math.sqrt(lo * hi)), math.log(hi / lo) / math.sqrt(12.0)
+
+
+def capacity_document(result: Capacity, first: dict | None, opts, seed: int, reference: float | None,
+                      accelerators: int | None = None) -> dict:
+    """A capacity search as one run the gate can compare: ``slo_capacity`` (the estimate) with
+    ``slo_capacity_sd`` (its own uncertainty), the figures at the capacity (throughput, latencies)
+    and ``ref_*`` at the reference load (interactivity: per-user output tok/s, mean TPOT), the
+    whole search under ``vkit.capacity``, and the gauge of the runs it was made of."""
+    import time as _time
+
+    d = result.as_dict(accelerators)
+    est, sd = estimate(d, result.plan)
+    pts = {p["load"]: p for p in d["curve"]}
+    at = (pts.get(d["capacity"]) or {}).get("metrics") or {}
+    if reference is None:
+        reference = d["capacity"]  # the first search of a tune: its own capacity becomes the reference load
+    ref_pt = pts.get(reference) if reference is not None else None
+    ref = (ref_pt or {}).get("metrics") or {}
+    valid = [r for p in result.points for r in p.runs if r["valid"]]
+    # The most requests in flight at the loads that decide the answer (every point up to the lowest
+    # clear failure): a max_num_seqs at or above it never bound there, so it cannot change the answer.
+    deciding = [r for p in result.points if d["upper"] is None or p.load <= d["upper"] for r in p.runs if r["valid"]]
+    peak = max((r["metrics"].get("max_concurrent_requests", 0) for r in deciding), default=0)
+    first = first or {}
+    fv = first.get("vkit") or {}
+    doc: dict = {k: first.get(k) for k in _GAUGE_TOP if k in first}
+    doc.update({
+        "date": _time.strftime("%Y%m%d-%H%M%S"),
+        "completed": int(sum(r["metrics"].get("completed", 0) for r in valid)),
+        "failed": 0,
+        "num_prompts": opts.num_prompts,
+        "max_concurrency": None,
+        "request_rate": f"capacity:{result.plan.mode}",
+        "slo_capacity": est,
+        "slo_capacity_sd": sd,
+        "capacity_holds": d["capacity"],
+        "capacity_fails": d["upper"],
+        "capacity_req_s": d["capacity_req_s"],
+        "capacity_output_tok_s": d["capacity_output_tok_s"],
+        "output_throughput": at.get("output_throughput"),
+        "request_throughput": at.get("request_throughput"),
+        "p95_ttft_ms": at.get("p95_ttft_ms"),
+        "mean_ttft_ms": at.get("mean_ttft_ms"),
+        "mean_tpot_ms": at.get("mean_tpot_ms"),
+        "peak_in_flight": peak,
+    })
+    if ref_pt is not None:
+        doc["reference_load"] = reference
+        # interactivity at the reference load means something only where that load holds the SLO
+        doc["ref_holds"] = ref_pt.get("verdict") == HOLDS
+        for k in ("mean_tpot_ms", "p95_tpot_ms", "p95_ttft_ms", "per_user_output_tok_s"):
+            if isinstance(ref.get(k), (int, float)):
+                doc[f"ref_{k}"] = ref[k]
+    dataset = dict(fv.get("dataset") or {})
+    dataset.pop("num_prompts", None)  # a point sends load x point_seconds requests: not part of the gauge
+    # the gauge, and the server facts (its version, the simulator's profile) of the search's first run
+    doc["vkit"] = {**{k: fv.get(k) for k in (*_GAUGE_VKIT, "server") if k in fv}, "dataset": dataset, "seed": seed,
+                   "schema": "vkit.capacity/1", "capacity": d,
+                   "valid": d["capacity"] is not None or d["upper"] is not None}
+    return doc
+
+
+def measure_configuration(opts, url: str, out_dir: str, slo: Slo, plan: Plan, reference: float | None,
+                          command: list[str] | None = None, api_key: str | None = None, interrupts=None,
+                          progress: Callable[[str], None] = lambda s: None, accelerators: int | None = None,
+                          seed: int | None = None) -> dict:
+    """One configuration's capacity, searched from the reference load (the neighbouring
+    configuration's capacity: the bracket starts where the answer probably is, and the first point
+    measures interactivity at that load), as :func:`capacity_document`. Its runs use dataset seeds
+    from ``opts.seed`` up, one per run; ``seed`` is the measurement's own (the gate pairs on it)."""
+    start = reference if reference is not None else plan.start
+    # warm start: the answer is probably near the neighbour's, so bracket in small steps around it
+    step = max(1.25, 1 + 2 * plan.tolerance) if reference is not None else plan.step
+    # a cold start brackets from afar (doublings): four more points than a warm one
+    p = replace(plan, start=min(plan.hi_limit, max(plan.lo_limit, start)), step=step,
+                max_points=plan.max_points if reference is not None else plan.max_points + 4)
+    inner = live_measure(opts, url, out_dir, p, command=command, api_key=api_key, interrupts=interrupts)
+    first: list[dict] = []
+
+    def run(load: float, k: int) -> dict | None:
+        s = inner(load, k)
+        if s is not None and not first:
+            first.append(s)
+        return s
+
+    res = search(run, slo, p, progress)
+    return capacity_document(res, first[0] if first else None, opts, opts.seed if seed is None else seed,
+                             p.snap(start) if reference is not None else None, accelerators)

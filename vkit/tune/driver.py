@@ -12,10 +12,13 @@ progress and warnings go to the callbacks, nothing is printed.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
+
+import numpy as np
 
 from vkit import search
 from vkit.apply.policy import Policy
@@ -98,9 +101,18 @@ class Replay:
 
 
 def goal(s: Settings) -> dict:
-    """The tuning goal: max output throughput subject to the SLO."""
-    return {"maximize": "output_throughput", "subject_to": s.slo,
-            "text": "max output throughput with " + ", ".join(f"{k} <= {v:g}" for k, v in s.slo.items())}
+    """The tuning goal: max SLO capacity (the highest request rate meeting every SLO), interactivity
+    at the reference load second; or, with the throughput objective, max output throughput subject
+    to the SLO at the workload's one load."""
+    slo = ", ".join(f"{k} <= {v:g}" for k, v in s.slo.items())
+    if s.capacity is not None:
+        gp = s.capacity.slo.goodput
+        return {"maximize": "slo_capacity", "subject_to": s.slo, "objective": "capacity",
+                "text": f"max SLO capacity (req/s offered, open loop) with {slo}"
+                        + (f" and >= {gp:.0%} of requests meeting them" if gp else "")
+                        + "; then interactivity (mean TPOT at the reference load)"}
+    return {"maximize": "output_throughput", "subject_to": s.slo, "objective": "throughput",
+            "text": "max output throughput with " + slo}
 
 
 @contextlib.contextmanager
@@ -125,7 +137,10 @@ def make_runner(sf: StateFile, s: Settings, ctx: RunContext, run_id: str | None 
 
 
 def check_drift(runner: Runner, warn: Callable[[str], None]) -> dict:
-    """The drift sentinel between two steps; on a change the baseline is measured again."""
+    """The drift sentinel between two steps; on a change the baseline is measured again. Not run
+    under the capacity objective: each check would be a whole capacity search (said in the result)."""
+    if runner.s.capacity is not None:
+        return {"changed": False, "skipped": "capacity objective: a sentinel would be a whole capacity search"}
     d = runner.sentinel()
     if d["changed"]:
         warn(f"drift: the kept configuration's throughput moved {d.get('shift') or 0:+.1%}; re-measuring the baseline")
@@ -167,7 +182,9 @@ def _open_run(sf: StateFile, settings: Settings, plan: TunePlan, ctx: RunContext
     st = sf.read()
     cfg: dict[str, Any] = {"mode": plan.mode, "steps": list(plan.steps), "budget": plan.budget,
                            "workload": settings.workload.describe(), "slo": settings.slo, "guards": settings.guards,
-                           "baseline_repeats": settings.baseline_repeats, "screen_repeats": settings.screen_repeats}
+                           "baseline_repeats": settings.baseline_repeats, "screen_repeats": settings.screen_repeats,
+                           "objective": settings.objective,
+                           "capacity": settings.capacity.describe() if settings.capacity is not None else None}
     prev = st.get("tune") or {}
     if plan.restart or not prev or prev.get("finished"):
         cfg["run_id"] = time.strftime("run-%Y%m%dT%H%M%S", time.gmtime())
@@ -194,8 +211,9 @@ def _drive(runner: Runner, settings: Settings, mixed: Workload, plan: TunePlan, 
         tuning.run_step1(runner, plan.max_model_len_candidates, need, main.options.max_concurrency, ctx.progress)
     sf.set_machine_state("BASELINE")
     b = runner.baseline()
-    ctx.progress("baseline: " + ", ".join(f"{k} {v:.1f} (σ {b['sigma'].get(k, 0):.1%})" for k, v in b["metrics"].items()
-                                          if k in ("output_throughput", "p95_ttft_ms", "mean_tpot_ms")))
+    shown = ("slo_capacity", "ref_mean_tpot_ms") if settings.capacity is not None else ("output_throughput", "p95_ttft_ms", "mean_tpot_ms")
+    ctx.progress("baseline: " + ", ".join(f"{k} {v:.4g} (σ {b['sigma'].get(k, 0):.1%})" for k, v in b["metrics"].items()
+                                          if k in shown))
     staged = [x for x in steps if x in ("2", "3", "4")]
     if staged:
         tuning.guard_anomalies(runner)
@@ -262,6 +280,10 @@ def build_result(runner: Runner, settings: Settings, t0: float) -> TuneResult:
                                      "kept", "decision_id", "diagnosis")}
         row["status"] = "measured" if t["status"] == "done" else t["status"]
         row["repeats"] = len(t.get("runs") or [])
+        if settings.capacity is not None and t.get("runs") and t["step"] not in ("1", "5"):
+            row["capacity"] = capacity_of(runner, t["runs"])
+        if t.get("same_as"):
+            row["same_as"] = t["same_as"]
         trials.append(row)
     warnings = []
     for t in st["trials"]:
@@ -269,6 +291,19 @@ def build_result(runner: Runner, settings: Settings, t0: float) -> TuneResult:
             if w not in warnings:
                 warnings.append(w)
     tune_run = st.get("tune") or {}
+    rec = delivered.get("recommendation")
+    cap_block = None
+    if settings.capacity is not None:
+        kept_runs = b.get("runs") if b.get("config") == st["kept"]["config"] else None
+        kept_trial = next((t for t in reversed(st["trials"]) if t.get("kept") and t["config"] == st["kept"]["config"]
+                           and t["step"] not in ("1", "5")), None)
+        kc = capacity_of(runner, kept_runs or (kept_trial or {}).get("runs") or [])
+        if rec is not None and kc:
+            rec = dict(rec, capacity={k: kc.get(k) for k in ("req_s", "output_tok_s", "per_accelerator", "estimate", "sd",
+                                                             "fails", "searches")},
+                       binding_slo=kc.get("binding_slo"))
+        cap_block = {"reference_load": (st.get("capacity_reference") or {}).get("load"),
+                     "settings": settings.capacity.describe(), "kept": kc}
     return TuneResult(
         title="vkit tuning report",
         generated=now_iso(),
@@ -288,16 +323,55 @@ def build_result(runner: Runner, settings: Settings, t0: float) -> TuneResult:
         knee=delivered.get("knee"),
         pareto=delivered.get("pareto"),
         not_confirmed=delivered.get("not_confirmed") or [],
-        recommendation=delivered.get("recommendation"),
+        recommendation=rec,
+        capacity=cap_block,
         stop_rule="; ".join(f"step {s['step']}: {s.get('stop_rule')}" for s in st.get("steps", [])),
         drift=[{"after_trial": d.get("after_trial"), "changed": d.get("changed"), "runs": d.get("runs"),
                 "min_runs": d.get("min_runs"), "detail": d.get("why")} for d in st.get("drift_checks", [])],
-        warnings=warnings + [f"knowledge base: {x}" for x in (tune_run.get("knowledge") or {}).get("ignored", [])[:3]],
+        warnings=warnings + [f"knowledge base: {x}" for x in (tune_run.get("knowledge") or {}).get("ignored", [])[:3]]
+        + (["drift sentinel not run under the capacity objective (each check would be a whole capacity search): "
+            "check the kept configuration with `drift --kept` or a soak before delivery"] if settings.capacity is not None else []),
         knowledge=tune_run.get("knowledge"),
         soak="recommended before delivery: a long bench_stream (30 min or more) at the recommended configuration, with "
              "drift detection over its windows (a short benchmark is not production)",
         timings={"total_s": round(time.time() - t0, 1), "restarts": restarts},
     )
+
+
+def capacity_of(runner: Runner, runs: list[str]) -> dict:
+    """A configuration's capacity over its searches (capacity documents): the figure to promise
+    (the lowest clear hold over the searches, req/s offered, and the output tok/s measured there),
+    the estimate the gate compares (geometric mean) and its spread, the binding SLO, and the curve
+    of its first search (every load point: verdict, margin, latencies, throughput)."""
+    docs = []
+    for p in runs or []:
+        try:
+            d = runner.load(p)
+        except (OSError, ValueError):
+            continue
+        if "slo_capacity" in d:
+            docs.append(d)
+    if not docs:
+        return {}
+    holds = [d.get("capacity_holds") for d in docs]
+    ok = [h for h in holds if isinstance(h, (int, float))]
+    promise = min(ok) if len(ok) == len(holds) else None
+    at = next((d for d in docs if d.get("capacity_holds") == promise), docs[0])
+    vc = (at.get("vkit") or {}).get("capacity") or {}
+    est = [d["slo_capacity"] for d in docs]
+    out = {"req_s": promise, "output_tok_s": vc.get("capacity_output_tok_s") if promise is not None else None,
+           "achieved_req_s": vc.get("capacity_req_s") if promise is not None else None,
+           "fails": min((d["capacity_fails"] for d in docs if isinstance(d.get("capacity_fails"), (int, float))), default=None),
+           "estimate": float(math.exp(sum(math.log(x) for x in est) / len(est))), "searches": len(docs),
+           "sd": (float(np.std(np.log(est), ddof=1)) if len(est) > 1 else None),
+           "resolution_sd": docs[0].get("slo_capacity_sd"),
+           "binding_slo": vc.get("binding_slo"), "stop": vc.get("stop"),
+           "per_accelerator": vc.get("per_accelerator"),
+           "reference_load": docs[0].get("reference_load"),
+           "ref_per_user_output_tok_s": docs[0].get("ref_per_user_output_tok_s"),
+           "peak_in_flight": max((d.get("peak_in_flight") or 0) for d in docs),
+           "curve": ((docs[0].get("vkit") or {}).get("capacity") or {}).get("curve") or []}
+    return out
 
 
 # -- sweep ----------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ SCHEMA_VERSION = 1
 SCHEMA = f"vkit.tune/{SCHEMA_VERSION}"
 
 # Keys a result may lack: results written before delivery confirmations and the knowledge base.
-OPTIONAL = ("not_confirmed", "knowledge")
+OPTIONAL = ("not_confirmed", "knowledge", "capacity")
 
 
 class ResultSchemaError(UsageError):
@@ -47,6 +47,7 @@ class TuneResult:
     drift: list[dict]
     warnings: list[str]
     knowledge: dict | None = None  # the knowledge base: path, matched run ids, ignored entries
+    capacity: dict | None = None  # the capacity objective: reference load, search settings, the kept one's capacity
     soak: str
     timings: dict  # total_s, restarts
     absent: tuple[str, ...] = field(default=(), repr=False)  # OPTIONAL keys the document did not hold

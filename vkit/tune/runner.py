@@ -39,11 +39,14 @@ from vkit.errors import Abnormal, ExitCode, Rejected, VkitError
 from vkit.interrupts import Interrupts
 from vkit.jsonio import read_json_file
 from vkit.measure.gauge import BenchOptions, build_config, measure
-from vkit.state import StateFile, default_owner, now_iso
+from vkit.state import StateFile, atomic_write_text, default_owner, now_iso
+from vkit.tune import capacity as _cap
 from vkit.validate import invariants
 
 KEY_METRICS = ("output_throughput", "request_throughput", "request_goodput", "p95_ttft_ms", "p99_ttft_ms", "mean_ttft_ms",
-               "mean_tpot_ms", "p95_tpot_ms", "mean_e2el_ms", "p95_e2el_ms")
+               "mean_tpot_ms", "p95_tpot_ms", "mean_e2el_ms", "p95_e2el_ms",
+               # the capacity objective's measurement (vkit.tune.capacity.capacity_document)
+               "slo_capacity", "capacity_output_tok_s", "ref_mean_tpot_ms", "ref_per_user_output_tok_s")
 
 
 def plain(obj: Any) -> Any:
@@ -66,6 +69,23 @@ class Workload:
 
 
 @dataclass
+class CapacityObjective:
+    """Tune's capacity objective: every measurement of the main workload is one SLO-capacity search
+    (``vkit.tune.capacity``), bracketed from the reference load (the first baseline search's
+    capacity); the gate compares ``slo_capacity``."""
+
+    slo: _cap.Slo
+    plan: _cap.Plan
+    accelerators: int | None = None
+
+    def describe(self) -> dict:
+        p = self.plan
+        return {"slo": dict(self.slo.limits), "goodput_fraction": self.slo.goodput, "mode": p.mode, "start": p.start,
+                "tolerance": p.tolerance, "max_points": p.max_points, "repeats": p.repeats, "noise": p.noise,
+                "point_seconds": p.point_seconds, "max_send_lag_ms": p.max_send_lag_ms, "keep_up": p.keep_up}
+
+
+@dataclass
 class Settings:
     workload: Workload
     baseline_repeats: int = 4
@@ -77,10 +97,37 @@ class Settings:
     eliminate_below: float = 0.10  # first screening run more than this (or 4σ) below the baseline: eliminated
     ready_timeout_s: float = 600.0
     sandbox: bool = True
+    capacity: CapacityObjective | None = None  # None: the throughput objective (one load, the primary metric)
+
+    @property
+    def objective(self) -> str:
+        return "throughput" if self.capacity is None else "capacity"
 
 
 def _rel(p: str, base: str) -> str:
     return os.path.relpath(p, base)
+
+
+def brief(doc: dict) -> str:
+    """A run in one phrase for progress lines: a capacity search's answer, else throughput and P95 TTFT."""
+    if "slo_capacity" in doc:
+        lo, hi, ref = doc.get("capacity_holds"), doc.get("capacity_fails"), doc.get("ref_per_user_output_tok_s")
+        return (f"capacity {doc['slo_capacity']:.3g} req/s (holds {lo if lo is not None else '-'}, fails "
+                f"{hi if hi is not None else '-'})" + (f", {ref:.0f} tok/s per user at {doc.get('reference_load'):g} req/s"
+                                                       if isinstance(ref, (int, float)) else ""))
+    return f"{doc['output_throughput']:.0f} out tok/s, P95 TTFT {doc['p95_ttft_ms']:.0f} ms"
+
+
+def capacity_checker(path: str) -> tuple[int, dict | None, str]:
+    """gate's check of a capacity document: its load points were each checked by check_invariants
+    inside the search (invalid runs entered no verdict); the document is invalid when no point
+    gave a clear verdict."""
+    try:
+        doc = read_json_file(path)[0]
+    except (OSError, ValueError, VkitError) as e:
+        return int(ExitCode.USAGE), None, str(e)
+    ok = bool((doc.get("vkit") or {}).get("valid"))
+    return (0 if ok else int(ExitCode.INVALID)), {"checks": [] if ok else [{"id": "capacity_search", "status": "fail"}]}, ""
 
 
 def summary_metrics(doc: dict) -> dict:
@@ -248,6 +295,8 @@ class Runner:
 
     def _measure_once(self, label: str, k: int, workload: Workload | None = None) -> tuple[str, dict, dict]:
         w = workload or self.s.workload
+        if self.s.capacity is not None and w.name == self.s.workload.name:
+            return self._measure_capacity(label, k, w)
         d = os.path.join(self.runs_dir, label)
         os.makedirs(d, exist_ok=True)
         path = os.path.join(d, f"rep{k}.json")
@@ -271,6 +320,33 @@ class Runner:
             check_brief = {"code": int(e.code), "verdict": None, "findings": None}
         return _rel(path, self.sf.dir), doc, check_brief
 
+    def _measure_capacity(self, label: str, k: int, w: Workload) -> tuple[str, dict, dict]:
+        """One capacity search of the running configuration (measurement ``k``): its load points
+        under runs/<label>/rep<k>-points/, the capacity document at runs/<label>/rep<k>.json."""
+        c = self.s.capacity
+        assert c is not None
+        d = os.path.join(self.runs_dir, label)
+        os.makedirs(d, exist_ok=True)
+        path = os.path.join(d, f"rep{k}.json")
+        st = self.sf.read()
+        reference = (st.get("capacity_reference") or {}).get("load")
+        # every point's run its own prompts: measurement k starts 1000 seeds above measurement k - 1
+        opts = replace(w.options, seed=w.seed + 1000 * k)
+        command = ["--state", self.sf.path]
+        try:
+            doc = _cap.measure_configuration(opts, st["service"]["url"], os.path.join(d, f"rep{k}-points"), c.slo, c.plan,
+                                             reference, command=command, interrupts=self.interrupts,
+                                             progress=lambda m: self.progress(f"{label} capacity {k}: {m}"),
+                                             accelerators=c.accelerators, seed=w.seed + k)
+        except VkitError as e:
+            raise VkitError(f"bench_stream failed (exit {int(e.code)}): {' '.join(str(e).split())}",
+                            ExitCode.UNAVAILABLE if e.code == 4 else e.code) from None
+        atomic_write_text(path, json.dumps(plain(doc), indent=2) + "\n")
+        code, _, _ = capacity_checker(path)
+        findings = [] if code == 0 else ["no_clear_load_point"]
+        verdict = "valid" if code == 0 else "invalid"
+        return _rel(path, self.sf.dir), plain(doc), {"code": code, "verdict": verdict, "findings": findings}
+
     def gate(self, baseline: list[str], candidate: list[str], fresh: bool = False, selected_from: int = 1,
              primary: str | None = None, guards: list[str] | None = None) -> dict:
         primary = primary or self.s.primary
@@ -287,7 +363,7 @@ class Runner:
             inp = _gate.GateInput(baseline=[self._abs(p) for p in baseline], primary=_gate.parse_metric(primary, "primary"),
                                   guards=_gate.parse_guards(guards), selected_from=selected_from, sigma_pool=pool,
                                   policy=self.policy, **runs)
-            res = plain(_gate.decide(inp))
+            res = plain(_gate.decide(inp, checker=capacity_checker if self.s.capacity is not None else None))
         except VkitError as e:
             return {"decision": "invalid", "why": f"gate: error: {' '.join(str(e).split())}", "exit_code": int(e.code)}
         res["exit_code"] = int(_gate.EXIT_CODE.get(res["decision"], ExitCode.UNDECIDED))
@@ -321,20 +397,124 @@ class Runner:
                 raise Rejected(f"the baseline measurement {path} is invalid ({', '.join(check.get('findings') or [])}): fix the gauge first")
             b["runs"].append(path)
             b["checks"].append(check)
-            self.progress(f"{key} {k}/{self.s.baseline_repeats}: {doc['output_throughput']:.0f} out tok/s, "
-                          f"P95 TTFT {doc['p95_ttft_ms']:.0f} ms" + ("" if check["code"] == 0 else f"  [{check['verdict']}: {', '.join(check.get('findings') or [])}]"))
+            self.progress(f"{key} {k}/{self.s.baseline_repeats}: {brief(doc)}"
+                          + ("" if check["code"] == 0 else f"  [{check['verdict']}: {', '.join(check.get('findings') or [])}]"))
             self.sf.set_baseline(key, b)
+            if "slo_capacity" in doc and not self.sf.read().get("capacity_reference"):
+                self._set_reference(doc, path)
+        return self._finish_baseline(key, b)
+
+    def _finish_baseline(self, key: str, b: dict) -> dict:
+        """The baseline's means and σ (per metric, relative) from its runs, recorded as final."""
         docs = [self.load(p) for p in b["runs"]]
         sig = {}
         for m in KEY_METRICS:
             vals = [d.get(m) for d in docs if isinstance(d.get(m), (int, float)) and d.get(m) > 0]
             if len(vals) >= 2:
                 sig[m] = float(np.std(np.log(vals), ddof=1))
+        if "slo_capacity" in sig or any("slo_capacity_sd" in d for d in docs):
+            sig["slo_capacity"] = capacity_sigma(sig.get("slo_capacity"), docs)
         b["metrics"] = aggregate(docs)
         b["sigma"] = sig
         self.sf.set_baseline(key, b, final=True)
-        self.log("baseline", key=key, config=kept, runs=b["runs"], sigma=sig, metrics=b["metrics"])
+        self.log("baseline", key=key, config=b["config"], runs=b["runs"], sigma=sig, metrics=b["metrics"],
+                 **({"rebased_from": b["rebased_from"]} if b.get("rebased_from") else {}))
         return b
+
+    def rebase_baseline(self, tid: str, conf: dict) -> dict | None:
+        """After a keep under the capacity objective: the newly kept configuration's own measurements
+        (its screening runs and the confirmation's B runs, each on a fresh server start) become the
+        baseline the next candidates are screened against, with no extra run; None when they are
+        fewer than the baseline repeats (the next ``baseline()`` then measures it)."""
+        t = self.trial(tid)
+        st = self.sf.read()
+        runs = list(dict.fromkeys([*(t.get("runs") or []), *(conf.get("b_runs") or [])]))
+        if len(runs) < self.s.baseline_repeats or t["config"] != st["kept"]["config"]:
+            return None
+        old = st.get("baseline") or {}
+        b = {"config": dict(t["config"]), "workload": self.s.workload.describe(), "runs": runs,
+             "checks": [{"code": 0, "verdict": "valid", "findings": []} for _ in runs],
+             "generation": old.get("generation", 0) + 1, "started": now_iso(), "rebased_from": tid}
+        self.sf.set_baseline("baseline", b)
+        b = self._finish_baseline("baseline", b)
+        self.progress(f"baseline rebased on the kept {tid}: {len(runs)} measurements of it (screening and confirmation), "
+                      f"slo_capacity {b['metrics'].get('slo_capacity', 0):.4g} (σ {b['sigma'].get('slo_capacity', 0):.1%})")
+        return b
+
+    def _set_reference(self, doc: dict, path: str) -> None:
+        """The load every later capacity search starts from and measures interactivity at: the first
+        baseline search's capacity (its highest clear hold; the estimate when nothing clearly held)."""
+        load = doc.get("capacity_holds") or doc.get("slo_capacity")
+        self.sf.set_capacity_reference({"load": load, "from": path, "set": now_iso()})
+        self.progress(f"capacity reference load: {load:g} req/s (every later search starts there and measures "
+                      "per-user tok/s there)")
+
+    # -- no restart for a candidate that cannot differ ------------------------------
+    def cannot_differ(self, config: dict) -> tuple[str, str | None] | None:
+        """(why, the trial it is the same as) when measuring ``config`` cannot tell anything new, so it
+        is not worth a restart: it was measured in this run already (a trial, or the baseline when it
+        is the kept configuration); it differs from a measured configuration only in ``max_num_seqs``
+        with both values at or above the most requests the server ever held in that configuration's
+        measurements (the peak in flight of its capacity searches, or the client's concurrency: the
+        limit never bound, so it cannot bind at the other value either); or vLLM refuses to start
+        it (``max_num_batched_tokens`` below ``max_model_len`` with chunked prefill off). None: measure it."""
+        st = self.sf.read()
+        tokens, mml = config.get("max_num_batched_tokens"), config.get("max_model_len")
+        if (config.get("enable_chunked_prefill") is False and isinstance(tokens, int) and isinstance(mml, int)
+                and tokens < mml):
+            return (f"vLLM refuses to start it: max_num_batched_tokens {tokens} < max_model_len {mml} with chunked "
+                    "prefill off", None)
+        measured = [(t["id"], t["config"], t.get("runs") or []) for t in st["trials"]
+                    if t["status"] in ("done", "eliminated") and t.get("valid") is not False and t["step"] not in ("1", "5")]
+        b = st.get("baseline") or {}
+        if b.get("config") and b.get("metrics") and b.get("workload") == self.s.workload.describe():
+            measured.insert(0, ("baseline", b["config"], b.get("runs") or []))
+        for tid, cfg, _ in measured:
+            if cfg == config:
+                return f"the same configuration as {tid}, measured in this run", tid
+        for tid, cfg, runs in measured:
+            if {k for k in set(cfg) | set(config) if cfg.get(k) != config.get(k)} != {"max_num_seqs"}:
+                continue
+            peak = self._peak_in_flight(runs)
+            a, c = cfg.get("max_num_seqs"), config.get("max_num_seqs")
+            if peak and isinstance(a, int) and isinstance(c, int) and min(a, c) >= peak:
+                return (f"max_num_seqs {c} cannot differ from {a} ({tid}): the server never held more than {peak} "
+                        f"requests at any load measured, so neither limit binds", tid)
+        return None
+
+    def _peak_in_flight(self, runs: list[str]) -> int | None:
+        """The most requests in flight in these runs: a capacity search's peak over its points, or a
+        closed-loop run's concurrency (the client never sends more)."""
+        peak = 0
+        for p in runs:
+            try:
+                d = self.load(p)
+            except (OSError, ValueError):
+                return None
+            if "slo_capacity" in d:
+                peak = max(peak, int(d.get("peak_in_flight") or 0))
+            elif isinstance(d.get("max_concurrency"), int):
+                peak = max(peak, d["max_concurrency"])
+            else:
+                return None  # open loop without a recorded peak: the limit may have bound
+        return peak or None
+
+    def skip_trial(self, step: str, config: dict, reason: str, why: str, same_as: str | None, audit: dict | None = None) -> dict:
+        """A proposed configuration recorded without a restart: it carries the measurement of the trial it
+        is the same as (so the search sees it as measured), status ``skipped`` and the reason."""
+        t = self.new_trial(step, config, reason, audit)
+        st = self.sf.read()
+        src = next((x for x in st["trials"] if x["id"] == same_as), None)
+        if same_as == "baseline":
+            metrics, valid = dict((st.get("baseline") or {}).get("metrics") or {}), True
+        elif src is not None:
+            metrics, valid = dict(src.get("metrics") or {}), src.get("valid")
+        else:
+            metrics, valid = {}, False  # refused by vLLM: infeasible, as a start failure would be
+        self.log("skip", trial=t["id"], config=config, why=why, same_as=same_as)
+        self.progress(f"{t['id']} step {step}: skipped, no restart: {why}")
+        return self.update_trial(t["id"], status="skipped", valid=valid, metrics=metrics, verdict=None, why=why,
+                                 same_as=same_as, finished=now_iso())
 
     # -- a trial ----------------------------------------------------------------
     def new_trial(self, step: str, config: dict, reason: str, audit: dict | None = None) -> dict:
@@ -346,7 +526,7 @@ class Runner:
                   primary: str | None = None, guards: list[str] | None = None) -> dict:
         """APPLY → VERIFY → VALIDATE → GATE (screening), resuming from the recorded phase."""
         t = self.trial(tid)
-        if t["status"] in ("done", "start_failed", "eliminated", "invalid"):
+        if t["status"] in ("done", "start_failed", "eliminated", "invalid", "skipped"):
             return t
         b = self.sf.read().get(baseline_key)  # None before BASELINE (step 1): measured, not gated
         if t["status"] == "proposed":
@@ -364,26 +544,29 @@ class Runner:
                 return self.update_trial(tid, status="start_failed", valid=False, verdict="reject", finished=now_iso(),
                                          why=f"start failed: {diag.get('quote') or res.get('message')}", diagnosis=diag)
         base_docs = [self.load(p) for p in b["runs"]] if b else []
-        base_tp = gmean([d["output_throughput"] for d in base_docs]) or 0.0
-        sig_tp = ((b or {}).get("sigma") or {}).get("output_throughput", 0.02)
+        pm = (primary or self.s.primary).split(":")[0]
+        pm = pm if pm in ("output_throughput", "slo_capacity") else "output_throughput"  # elimination: higher is better
+        base_tp = gmean([d.get(pm) for d in base_docs]) or 0.0
+        sig_tp = ((b or {}).get("sigma") or {}).get(pm, 0.02)
         while len(t["runs"]) < self.s.screen_repeats:
             k = len(t["runs"]) + 1
             path, doc, check = self.measure(tid, k, workload)
             t["runs"].append(path)
             t["checks"].append(check)
             t = self.update_trial(tid, runs=t["runs"], checks=t["checks"])
-            self.progress(f"{tid} run {k}: {doc['output_throughput']:.0f} out tok/s, P95 TTFT {doc['p95_ttft_ms']:.0f} ms"
+            self.progress(f"{tid} run {k}: {brief(doc)}"
                           + ("" if check["code"] == 0 else f"  [{check['verdict']}: {', '.join(check.get('findings') or [])}]"))
             if check["code"] == ExitCode.INVALID:
                 return self.update_trial(tid, status="invalid", valid=False, verdict=None, finished=now_iso(),
                                          metrics=summary_metrics(doc),
                                          why=f"invalid measurement ({', '.join(check.get('findings') or [])}): no verdict")
             cut = max(4 * sig_tp, self.s.eliminate_below)
-            if k == 1 and base_tp and doc["output_throughput"] < base_tp * (1 - cut):
-                self.progress(f"{tid} eliminated: {doc['output_throughput'] / base_tp - 1:+.1%} throughput vs the baseline")
+            what = "capacity" if pm == "slo_capacity" else "throughput"
+            if k == 1 and base_tp and (doc.get(pm) or 0.0) < base_tp * (1 - cut):
+                self.progress(f"{tid} eliminated: {doc[pm] / base_tp - 1:+.1%} {what} vs the baseline")
                 return self.update_trial(tid, status="eliminated", valid=True, verdict="reject", finished=now_iso(),
                                          metrics=summary_metrics(doc),
-                                         why=f"eliminated after 1 run: {doc['output_throughput'] / base_tp - 1:+.1%} throughput vs the "
+                                         why=f"eliminated after 1 run: {(doc.get(pm) or 0.0) / base_tp - 1:+.1%} {what} vs the "
                                              f"baseline, beyond -{cut:.0%}; no full repeats for a clearly worse candidate")
         docs = [self.load(p) for p in t["runs"]]
         valid = all(c["code"] == 0 for c in t["checks"])
@@ -422,6 +605,8 @@ class Runner:
         self.save_conf(conf)
         self.update_trial(tid, kept=True, decision_id=did)
         self.progress(f"KEEP {tid}: {' '.join(to_serve_flags(t['changes']))} ({did})")
+        if self.s.capacity is not None and (workload is None or workload.name == self.s.workload.name):
+            self.rebase_baseline(tid, conf)
         return conf
 
     def confirm_point(self, tid: str, selected_from: int, primary: str, guards: list[str] | None = None) -> dict:
@@ -473,7 +658,7 @@ class Runner:
                 conf["b_runs" if arm == "B" else "a_runs"].append(path)
                 conf["sequence"].append(arm)
                 self.save_conf(conf, list_key)
-                self.progress(f"confirm {tid} {arm}{k}: {doc['output_throughput']:.0f} out tok/s, P95 TTFT {doc['p95_ttft_ms']:.0f} ms")
+                self.progress(f"confirm {tid} {arm}{k}: {brief(doc)}")
             g = self.gate(conf["a_runs"], conf["b_runs"], fresh=True, selected_from=selected_from, primary=primary, guards=guards)
             decision = g.get("decision")
             self.progress(f"confirm {tid} after {len(conf['b_runs'])} pairs: {decision} — {g.get('why')}")
@@ -537,6 +722,16 @@ class Runner:
         self.sf.record_drift_check(dict(out, ts=now_iso()), change)
         self.log("drift_check", **out)
         return out
+
+
+def capacity_sigma(sample: float | None, docs: list[dict]) -> float:
+    """σ of ``slo_capacity`` between two searches: the repeats' own spread combined in quadrature
+    with the searches' mean resolution (``slo_capacity_sd``, the position of the boundary inside
+    each search's last bracket), so that two searches that happen to land on the same grid point
+    never claim σ = 0."""
+    res = [d["slo_capacity_sd"] for d in docs if isinstance(d.get("slo_capacity_sd"), (int, float))]
+    q2 = float(np.mean(np.square(res))) if res else 0.0
+    return float(math.sqrt((sample or 0.0) ** 2 + q2))
 
 
 def kept_series(st: dict, load: Callable[[str], dict]) -> list[tuple[str, dict]]:

@@ -26,6 +26,24 @@ from vkit.state import now_iso
 from vkit.tune.runner import Runner, Workload
 
 OBJECTIVES = [search.Objective("output_throughput", "max"), search.Objective("p95_ttft_ms", "min")]
+# The capacity objective: SLO capacity (req/s), and interactivity as mean TPOT at the reference load
+# (per-user output tok/s = 1000 / TPOT: the same order, the axis the report shows).
+CAPACITY_OBJECTIVES = [search.Objective("slo_capacity", "max"), search.Objective("ref_mean_tpot_ms", "min")]
+
+
+def objectives(runner: Runner) -> list[search.Objective]:
+    """The search's objectives for this run's objective (throughput at one load, or SLO capacity)."""
+    return CAPACITY_OBJECTIVES if runner.s.capacity is not None else OBJECTIVES
+
+
+def primary_metric(runner: Runner) -> str:
+    return objectives(runner)[0].name
+
+
+def search_slo(runner: Runner) -> dict | None:
+    """The SLO as the search sees it: a constraint on the throughput objective; inside the capacity
+    objective already (a capacity is the highest load meeting it), so none on top."""
+    return None if runner.s.capacity is not None else (runner.s.slo or None)
 STEP_NAMES = {"1": "max-model-len", "2": "max-num-batched-tokens", "3": "max-num-seqs", "4": "grid around the knee",
               "5": "behaviour flags (validation)", "bo": "Bayesian optimisation"}
 
@@ -33,16 +51,17 @@ STEP_NAMES = {"1": "max-model-len", "2": "max-num-batched-tokens", "3": "max-num
 def observations(runner: Runner, steps: tuple[str, ...] | None = None) -> list[search.Observation]:
     """Finished trials as the search sees them (screening means; infeasible when they did not start)."""
     st = runner.sf.read()
-    slo = runner.s.slo
+    slo = search_slo(runner)
+    objs = objectives(runner)
     out = []
     for t in st["trials"]:
         if steps is not None and t["step"] not in steps:
             continue
-        if t["status"] not in ("done", "eliminated", "start_failed", "invalid"):
+        if t["status"] not in ("done", "eliminated", "start_failed", "invalid", "skipped"):
             continue
-        feasible = t["status"] in ("done", "eliminated") and t.get("valid") is not False
-        obj = {o.name: t["metrics"].get(o.name) for o in OBJECTIVES if t["metrics"].get(o.name) is not None}
-        if feasible and len(obj) < len(OBJECTIVES):
+        feasible = t["status"] in ("done", "eliminated", "skipped") and t.get("valid") is not False and bool(t.get("metrics"))
+        obj = {o.name: t["metrics"].get(o.name) for o in objs if t["metrics"].get(o.name) is not None}
+        if feasible and len(obj) < len(objs):
             feasible = False
         slo_ok = None
         if feasible and slo:
@@ -51,7 +70,7 @@ def observations(runner: Runner, steps: tuple[str, ...] | None = None) -> list[s
         for p in t.get("runs") or []:
             try:
                 d = runner.load(p)
-                reps.append({o.name: d.get(o.name) for o in OBJECTIVES})
+                reps.append({o.name: d.get(o.name) for o in objs})
             except (OSError, ValueError):
                 continue
         out.append(search.Observation(config=dict(t["config"]), objectives=obj, repeats=reps, feasible=feasible,
@@ -118,7 +137,7 @@ def run_step1(runner: Runner, candidates: list[int], need_len: int, target_concu
             saved = runner.s.screen_repeats
             runner.s.screen_repeats = 2
             try:
-                t = runner.run_trial(t["id"])
+                t = runner.run_trial(t["id"], workload=step1_workload(runner))
             finally:
                 runner.s.screen_repeats = saved
         if t["status"] == "start_failed":
@@ -155,6 +174,13 @@ def run_step1(runner: Runner, candidates: list[int], need_len: int, target_concu
     return rec
 
 
+def step1_workload(runner: Runner) -> Workload | None:
+    """Step 1 judges start-up, KV room and TTFT stability on the closed-loop gauge at the target
+    concurrency, whatever the objective (a capacity search would answer another question)."""
+    w = runner.s.workload
+    return Workload(w.options, seed=w.seed, name="step1") if runner.s.capacity is not None else None
+
+
 def run_screening_step(runner: Runner, step: str, proposer: Callable[[list], Any], progress: Callable[[str], None],
                        budget: int, stop_text: Callable[[list], str]) -> dict:
     """Propose → trial (APPLY/VERIFY/VALIDATE/GATE-screen) until the proposer is done or the budget is
@@ -170,7 +196,8 @@ def run_screening_step(runner: Runner, step: str, proposer: Callable[[list], Any
             n += 1
             continue
         hist = observations(runner, (step,))
-        if len(hist) >= budget:
+        skipped = sum(1 for t in runner.sf.read()["trials"] if t["step"] == step and t["status"] == "skipped")
+        if len(hist) - skipped >= budget:  # a skipped candidate cost no restart: it does not count
             stop = f"budget of {budget} trials for step {step} spent"
             break
         everything = observations(runner)
@@ -178,6 +205,10 @@ def run_screening_step(runner: Runner, step: str, proposer: Callable[[list], Any
         if prop is None:
             stop = stop_text(everything)
             break
+        same = runner.cannot_differ(prop.config)
+        if same is not None:
+            runner.skip_trial(step, prop.config, prop.reason, same[0], same[1], prop.audit)
+            continue
         t = runner.new_trial(step, prop.config, prop.reason, prop.audit)
         runner.run_trial(t["id"])
         n += 1
@@ -200,9 +231,10 @@ def run_screening_step(runner: Runner, step: str, proposer: Callable[[list], Any
 
 
 def _best_screened(runner: Runner, step: str) -> dict | None:
-    """The step's candidate with the highest screening throughput among those the screening gate did
-    not reject and that meet the SLO."""
-    slo = runner.s.slo
+    """The step's candidate with the highest screening primary (throughput, or SLO capacity) among
+    those the screening gate did not reject and that meet the SLO."""
+    slo = search_slo(runner) or {}
+    pm = primary_metric(runner)
     best = None
     for t in runner.sf.read()["trials"]:
         if t["step"] != step or t["status"] != "done" or not t.get("valid") or t.get("verdict") not in ("accept", "undecided"):
@@ -210,7 +242,7 @@ def _best_screened(runner: Runner, step: str) -> dict | None:
         m = t["metrics"]
         if any(m.get(k, math.inf) > v for k, v in slo.items()):
             continue
-        if best is None or m.get("output_throughput", 0) > best["metrics"].get("output_throughput", 0):
+        if best is None or m.get(pm, 0) > best["metrics"].get(pm, 0):
             best = t
     return best
 
@@ -224,9 +256,10 @@ def staged_proposer(runner: Runner, policy: Policy, step: str, candidates: str =
     names = ["max_num_batched_tokens", "max_num_seqs"]
     octaves = candidates == "octaves"
     space = search.space_from_policy(policy, names, frozen=st.get("frozen") or {}, bounds=OCTAVE_BOUNDS if octaves else None)
-    conc = _concurrency(runner.s.workload)
+    # open loop there is no client concurrency to stay above: the server's own limit is what is measured
+    conc = _concurrency(runner.s.workload) if runner.s.capacity is None else None
     opts = {"tokens_candidates": "octaves", "seqs_candidates": "octaves"} if octaves else {}
-    plan = search.StagedPlan(space, dict(st["kept"]["config"]), OBJECTIVES, runner.s.slo or None, steps=(step,),
+    plan = search.StagedPlan(space, dict(st["kept"]["config"]), objectives(runner), search_slo(runner), steps=(step,),
                              load_concurrency=conc, **opts)
     return plan.next, plan.stop_reason
 
@@ -258,9 +291,10 @@ def bo_proposer(runner: Runner, policy: Policy, budget: int, seed: int,
         # warm start: earlier runs of this environment count as evaluated points (never re-proposed)
         mine = prior + [h for h in hist if h.step == "bo"]
         total = budget + len(prior)  # the budget counts this run's evaluations; prior ones come on top
-        prop = search.propose("bo", space, mine, base, OBJECTIVES, runner.s.slo or None, total, seed)
+        objs, slo = objectives(runner), search_slo(runner)
+        prop = search.propose("bo", space, mine, base, objs, slo, total, seed)
         if prop is not None:  # the inputs go into the decision log, so `sweep --replay` can re-derive the proposal
-            prop.audit["replay"] = search.log_record("bo", space, mine, base, OBJECTIVES, runner.s.slo or None, total, seed, prop)
+            prop.audit["replay"] = search.log_record("bo", space, mine, base, objs, slo, total, seed, prop)
         return prop
 
     return nxt, lambda hist: f"Bayesian optimisation finished after {len(hist)} evaluations"
@@ -311,17 +345,37 @@ def _front(runner: Runner, goal: dict) -> tuple[dict, list[search.Observation]]:
     # a member whose claim the gate rejected on fresh runs was a screening artefact: out of the front
     gone = {c["trial_id"] for c in _current_checks(st) if c.get("decision") in _NOT_CONFIRMED}
     hist = [h for h in observations(runner) if h.step in ("2", "3", "4", "bo") and h.trial_id not in gone]
+    if runner.s.capacity is not None:
+        # interactivity is measured at the reference load: a configuration that does not carry that load
+        # within the SLO has no interactivity to trade, so it is not deliverable on this front
+        trials = {t["id"]: t for t in st["trials"]}
+        hist = [h for h in hist if _carries_reference(runner, trials.get(h.trial_id) or {})]
     b = st.get("baseline") or {}
     kept = st["kept"]["config"]
     # the kept configuration (confirmed) is always a candidate for delivery
+    objs = objectives(runner)
     if b.get("metrics") and b.get("config") == kept:  # the baseline measured the kept configuration itself
-        hist.append(search.Observation(config=dict(kept), objectives={o.name: b["metrics"].get(o.name) for o in OBJECTIVES},
+        hist.append(search.Observation(config=dict(kept), objectives={o.name: b["metrics"].get(o.name) for o in objs},
                                        repeats=[], feasible=True, slo_ok=None, step="kept", trial_id="kept"))
-    out = search.deliver(hist, OBJECTIVES, goal) if hist else {"front": [], "knee": None, "recommendation": None}
+    out = search.deliver(hist, objs, goal) if hist else {"front": [], "knee": None, "recommendation": None}
     return out, hist
 
 
 _NOT_CONFIRMED = ("reject", "invalid", "start_failed")
+
+
+def _carries_reference(runner: Runner, trial: dict) -> bool:
+    """Every capacity search of the trial (or of the one it is the same as) held the SLO at the reference load."""
+    if trial.get("same_as"):
+        src = next((t for t in runner.sf.read()["trials"] if t["id"] == trial["same_as"]), None)
+        trial = src if src is not None else {"runs": (runner.sf.read().get("baseline") or {}).get("runs") or []}
+    docs = []
+    for p in trial.get("runs") or []:
+        try:
+            docs.append(runner.load(p))
+        except (OSError, ValueError):
+            return False
+    return bool(docs) and all(d.get("ref_holds", True) for d in docs)
 
 
 def _kept_ids(st: dict) -> set:
@@ -335,18 +389,18 @@ def _current_checks(st: dict) -> list[dict]:
     return [c for c in st.get("delivery_confirmations", []) if c.get("against", kept) == kept]
 
 
-def _claim(point: dict, kept_obj: dict) -> tuple[str, float]:
+def _claim(point: dict, kept_obj: dict, objs: list[search.Objective]) -> tuple[str, float]:
     """The objective a front member screened best on relative to the kept configuration, as a gate
     primary spec, and that relative advantage (in the objective's good direction)."""
     best, gain = None, -math.inf
-    for o in OBJECTIVES:
+    for o in objs:
         a, b = kept_obj.get(o.name), (point.get("objectives") or {}).get(o.name)
         if not isinstance(a, (int, float)) or not isinstance(b, (int, float)) or a == 0:
             continue
         rel = (b - a) / abs(a) * (1 if o.direction == "max" else -1)
         if rel > gain:
             best, gain = o, rel
-    best = best or OBJECTIVES[0]
+    best = best or objs[0]
     return f"{best.name}:{'+' if best.direction == 'max' else '-'}", gain
 
 
@@ -378,7 +432,7 @@ def confirm_front(runner: Runner, goal: dict, limit: int, progress: Callable[[st
         p = todo[0]
         tid = p["trial_id"]
         tried.add(tid)
-        primary, gain = _claim(p, kept_obj)
+        primary, gain = _claim(p, kept_obj, objectives(runner))
         if gain <= 0:  # on the front only through the pooled means: no claim over the kept configuration to test
             conf = runner.drop_point(tid, max(1, len(hist)), primary,
                                      f"no advantage over the kept configuration on screening (best: {primary} {gain:+.1%}); "
@@ -407,7 +461,7 @@ def _vs_kept(runner: Runner, conf: dict) -> dict:
         b = [runner.load(p) for p in conf.get("b_runs") or []]
     except (OSError, ValueError):
         return out
-    for o in OBJECTIVES:
+    for o in objectives(runner):
         va = [d[o.name] for d in a if isinstance(d.get(o.name), (int, float))]
         vb = [d[o.name] for d in b if isinstance(d.get(o.name), (int, float))]
         if va and vb and sum(va):

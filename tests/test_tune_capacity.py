@@ -1,0 +1,94 @@
+"""tune --objective capacity end to end on the simulator: each configuration judged by its SLO
+capacity (a capacity search per measurement, bracketed from the reference load), a candidate that
+cannot differ skipped without a restart, the capacity in result.json and in the report."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+
+from tests.conftest import REPO, call
+from tests.sim_helpers import free_port
+from vkit.apply import launcher
+from vkit.state import StateFile
+
+pytestmark = pytest.mark.e2e
+
+CAP = ["--sandbox", "--objective", "capacity", "--input-len", "256", "--output-len", "32", "--num-prompts", "40",
+       "--baseline-repeats", "3", "--screen-repeats", "1", "--confirm-blocks", "1", "--confirm-front", "0",
+       "--ready-timeout", "30", "--slo", "p95_ttft_ms=400", "--slo", "mean_tpot_ms=40", "--point-seconds", "1",
+       "--capacity-start", "8", "--capacity-max-points", "6", "--capacity-repeats", "2", "--capacity-noise", "0.03"]
+
+
+@pytest.fixture
+def svc(tmp_path, monkeypatch):
+    port = free_port()
+    st = str(tmp_path / "st" / "vkit.json")
+    monkeypatch.setenv("VKIT_STATE", st)
+    yield {"state": st, "port": port, "sf": StateFile(st), "dir": tmp_path}
+    if os.path.exists(st):
+        launcher.stop(StateFile(st).read()["service"].get("running"), grace_s=3)
+
+
+def init(svc, *sets: str) -> None:
+    argv = ["init", "--url", f"http://127.0.0.1:{svc['port']}", "--model", "sim-70b"]
+    for s in sets:
+        argv += ["--set", s]
+    sim = [sys.executable, os.path.join(REPO, "bin", "sim_server"), "sim-70b", "--port", str(svc["port"]), "--sim-speed", "4",
+           "--sim-startup-s", "0.2", "--sim-seed", "5", "--max-model-len", "4096", "--sim-gpu", "H100-80G",
+           "--sim-model", "llama-3.1-70b", "-tp", "4"]
+    r = call("state", *argv, "--", *sim)
+    assert r.code == 0, r
+
+
+def test_capacity_tune_keeps_by_capacity_skips_what_cannot_differ_and_reports_the_capacity(svc):
+    # 8 sequences kept: the server queues above 8 requests in flight, so step 3's higher limits pay off;
+    # step 3's candidates far above the peak in flight cannot differ from each other
+    init(svc, "max_num_seqs=8", "max_num_batched_tokens=8192")
+    rep = svc["dir"] / "rep"
+    r = call("tune", *CAP, "--steps", "3", "--budget", "3", "--json", "--report-dir", str(rep))
+    assert r.code == 0, r.err[-3000:]
+    res = json.loads(r.out)
+    st = svc["sf"].read()
+    assert res["goal"]["objective"] == "capacity" and res["goal"]["maximize"] == "slo_capacity"
+    ref = st["capacity_reference"]["load"]
+    assert res["capacity"]["reference_load"] == ref > 0
+    # every baseline measurement is a capacity search that started at the reference load after the first
+    docs = [json.load(open(os.path.join(svc["sf"].dir, p))) for p in st["baseline"]["runs"]]
+    assert all("slo_capacity" in d and d["vkit"]["schema"] == "vkit.capacity/1" for d in docs)
+    for d in docs[1:] if st["baseline"].get("rebased_from") is None else []:
+        assert d["vkit"]["capacity"]["curve"][0]["load"] == ref or d["reference_load"] == ref
+    # each measured trial carries its curve: load points with verdicts, the SLO's margins, the latencies
+    measured = [t for t in res["trials"] if t["status"] == "measured"]
+    assert measured and all(t["capacity"]["curve"] and t["capacity"]["binding_slo"] for t in measured)
+    for t in measured:
+        for p in t["capacity"]["curve"]:
+            assert p["verdict"] in ("holds", "fails", "unclear", "invalid") and "p95_ttft_ms" in p["metrics"]
+    # 8 sequences queue: the gate kept a higher limit on the capacity (measured: 64, +263 %), and the
+    # baseline the rest of the run screens against is the kept configuration's own measurements
+    assert st["kept"]["config"]["max_num_seqs"] > 8 and st["kept"].get("decision") == "gate"
+    kept = [t for t in st["trials"] if t.get("kept")][-1]
+    conf = next(c for c in st["confirmations"] if c["trial_id"] == kept["id"])
+    assert conf["decision"] == "kept" and conf["why"].startswith("slo_capacity +")
+    assert st["baseline"]["config"] == st["kept"]["config"] and st["baseline"]["rebased_from"] == kept["id"]
+    # step 3's first candidate, 8 sequences, is the kept configuration: recorded as the baseline, no restart
+    first = next(t for t in st["trials"] if t["config"]["max_num_seqs"] == 8)
+    assert first["status"] == "skipped" and first["same_as"] == "baseline" and "same configuration" in first["why"]
+    # a skipped candidate never restarted the server: nothing restarts between its skip and the next proposal
+    events = [e["event"] for e in svc["sf"].log.read()]
+    skips = [i for i, e in enumerate(events) if e == "skip"]
+    assert skips
+    for i in skips:
+        nxt = next((j for j in range(i + 1, len(events)) if events[j] == "propose"), len(events))
+        assert not {"applied", "rolled_back", "start_failed"} & set(events[i + 1:nxt]), events[i:nxt]
+    # result.json: the recommendation's capacity (req/s, tok/s, per accelerator) and binding SLO
+    doc = json.load(open(rep / "result.json"))
+    rc = doc["recommendation"]["capacity"]
+    assert rc["req_s"] > 0 and rc["output_tok_s"] > 0 and doc["recommendation"]["binding_slo"] in (
+        "p95_ttft_ms", "mean_tpot_ms", "throughput")
+    html = open(rep / "report.html", encoding="utf-8").read()
+    assert "SLO capacity" in html and 'id="plot-capacity"' in html and "capacity-table" in html
+    assert "SLO capacity (req/s" in open(rep / "report.md", encoding="utf-8").read() or "SLO capacity" in r.err
