@@ -13,7 +13,7 @@ import math
 import os
 import sys
 
-from vkit.cli._common import IO, int_at_least, make_parser, run
+from vkit.cli._common import IO, int_at_least, make_parser, positive_float, run
 from vkit.errors import ExitCode, StateMissing, UsageError
 from vkit.measure.gauge import BenchOptions, build_config, check, measure
 from vkit.state import StateFile
@@ -55,7 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--api-key-env", metavar="VAR", help="read the API key from environment variable VAR (never logged)")
     g.add_argument("--no-stream", action="store_true", help="send stream=false (TTFT then equals E2EL: for demonstrating the broken gauge only)")
     d = p.add_argument_group("dataset")
-    d.add_argument("--dataset-name", choices=["random", "jsonl", "mixed"], default="random", help="request set (default random)")
+    d.add_argument("--dataset-name", choices=["random", "jsonl", "mixed", "trace"], default="random",
+                   help="request set (default random); trace: --dataset-path rows with a 'timestamp' (s) replayed open loop "
+                        "at the recorded offsets / --trace-speedup, each row's optional 'priority' sent with it")
     d.add_argument("--dataset-path", metavar="FILE", help="prompt file for --dataset-name jsonl: JSON Lines or one JSON array; fields prompt, messages or "
                    "ShareGPT-style conversations (sent up to the first human turn), optional output_len; its content "
                    "hash is part of the gauge")
@@ -72,6 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     ld.add_argument("--max-concurrency", type=_pos_int, default=None, metavar="N", help="at most N requests in flight (closed loop with --request-rate inf)")
     ld.add_argument("--request-rate", type=_rate, default=math.inf, metavar="R", help="requests/s for an open loop, or inf (default inf)")
     ld.add_argument("--burstiness", type=float, default=1.0, metavar="B", help="gamma shape of inter-arrivals; 1 = Poisson (default 1)")
+    ld.add_argument("--trace-speedup", type=positive_float, default=1.0, metavar="F",
+                    help="--dataset-name trace: replay the recorded arrivals F times faster (default 1)")
     ld.add_argument("--exact-rate", action="store_true",
                     help="scale the drawn inter-arrival gaps so the run offers exactly --request-rate on average "
                          "(a 200-request Poisson run is off by ~7%% by chance; capacity searches use this)")
@@ -117,6 +121,7 @@ def options(args: argparse.Namespace) -> BenchOptions:
         num_warmups=args.num_warmups, stall_timeout=args.stall_timeout, drain_timeout=args.drain_timeout,
         transport=args.transport, scrape_interval=args.scrape_interval, goodput=parse_goodput(args.goodput),
         api_key_env=args.api_key_env,
+        trace_speedup=args.trace_speedup,
     )
 
 

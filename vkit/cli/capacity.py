@@ -29,6 +29,7 @@ EXAMPLES = [
     "      --slo p95_ttft_ms=1000 --slo mean_tpot_ms=50",
     "capacity --url $URL --dataset-name jsonl --dataset-path prompts.jsonl --slo p99_ttft_ms=2000 --goodput-fraction 0.99",
     "capacity --url $URL --mode concurrency --start 8 --slo p95_e2el_ms=20000 --accelerators 8 -o capacity.json",
+    "capacity --url $URL --mode trace --dataset-name trace --dataset-path traffic.jsonl --slo p95_ttft_ms=1000",
 ]
 
 
@@ -60,9 +61,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="an upper limit, repeatable: p50/p90/p95/p99/mean/median of ttft, tpot, itl, e2el, e.g. p95_ttft_ms=1000")
     c.add_argument("--goodput-fraction", type=fraction_arg(), default=None, metavar="F",
                    help="also require this share of requests to meet every per-request limit (ttft, tpot, e2el), e.g. 0.99")
-    c.add_argument("--mode", choices=["rate", "concurrency"], default="rate",
-                   help="rate: open loop, Poisson (or gamma with --burstiness) arrivals; concurrency: closed loop (default rate)")
-    c.add_argument("--start", type=positive_float, default=None, metavar="L", help="first load offered (default 4 req/s, or 8 streams)")
+    c.add_argument("--mode", choices=["rate", "concurrency", "trace"], default="rate",
+                   help="rate: open loop, Poisson (or gamma with --burstiness) arrivals; concurrency: closed loop; trace: "
+                        "the --dataset-name trace file's own arrivals, the load its speed-up (default rate)")
+    c.add_argument("--start", type=positive_float, default=None, metavar="L",
+                   help="first load offered (default 4 req/s, 8 streams, or the trace at 1x)")
     c.add_argument("--max-load", type=positive_float, default=10_000.0, metavar="L", help="never offer more (default 10000)")
     c.add_argument("--tolerance", type=fraction_arg(), default=0.10, metavar="F",
                    help="stop when the bracket's upper end is within F of the capacity (default 0.10)")
@@ -88,8 +91,11 @@ def _run(args: argparse.Namespace, io: IO) -> int:
     if args.max_concurrency is not None or not math.isinf(args.request_rate) or args.records or args.label:
         raise UsageError("--request-rate, --max-concurrency, --records and --label belong to the search; leave them out")
     slo = cap.Slo(_slo(args.slo), args.goodput_fraction)
-    start = args.start if args.start is not None else (4.0 if args.mode == "rate" else 8.0)
-    plan = cap.Plan(mode=args.mode, start=start, lo_limit=0.05 if args.mode == "rate" else 1.0, hi_limit=args.max_load,
+    if (args.mode == "trace") != (args.dataset_name == "trace"):
+        raise UsageError("--mode trace and --dataset-name trace go together (the load is the trace's speed-up)")
+    start = args.start if args.start is not None else {"rate": 4.0, "concurrency": 8.0, "trace": 1.0}[args.mode]
+    plan = cap.Plan(mode=args.mode, start=start, lo_limit={"rate": 0.05, "concurrency": 1.0, "trace": 0.01}[args.mode],
+                    hi_limit=args.max_load,
                     tolerance=args.tolerance, max_points=args.max_points, repeats=args.repeats, noise=args.noise,
                     max_send_lag_ms=args.max_send_lag_ms, keep_up=args.keep_up, point_seconds=args.point_seconds)
     opts = bench_stream.options(args)

@@ -307,4 +307,7 @@ def request_body(req: Any, model: str, chat: bool, stream: bool, max_tokens: int
             body["max_tokens"] = n
     if req.ignore_eos:
         body["ignore_eos"] = True
+    prio = (getattr(req, "extra", None) or {}).get("priority")
+    if prio is not None:
+        body["priority"] = int(prio)  # vLLM's completions and chat field (--scheduling-policy priority)
     return body

@@ -163,24 +163,70 @@ def jsonl_requests(path: str, n: int | None, default_output_len: int | None, cha
         if "conversations" in obj and "prompt" not in obj and "messages" not in obj:
             msgs, first = _conversation(path, ln, obj["conversations"])
             obj = {**obj, "messages": msgs} if chat else {**obj, "prompt": first}
-        rows.append(obj)
+        rows.append((ln, obj))
     if not rows:
         raise UsageError(f"{path} holds no requests")
     count = n or len(rows)
     out = []
     for i in range(count):
-        obj = rows[i % len(rows)]
+        ln, obj = rows[i % len(rows)]
         olen = obj.get("output_len", obj.get("max_tokens", default_output_len))
+        extra = _trace_fields(path, ln, obj)
         if "messages" in obj:
             if not chat:
                 raise UsageError(f"{path}: rows with 'messages' need --endpoint chat")
-            out.append(Request(i, messages=obj["messages"], output_len=olen))
+            out.append(Request(i, messages=obj["messages"], output_len=olen, extra=extra))
         elif chat:
-            out.append(Request(i, messages=[{"role": "user", "content": str(obj["prompt"])}], output_len=olen))
+            out.append(Request(i, messages=[{"role": "user", "content": str(obj["prompt"])}], output_len=olen, extra=extra))
         else:
             p = obj["prompt"]
-            out.append(Request(i, prompt=p, input_len=len(p) if isinstance(p, list) else None, output_len=olen))
+            out.append(Request(i, prompt=p, input_len=len(p) if isinstance(p, list) else None, output_len=olen, extra=extra))
     return out
+
+
+def _trace_fields(path: str, ln: int, obj: dict) -> dict:
+    """A row's arrival time (``timestamp``, seconds) and scheduling ``priority``, when it has them."""
+    out = {}
+    for key, kind in (("timestamp", (int, float)), ("priority", int)):
+        if key in obj:
+            v = obj[key]
+            if isinstance(v, bool) or not isinstance(v, kind) or (key == "timestamp" and not np.isfinite(v)):
+                raise UsageError(f"{path}:{ln}: '{key}' must be a {'number of seconds' if key == 'timestamp' else 'whole number'}")
+            out[key] = v
+    return out
+
+
+def trace_requests(path: str, n: int | None, default_output_len: int | None, chat: bool,
+                   speedup: float = 1.0) -> tuple[list[Request], np.ndarray]:
+    """A traffic trace: a prompt file whose every row has a ``timestamp`` (seconds, any origin), in
+    time order, replayed open loop at the recorded offsets divided by ``speedup`` (2 = twice the
+    traffic). The first ``n`` arrivals when ``n`` is given; rows may carry a ``priority``."""
+    if not speedup > 0 or not np.isfinite(speedup):
+        raise UsageError(f"--trace-speedup must be a positive number, got {speedup}")
+    reqs = jsonl_requests(path, None, default_output_len, chat)
+    missing = [r.index for r in reqs if "timestamp" not in r.extra]
+    if missing:
+        raise UsageError(f"{path}: a trace needs a 'timestamp' on every row; request {missing[0] + 1} has none")
+    reqs.sort(key=lambda r: r.extra["timestamp"])
+    reqs = reqs[:n] if n else reqs
+    for i, r in enumerate(reqs):
+        r.index = i
+    t = np.array([r.extra["timestamp"] for r in reqs], dtype=float)
+    return reqs, (t - t[0]) / speedup
+
+
+def length_distribution(reqs: list[Request]) -> dict:
+    """The request set's token lengths: prompt tokens (known for token-id prompts) and output
+    tokens asked for, each as count, mean, p5, p50, p95, p99, min and max."""
+    def dist(values: list) -> dict | None:
+        a = np.asarray([v for v in values if isinstance(v, (int, float))], dtype=float)
+        if a.size == 0:
+            return None
+        return {"count": int(a.size), "mean": float(a.mean()), "p5": float(np.percentile(a, 5)),
+                "p50": float(np.percentile(a, 50)), "p95": float(np.percentile(a, 95)),
+                "p99": float(np.percentile(a, 99)), "min": float(a.min()), "max": float(a.max())}
+
+    return {"input_tokens": dist([r.input_len for r in reqs]), "output_tokens": dist([r.output_len for r in reqs])}
 
 
 def file_sha256(path: str) -> str:

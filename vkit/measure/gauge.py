@@ -16,7 +16,15 @@ from typing import Callable
 
 from vkit.errors import UsageError
 from vkit.interrupts import Interrupts
-from vkit.measure.datasets import arrival_times, file_sha256, jsonl_requests, mixed_requests, random_requests
+from vkit.measure.datasets import (
+    arrival_times,
+    file_sha256,
+    jsonl_requests,
+    length_distribution,
+    mixed_requests,
+    random_requests,
+    trace_requests,
+)
 from vkit.measure.loadgen import BenchConfig, Outcome, run_bench
 from vkit.state import atomic_write_text
 
@@ -53,6 +61,7 @@ class BenchOptions:
     scrape_interval: float = 1.0
     goodput: dict | None = field(default=None, hash=False)
     api_key_env: str | None = None
+    trace_speedup: float = 1.0  # dataset "trace": the recorded arrival offsets divided by this
 
     def flags(self) -> list[str]:
         """The bench_stream flags that make this measurement (the seed apart): the request set
@@ -81,6 +90,7 @@ class BenchOptions:
             ("--transport", self.transport, d.transport, str),
             ("--scrape-interval", self.scrape_interval, d.scrape_interval, lambda v: f"{v:g}"),
             ("--api-key-env", self.api_key_env, d.api_key_env, str),
+            ("--trace-speedup", self.trace_speedup, d.trace_speedup, lambda v: f"{v:g}"),
         ]
         for flag, value, default, fmt in optional:
             if value != default:
@@ -114,6 +124,14 @@ def build_config(o: BenchOptions, url: str, command: list[str], api_key: str | N
         long_len = o.mixed_long_len or 8 * o.random_input_len
         reqs = mixed_requests(n + w, o.random_input_len, long_len, o.mixed_long_fraction, o.random_output_len,
                               o.seed, o.vocab_size, text=chat)
+    elif o.dataset_name == "trace":
+        if not o.dataset_path:
+            raise UsageError("--dataset-name trace needs --dataset-path FILE (rows with a 'timestamp')")
+        if w or o.duration is not None or not math.isinf(o.request_rate) or o.max_concurrency is not None:
+            raise UsageError("a trace sets its own arrivals: leave out --num-warmups, --duration, --request-rate and "
+                             "--max-concurrency (--trace-speedup scales it)")
+        reqs, offsets = trace_requests(o.dataset_path, n, o.random_output_len, chat, o.trace_speedup)
+        n = len(reqs)
     else:
         if not o.dataset_path:
             raise UsageError("--dataset-name jsonl needs --dataset-path FILE")
@@ -121,9 +139,14 @@ def build_config(o: BenchOptions, url: str, command: list[str], api_key: str | N
     warm, meas = reqs[:w], reqs[w:]
     for i, r in enumerate(meas):
         r.index = i
-    arrivals = None if math.isinf(o.request_rate) else arrival_times(
-        n if o.duration is None else max(n, int(o.request_rate * o.duration) + 1), o.request_rate, o.burstiness, o.seed,
-        exact=o.exact_rate)
+    rate = o.request_rate
+    if o.dataset_name == "trace":
+        arrivals = offsets
+        rate = (n - 1) / offsets[-1] if n > 1 and offsets[-1] > 0 else math.inf  # the trace's own mean rate
+    else:
+        arrivals = None if math.isinf(o.request_rate) else arrival_times(
+            n if o.duration is None else max(n, int(o.request_rate * o.duration) + 1), o.request_rate, o.burstiness, o.seed,
+            exact=o.exact_rate)
     dataset = {
         "name": o.dataset_name,
         "path": o.dataset_path,
@@ -137,7 +160,10 @@ def build_config(o: BenchOptions, url: str, command: list[str], api_key: str | N
         "num_prompts": n,
         "duration_s": o.duration,  # a timed run: the requests sent vary, the duration is the gauge
     }
-    if o.dataset_path and o.dataset_name == "jsonl":
+    if o.dataset_name == "trace":
+        dataset["trace_speedup"] = o.trace_speedup
+        dataset["priorities"] = sorted({r.extra["priority"] for r in meas if "priority" in r.extra}) or None
+    if o.dataset_path and o.dataset_name in ("jsonl", "trace"):
         dataset["sha256"] = file_sha256(o.dataset_path)  # the file's content is the gauge, not its name
     return BenchConfig(
         url=url,
@@ -146,7 +172,7 @@ def build_config(o: BenchOptions, url: str, command: list[str], api_key: str | N
         requests=meas,
         warmups=warm,
         max_concurrency=o.max_concurrency,
-        request_rate=o.request_rate,
+        request_rate=rate,
         burstiness=o.burstiness,
         arrivals=arrivals,
         duration_s=o.duration,
@@ -157,7 +183,7 @@ def build_config(o: BenchOptions, url: str, command: list[str], api_key: str | N
         scrape_interval_s=o.scrape_interval,
         transport=o.transport,
         drain_timeout_s=o.drain_timeout,
-        meta={"dataset": dataset, "seed": o.seed, **({"exact_rate": True} if o.exact_rate else {}), "command": [TOOL] + list(command), "command_line": shlex.join([TOOL] + list(command))},
+        meta={"dataset": dataset, "lengths": length_distribution(meas), "seed": o.seed, **({"exact_rate": True} if o.exact_rate else {}), "command": [TOOL] + list(command), "command_line": shlex.join([TOOL] + list(command))},
     )
 
 

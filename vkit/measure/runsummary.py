@@ -112,6 +112,7 @@ def _records(results: list[Result], warm: list[Result], ok: list[Result], t0: fl
             "finish_reason": r.finish_reason,
             "dispatch_lag_ms": getattr(r, "dispatch_lag", 0.0) * 1000,
             "class": (getattr(req, "extra", None) or {}).get("class"),
+            "priority": (getattr(req, "extra", None) or {}).get("priority"),
         }
         if r.ok and r in ok:
             if r.prompt_tokens and r.ttft:

@@ -82,7 +82,7 @@ class Slo:
 
 @dataclass(frozen=True)
 class Plan:
-    mode: str = "rate"  # "rate" (open loop, req/s) or "concurrency" (closed loop, streams)
+    mode: str = "rate"  # "rate" (open loop, req/s), "concurrency" (closed loop, streams) or "trace" (speed-up)
     start: float = 4.0  # first load offered
     lo_limit: float = 0.05  # never offer less (rate) / 1 stream
     hi_limit: float = 10_000.0  # never offer more
@@ -96,8 +96,8 @@ class Plan:
     step: float = 2.0  # bracketing: the factor between one load and the next until the SLO changes side
 
     def __post_init__(self):
-        if self.mode not in ("rate", "concurrency"):
-            raise UsageError(f"mode must be rate or concurrency, got {self.mode!r}")
+        if self.mode not in ("rate", "concurrency", "trace"):
+            raise UsageError(f"mode must be rate, concurrency or trace, got {self.mode!r}")
         if not 0 < self.lo_limit <= self.start <= self.hi_limit:
             raise UsageError(f"the start load {self.start:g} must lie in [{self.lo_limit:g}, {self.hi_limit:g}]")
         if not 0 < self.tolerance < 1 or self.max_points < 2 or self.repeats < 1 or not self.step > 1 + self.tolerance:
@@ -174,18 +174,20 @@ def judge_run(summary: dict | None, slo: Slo, plan: Plan, load: float | None = N
         why = "the run was cut short"
     elif ((summary.get("vkit") or {}).get("capacity_check") or {}).get("verdict") == "invalid":
         why = "check_invariants: invalid (" + ", ".join(summary["vkit"]["capacity_check"].get("findings") or []) + ")"
-    elif plan.mode == "rate":
+    elif plan.mode in ("rate", "trace"):
         lag = ((summary.get("vkit") or {}).get("dispatch_lag_ms") or {}).get("p99")
         if isinstance(lag, (int, float)) and lag > plan.max_send_lag_ms:
             why = f"the client fell behind its arrival schedule (p99 send lag {lag:.1f} ms > {plan.max_send_lag_ms:g} ms)"
     if why:
         return {"valid": False, "why": why, "margin": None, "margins": {}, "metrics": {}}
     margins = slo.margins(summary)
-    if plan.mode == "rate" and load:
+    # a trace's load is its speed-up: the rate it offered is the summary's (the trace's own mean x speed-up)
+    offered = load if plan.mode == "rate" else summary.get("request_rate") if plan.mode == "trace" else None
+    if isinstance(offered, (int, float)) and offered > 0 and math.isfinite(offered):
         # Overload shows as a server that cannot complete what is offered: a failure whatever the
         # latencies say (a short run may end before the queue has grown), never a binding margin.
         rt = sending_rate(summary)
-        keep = math.log(rt / (plan.keep_up * load)) if rt > 0 else -math.inf
+        keep = math.log(rt / (plan.keep_up * offered)) if rt > 0 else -math.inf
         if keep < 0:
             margins["throughput"] = keep
     metrics = {k: float(summary[k]) for k in CURVE_KEYS if isinstance(summary.get(k), (int, float))}
@@ -227,7 +229,7 @@ class Capacity:
         at = next((p for p in pts if p.load == self.capacity), None)
         up = next((p for p in pts if p.load == self.upper), None)
         m = at.as_dict()["metrics"] if at else {}
-        unit = "req/s" if self.plan.mode == "rate" else "streams"
+        unit = {"rate": "req/s", "concurrency": "streams", "trace": "x trace speed-up"}[self.plan.mode]
         out = {
             "mode": self.plan.mode, "unit": unit, "slo": dict(self.slo.limits), "goodput_fraction": self.slo.goodput,
             "capacity": self.capacity, "upper": self.upper,
@@ -367,6 +369,8 @@ def live_measure(opts, url: str, out_dir: str, plan: Plan, command: list[str] | 
         if mode == "rate":
             n = max(opts.num_prompts, math.ceil(load * plan.point_seconds))
             o = replace(opts, seed=seed, request_rate=load, max_concurrency=None, num_prompts=n, exact_rate=True)
+        elif mode == "trace":  # the recorded arrivals, load times faster (the trace's own prompts, every run)
+            o = replace(opts, seed=seed, trace_speedup=load, request_rate=math.inf, max_concurrency=None)
         else:
             o = replace(opts, seed=seed, max_concurrency=int(load), request_rate=math.inf,
                         num_prompts=max(opts.num_prompts, 5 * int(load)))
@@ -459,6 +463,7 @@ def capacity_document(result: Capacity, first: dict | None, opts, seed: int, ref
                 doc[f"ref_{k}"] = ref[k]
     dataset = dict(fv.get("dataset") or {})
     dataset.pop("num_prompts", None)  # a point sends load x point_seconds requests: not part of the gauge
+    dataset.pop("trace_speedup", None)  # a trace's points differ in it: the load, not the gauge
     # the gauge, and the server facts (its version, the simulator's profile) of the search's first run
     doc["vkit"] = {**{k: fv.get(k) for k in (*_GAUGE_VKIT, "server") if k in fv}, "dataset": dataset, "seed": seed,
                    "schema": "vkit.capacity/1", "capacity": d,
