@@ -151,3 +151,17 @@ def test_a_skipped_candidate_carries_the_measurement_it_equals_and_costs_no_rest
     assert t["status"] == "skipped" and t["same_as"] == tid and t["metrics"] == {"slo_capacity": 50.0} and t["runs"] == []
     events = [e["event"] for e in runner.sf.log.read()]
     assert "skip" in events and "applied" not in events
+
+
+def test_the_capacity_is_the_servers_not_the_clients_ceiling():
+    """The knee comes from the server: a search's answer does not move with the most load the client
+    may offer, as long as that ceiling lies above the server's capacity (the closed-loop objective's
+    client concurrency did move it: the server could never hold more than it)."""
+    from tests.test_capacity import fake_server
+
+    slo = cap.Slo({"p95_ttft_ms": 200.0})
+    for ceiling in (120.0, 1000.0, 10_000.0):
+        measure, _ = fake_server(knee=100.0)
+        res = cap.search(measure, slo, cap.Plan(start=8.0, hi_limit=ceiling, tolerance=0.05))
+        # P95 TTFT = 50 / (1 - r/100) = 200 at r = 75, whatever the ceiling; the bracket is the noise's width
+        assert res.capacity <= 75.0 <= res.upper and res.upper / res.capacity - 1 < 0.1, (ceiling, res.capacity, res.upper)
