@@ -12,8 +12,8 @@ import pytest
 
 from tests.conftest import call
 from tests.sim_fixtures import SimProcess
-from vkit.measure.datasets import trace_requests
 from vkit.errors import UsageError
+from vkit.measure.datasets import trace_requests
 
 
 def _trace(path, n: int, rate: float, seed: int = 3, priorities: bool = False) -> list[dict]:

@@ -11,9 +11,7 @@ import sys
 import pytest
 
 from tests.conftest import REPO, call
-from tests.sim_helpers import free_port
-from vkit.apply import launcher
-from vkit.state import StateFile
+from tests.test_tune import svc  # noqa: F401  (the same service fixture: a state file, a free port)
 
 pytestmark = pytest.mark.e2e
 
@@ -23,17 +21,7 @@ CAP = ["--sandbox", "--objective", "capacity", "--input-len", "256", "--output-l
        "--capacity-start", "8", "--capacity-max-points", "6", "--capacity-repeats", "2", "--capacity-noise", "0.03"]
 
 
-@pytest.fixture
-def svc(tmp_path, monkeypatch):
-    port = free_port()
-    st = str(tmp_path / "st" / "vkit.json")
-    monkeypatch.setenv("VKIT_STATE", st)
-    yield {"state": st, "port": port, "sf": StateFile(st), "dir": tmp_path}
-    if os.path.exists(st):
-        launcher.stop(StateFile(st).read()["service"].get("running"), grace_s=3)
-
-
-def init(svc, *sets: str) -> None:
+def init(svc, *sets: str) -> None:  # noqa: F811
     argv = ["init", "--url", f"http://127.0.0.1:{svc['port']}", "--model", "sim-70b"]
     for s in sets:
         argv += ["--set", s]
@@ -44,7 +32,7 @@ def init(svc, *sets: str) -> None:
     assert r.code == 0, r
 
 
-def test_capacity_tune_keeps_by_capacity_skips_what_cannot_differ_and_reports_the_capacity(svc):
+def test_capacity_tune_keeps_by_capacity_skips_what_cannot_differ_and_reports_the_capacity(svc):  # noqa: F811
     # 8 sequences kept: the server queues above 8 requests in flight, so step 3's higher limits pay off;
     # step 3's candidates far above the peak in flight cannot differ from each other
     init(svc, "max_num_seqs=8", "max_num_batched_tokens=8192")

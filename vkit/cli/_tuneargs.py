@@ -7,7 +7,8 @@ import argparse
 import os
 from dataclasses import replace
 
-from vkit.cli._common import IO, fraction_arg, int_at_least, kb_path, lease_owner, load_policy, non_negative_float, positive_float
+from vkit.cli import capacity as capacity_cli
+from vkit.cli._common import IO, fraction_arg, int_at_least, kb_path, lease_owner, load_policy, positive_float
 from vkit.errors import UsageError
 from vkit.measure.gauge import BenchOptions
 from vkit.tune import capacity as cap
@@ -40,17 +41,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="capacity: also require this share of requests to meet every per-request limit, e.g. 0.99")
     c.add_argument("--capacity-start", type=positive_float, default=4.0, metavar="R",
                    help="capacity: the first baseline search's first rate, req/s (default 4)")
-    c.add_argument("--capacity-tolerance", type=fraction_arg(), default=0.10, metavar="F",
-                   help="capacity: a search stops when its bracket is within F (default 0.10)")
-    c.add_argument("--capacity-max-points", type=int_at_least(2), default=8, metavar="N", help="capacity: load points per search at most (default 8)")
-    c.add_argument("--capacity-repeats", type=int_at_least(1), default=3, metavar="N",
-                   help="capacity: runs per load point at most; a clear point stops after one (default 3)")
-    c.add_argument("--capacity-noise", type=non_negative_float, default=0.05, metavar="SD",
-                   help="capacity: prior sd of a point's SLO margin between runs, log units (default 0.05)")
-    c.add_argument("--point-seconds", type=non_negative_float, default=20.0, metavar="S",
-                   help="capacity: each load point sends at least rate x S requests (default 20)")
-    c.add_argument("--max-send-lag-ms", type=positive_float, default=5.0, metavar="MS",
-                   help="capacity: a run whose p99 send lag exceeds this measured the client, not the server (default 5)")
+    capacity_cli.add_search_flags(c, "capacity-", max_points=8)
     c.add_argument("--accelerators", type=int_at_least(1), default=None, metavar="N",
                    help="capacity: accelerators the server uses, for capacity per accelerator")
     d = p.add_argument_group("decisions")
@@ -140,9 +131,7 @@ def capacity_objective(args: argparse.Namespace, slo: dict) -> CapacityObjective
     s = cap.Slo(dict(slo), args.goodput_fraction)
     if args.goodput_fraction is not None and not s.per_request():
         raise UsageError("--goodput-fraction needs a per-request limit on ttft, tpot or e2el in --slo")
-    plan = cap.Plan(mode="rate", start=args.capacity_start, tolerance=args.capacity_tolerance,
-                    max_points=args.capacity_max_points, repeats=args.capacity_repeats, noise=args.capacity_noise,
-                    max_send_lag_ms=args.max_send_lag_ms, point_seconds=args.point_seconds)
+    plan = capacity_cli.search_plan(args, "capacity-", "rate", args.capacity_start)
     return CapacityObjective(slo=s, plan=plan, accelerators=args.accelerators)
 
 

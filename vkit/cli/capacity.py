@@ -67,24 +67,42 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--start", type=positive_float, default=None, metavar="L",
                    help="first load offered (default 4 req/s, 8 streams, or the trace at 1x)")
     c.add_argument("--max-load", type=positive_float, default=10_000.0, metavar="L", help="never offer more (default 10000)")
-    c.add_argument("--tolerance", type=fraction_arg(), default=0.10, metavar="F",
-                   help="stop when the bracket's upper end is within F of the capacity (default 0.10)")
-    c.add_argument("--max-points", type=int_at_least(2), default=12, metavar="N", help="distinct loads at most (default 12)")
-    c.add_argument("--repeats", type=int_at_least(1), default=3, metavar="N",
-                   help="runs per load at most; a clear point stops after one (default 3)")
-    c.add_argument("--noise", type=non_negative_float, default=0.05, metavar="SD",
-                   help="prior sd of a point's SLO margin between runs, in log units (default 0.05)")
-    c.add_argument("--max-send-lag-ms", type=positive_float, default=5.0, metavar="MS",
-                   help="open loop: a run whose p99 send lag exceeds this measured the client, not the server (default 5)")
-    c.add_argument("--point-seconds", type=non_negative_float, default=20.0, metavar="S",
-                   help="open loop: each run sends at least load x S requests (--num-prompts is the floor), so an "
-                        "overloaded server's queue has time to show (default 20)")
-    c.add_argument("--keep-up", type=fraction_arg(), default=0.95, metavar="F",
-                   help="open loop: a load holds only if the server completes requests at least at F x the offered rate, "
-                        "first completion to last (default 0.95)")
+    add_search_flags(c, "", max_points=12)
     c.add_argument("--accelerators", type=int_at_least(1), default=None, metavar="N", help="divide the capacity by N accelerators too")
     c.add_argument("--run-dir", default=None, metavar="DIR", help="where the runs go (default capacity-<time>/ here)")
     return p
+
+
+def add_search_flags(c, prefix: str, max_points: int) -> None:
+    """The search's own flags, shared with tune (which names them ``--capacity-...``, ``prefix``
+    "capacity-"; the point-level ones keep their names there)."""
+    what = "capacity: " if prefix else ""
+    c.add_argument(f"--{prefix}tolerance", type=fraction_arg(), default=0.10, metavar="F",
+                   help=f"{what}stop when the bracket's upper end is within F of the capacity (default 0.10)")
+    c.add_argument(f"--{prefix}max-points", type=int_at_least(2), default=max_points, metavar="N",
+                   help=f"{what}distinct loads at most (default {max_points})")
+    c.add_argument(f"--{prefix}repeats", type=int_at_least(1), default=3, metavar="N",
+                   help=f"{what}runs per load at most; a clear point stops after one (default 3)")
+    c.add_argument(f"--{prefix}noise", type=non_negative_float, default=0.05, metavar="SD",
+                   help=f"{what}prior sd of a point's SLO margin between runs, in log units (default 0.05)")
+    c.add_argument("--max-send-lag-ms", type=positive_float, default=5.0, metavar="MS",
+                   help=f"{what}open loop: a run whose p99 send lag exceeds this measured the client, not the server (default 5)")
+    c.add_argument("--point-seconds", type=non_negative_float, default=20.0, metavar="S",
+                   help=f"{what}open loop: each run sends at least load x S requests (--num-prompts is the floor), so an "
+                        "overloaded server's queue has time to show (default 20)")
+    c.add_argument("--keep-up", type=fraction_arg(), default=0.95, metavar="F",
+                   help=f"{what}open loop: a load holds only if the server completes requests at least at F x the offered "
+                        "rate, first completion to last (default 0.95)")
+
+
+def search_plan(args: argparse.Namespace, prefix: str, mode: str, start: float, hi_limit: float = 10_000.0) -> cap.Plan:
+    """The search's plan from the flags :func:`add_search_flags` added under ``prefix``."""
+    dest = prefix.replace("-", "_")
+    return cap.Plan(mode=mode, start=start, lo_limit={"rate": 0.05, "concurrency": 1.0, "trace": 0.01}[mode],
+                    hi_limit=hi_limit, tolerance=getattr(args, f"{dest}tolerance"),
+                    max_points=getattr(args, f"{dest}max_points"), repeats=getattr(args, f"{dest}repeats"),
+                    noise=getattr(args, f"{dest}noise"), max_send_lag_ms=args.max_send_lag_ms, keep_up=args.keep_up,
+                    point_seconds=args.point_seconds)
 
 
 def _run(args: argparse.Namespace, io: IO) -> int:
@@ -94,10 +112,7 @@ def _run(args: argparse.Namespace, io: IO) -> int:
     if (args.mode == "trace") != (args.dataset_name == "trace"):
         raise UsageError("--mode trace and --dataset-name trace go together (the load is the trace's speed-up)")
     start = args.start if args.start is not None else {"rate": 4.0, "concurrency": 8.0, "trace": 1.0}[args.mode]
-    plan = cap.Plan(mode=args.mode, start=start, lo_limit={"rate": 0.05, "concurrency": 1.0, "trace": 0.01}[args.mode],
-                    hi_limit=args.max_load,
-                    tolerance=args.tolerance, max_points=args.max_points, repeats=args.repeats, noise=args.noise,
-                    max_send_lag_ms=args.max_send_lag_ms, keep_up=args.keep_up, point_seconds=args.point_seconds)
+    plan = search_plan(args, "", args.mode, start, hi_limit=args.max_load)
     opts = bench_stream.options(args)
     per_request = slo.per_request()
     if args.goodput_fraction is not None:
