@@ -205,8 +205,13 @@ class View:
             if w.get(k) is not None:
                 parts.append(pat.format(value_text(w[k])))
         for k, v in w.items():
-            if k not in known and k != "slo" and v is not None:
+            if k not in known and k not in ("slo", "lengths") and v is not None:
                 parts.append(f"{k} {value_text(v)}")
+        for k, label in (("input_tokens", "prompt tokens"), ("output_tokens", "output tokens asked")):
+            d = as_dict(as_dict(w.get("lengths")).get(k))
+            if num(d.get("p50")) is not None and num(d.get("min")) != num(d.get("max")):
+                parts.append(f"{label} p50 {fmt_num(d['p50'])} (p5 {fmt_num(d.get('p5'))}, p95 {fmt_num(d.get('p95'))}, "
+                             f"max {fmt_num(d.get('max'))})")
         slo = as_dict(w.get("slo"))
         if slo:
             parts.append("SLO " + ", ".join(f"{metric_label(k)} ≤ {fmt_metric(v, k)}" for k, v in slo.items()))

@@ -465,7 +465,7 @@ def capacity_document(result: Capacity, first: dict | None, opts, seed: int, ref
     dataset.pop("num_prompts", None)  # a point sends load x point_seconds requests: not part of the gauge
     dataset.pop("trace_speedup", None)  # a trace's points differ in it: the load, not the gauge
     # the gauge, and the server facts (its version, the simulator's profile) of the search's first run
-    doc["vkit"] = {**{k: fv.get(k) for k in (*_GAUGE_VKIT, "server") if k in fv}, "dataset": dataset, "seed": seed,
+    doc["vkit"] = {**{k: fv.get(k) for k in (*_GAUGE_VKIT, "server", "lengths") if k in fv}, "dataset": dataset, "seed": seed,
                    "schema": "vkit.capacity/1", "capacity": d,
                    "valid": d["capacity"] is not None or d["upper"] is not None}
     return doc

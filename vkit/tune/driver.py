@@ -312,8 +312,10 @@ def build_result(runner: Runner, settings: Settings, t0: float) -> TuneResult:
                 "sim": ({"gpu": version.get("sim_gpu"), "model": version.get("sim_model"), "speed": version.get("sim_speed"),
                          "noise": version.get("sim_noise"), "seed": version.get("sim_seed")} if (version or {}).get("sim") else None),
                 "launch_argv": svc["launch"].get("argv")},
-        workload={"dataset": "random", "input_len": opts.random_input_len, "output_len": opts.random_output_len,
-                  "max_concurrency": opts.max_concurrency, "num_prompts": opts.num_prompts, "slo": settings.slo},
+        workload={"dataset": opts.dataset_name if not opts.dataset_path else f"{opts.dataset_name} {opts.dataset_path}",
+                  "input_len": opts.random_input_len if not opts.dataset_path else None,
+                  "output_len": opts.random_output_len, "max_concurrency": opts.max_concurrency if settings.capacity is None else None,
+                  "num_prompts": opts.num_prompts, "slo": settings.slo, "lengths": _lengths(runner, b)},
         goal=g,
         baseline={"config": b.get("config"), "repeats": len(b.get("runs") or []),
                   "metrics": {k: {"mean": v, "sigma_rel": (b.get("sigma") or {}).get(k)} for k, v in (b.get("metrics") or {}).items()}},
@@ -336,6 +338,14 @@ def build_result(runner: Runner, settings: Settings, t0: float) -> TuneResult:
              "drift detection over its windows (a short benchmark is not production)",
         timings={"total_s": round(time.time() - t0, 1), "restarts": restarts},
     )
+
+
+def _lengths(runner: Runner, baseline: dict) -> dict | None:
+    """The request set's token-length distributions, from the baseline's first run."""
+    try:
+        return (runner.load((baseline.get("runs") or [])[0]).get("vkit") or {}).get("lengths")
+    except (IndexError, OSError, ValueError):
+        return None
 
 
 def capacity_of(runner: Runner, runs: list[str]) -> dict:
