@@ -165,3 +165,22 @@ def test_the_capacity_is_the_servers_not_the_clients_ceiling():
         res = cap.search(measure, slo, cap.Plan(start=8.0, hi_limit=ceiling, tolerance=0.05))
         # P95 TTFT = 50 / (1 - r/100) = 200 at r = 75, whatever the ceiling; the bracket is the noise's width
         assert res.capacity <= 75.0 <= res.upper and res.upper / res.capacity - 1 < 0.1, (ceiling, res.capacity, res.upper)
+
+
+def test_the_goals_pick_is_a_front_member_confirmed_more_interactive_with_its_capacity_guarded(runner):
+    from vkit.tune import steps
+
+    # under the capacity objective an interactivity claim is confirmed with the capacity guarded
+    assert steps._claim_guards(runner, "ref_mean_tpot_ms:-") == ["slo_capacity:+:5%"]
+    assert steps._claim_guards(runner, "slo_capacity:+") == []
+    front = [
+        {"trial_id": "kept", "metrics": {"ref_mean_tpot_ms": 5.0}, "confirmation": {"decision": "kept"}},
+        {"trial_id": "t004", "metrics": {"ref_mean_tpot_ms": 4.0},
+         "confirmation": {"decision": "accept", "claim": "ref_mean_tpot_ms:-"}},
+        {"trial_id": "t006", "metrics": {"ref_mean_tpot_ms": 3.0},
+         "confirmation": {"decision": "undecided", "claim": "ref_mean_tpot_ms:-"}},
+        {"trial_id": "t007", "metrics": {"ref_mean_tpot_ms": 4.5},
+         "confirmation": {"decision": "accept", "claim": "ref_mean_tpot_ms:-"}},
+    ]
+    assert steps._more_interactive(runner, front)["trial_id"] == "t004"  # the lowest TPOT among the accepted
+    assert steps._more_interactive(runner, front[:1] + front[2:3]) is None  # an undecided claim picks nothing

@@ -50,8 +50,11 @@ def test_demo_script_tunes_the_slo_capacity_steps_1_to_3(tmp_path):
     # the knee, the Pareto configurations with dominance rates, the recommendation and the flags to deploy
     assert "Knee: " in out and "dominance rate" in out and "Recommendation:" in out
     deploy = out.split("Deploy with:\n", 1)[1]
-    for k, v in st["kept"]["config"].items():
+    res = json.load(open(st["tune"]["report"]["json"]))
+    for k, v in res["recommendation"]["config"].items():  # the kept configuration, or the goal's pick (said why)
         assert f"--{k.replace('_', '-')}" in deploy and str(v) in deploy
+    if res["recommendation"]["config"] != st["kept"]["config"]:
+        assert "then interactivity" in res["recommendation"]["why"]
     # the report: Markdown and one self-contained HTML page with inline SVG plots, the capacity curves among them
     rep = st["tune"]["report"]
     html = open(rep["html"], encoding="utf-8").read()

@@ -298,10 +298,15 @@ def build_result(runner: Runner, settings: Settings, t0: float) -> TuneResult:
         kept_trial = next((t for t in reversed(st["trials"]) if t.get("kept") and t["config"] == st["kept"]["config"]
                            and t["step"] not in ("1", "5")), None)
         kc = capacity_of(runner, kept_runs or (kept_trial or {}).get("runs") or [])
-        if rec is not None and kc:
-            rec = dict(rec, capacity={k: kc.get(k) for k in ("req_s", "output_tok_s", "per_accelerator", "estimate", "sd",
+        rc = kc
+        if rec is not None and rec.get("kept_config") is not None:  # the goal's pick is another configuration
+            t = next((x for x in st["trials"] if x["id"] == rec.get("trial_id")), {})
+            conf = next((c for c in st.get("delivery_confirmations", []) if c.get("trial_id") == rec.get("trial_id")), {})
+            rc = capacity_of(runner, [*(t.get("runs") or []), *(conf.get("b_runs") or [])])
+        if rec is not None and rc:
+            rec = dict(rec, capacity={k: rc.get(k) for k in ("req_s", "output_tok_s", "per_accelerator", "estimate", "sd",
                                                              "fails", "searches")},
-                       binding_slo=kc.get("binding_slo"))
+                       binding_slo=rc.get("binding_slo"))
         cap_block = {"reference_load": (st.get("capacity_reference") or {}).get("load"),
                      "settings": settings.capacity.describe(), "kept": kc}
     return TuneResult(

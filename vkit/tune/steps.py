@@ -404,6 +404,17 @@ def _claim(point: dict, kept_obj: dict, objs: list[search.Objective]) -> tuple[s
     return f"{best.name}:{'+' if best.direction == 'max' else '-'}", gain
 
 
+# Capacity objective: a front member claiming better interactivity is confirmed with its capacity guarded,
+# so an accepted claim means "as much traffic, within this, and faster tokens per user".
+CAPACITY_GUARD = 0.05
+
+
+def _claim_guards(runner: Runner, primary: str) -> list[str]:
+    if runner.s.capacity is not None and not primary.startswith("slo_capacity"):
+        return [f"slo_capacity:+:{CAPACITY_GUARD:.0%}"]
+    return []
+
+
 def confirm_front(runner: Runner, goal: dict, limit: int, progress: Callable[[str], None]) -> list[dict]:
     """Re-confirm (measure) up to ``limit`` delivered configurations that are not the kept one, each on its own
     claim (the objective it screened better on) against the kept configuration, on fresh interleaved
@@ -442,7 +453,7 @@ def confirm_front(runner: Runner, goal: dict, limit: int, progress: Callable[[st
             continue
         progress(f"deliver: confirming {tid} ({' '.join(to_serve_flags(p.get('config') or {}))}) on its claim {primary} "
                  f"({gain:+.1%} on screening) against the kept configuration")
-        conf = runner.confirm_point(tid, selected_from=max(1, len(hist)), primary=primary)
+        conf = runner.confirm_point(tid, selected_from=max(1, len(hist)), primary=primary, guards=_claim_guards(runner, primary))
         measured += 1
         progress(f"deliver: {tid} {'confirmed' if conf.get('decision') == 'accept' else conf.get('decision')}: {conf.get('why')}")
         done.append(conf)
@@ -502,6 +513,20 @@ def deliver(runner: Runner, goal: dict) -> dict:
                for c in _current_checks(st) if c.get("decision") in _NOT_CONFIRMED]
     out["pareto"] = pareto
     out["not_confirmed"] = dropped
+    better = _more_interactive(runner, pareto) if runner.s.capacity is not None else None
+    if better is not None:
+        # The business goal is max capacity, then interactivity: a member confirmed faster per user at
+        # the reference load, its capacity guarded within CAPACITY_GUARD of the kept one's, is that goal's pick.
+        cfg = better.get("config") or {}
+        out["recommendation"] = {
+            "config": dict(cfg), "trial_id": better["trial_id"], "decision_id": None, "serve_flags": to_serve_flags(cfg),
+            "serve_command": shlex.join(serve_argv(st["service"]["launch"], cfg)), "kept_config": dict(kept),
+            "why": (f"the goal is the most SLO capacity, then interactivity: {better['trial_id']} was confirmed on fresh "
+                    "interleaved runs against the kept configuration with a lower mean TPOT at the reference load "
+                    f"({better['confirmation'].get('why')}), its capacity guarded within {CAPACITY_GUARD:.0%} of the kept "
+                    "one's; the kept configuration (the server runs it now) is the one every keep decision confirmed, "
+                    "deploy this one for the stated goal")}
+        return out
     # The recommendation is the kept configuration: the only one confirmed on fresh interleaved runs.
     kept_trial = next((t["id"] for t in reversed(st["trials"]) if t.get("kept") and t["config"] == kept), "kept")
     searched = out.get("recommendation") or {}
@@ -512,6 +537,14 @@ def deliver(runner: Runner, goal: dict) -> dict:
            "search_pick": {"trial_id": searched.get("trial_id"), "config": searched.get("config"), "why": searched.get("why")}}
     out["recommendation"] = rec
     return out
+
+
+def _more_interactive(runner: Runner, pareto: list[dict]) -> dict | None:
+    """The front member whose interactivity claim (guarded on capacity) the gate accepted on fresh
+    interleaved runs, the lowest mean TPOT at the reference load among them; None when there is none."""
+    ok = [p for p in pareto if (p.get("confirmation") or {}).get("decision") == "accept"
+          and str((p.get("confirmation") or {}).get("claim") or "").startswith("ref_mean_tpot_ms")]
+    return min(ok, key=lambda p: (p.get("metrics") or {}).get("ref_mean_tpot_ms", math.inf)) if ok else None
 
 
 def _concurrency(w: Workload) -> int | None:
