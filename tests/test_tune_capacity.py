@@ -80,3 +80,24 @@ def test_capacity_tune_keeps_by_capacity_skips_what_cannot_differ_and_reports_th
     html = open(rep / "report.html", encoding="utf-8").read()
     assert "SLO capacity" in html and 'id="plot-capacity"' in html and "capacity-table" in html
     assert "SLO capacity (req/s" in open(rep / "report.md", encoding="utf-8").read() or "SLO capacity" in r.err
+
+
+def test_capacity_tune_on_a_traffic_trace_searches_its_speedup(svc, tmp_path):  # noqa: F811
+    """--trace: the business's own arrivals, replayed; every measurement is a search over the trace's
+    speed-up, step 1 uses the trace's prompts closed loop."""
+    from tests.test_trace_replay import _trace
+
+    _trace(tmp_path / "traffic.jsonl", 60, rate=10.0, priorities=False)
+    init(svc, "max_num_seqs=8", "max_num_batched_tokens=8192")
+    args = [a for a in CAP if a not in ("--capacity-start", "8")]
+    r = call("tune", *args, "--trace", str(tmp_path / "traffic.jsonl"), "--steps", "3", "--budget", "1", "--json",
+             "--report-dir", str(svc["dir"] / "rep"))
+    assert r.code == 0, r.err[-3000:]
+    res = json.loads(r.out)
+    st = svc["sf"].read()
+    assert res["capacity"]["settings"]["mode"] == "trace" and "speed-up" in res["goal"]["text"]
+    doc = json.load(open(os.path.join(svc["sf"].dir, st["baseline"]["runs"][0])))
+    assert doc["vkit"]["capacity"]["unit"] == "x trace speed-up" and doc["vkit"]["capacity"]["curve"][0]["load"] == 1.0
+    assert doc["vkit"]["dataset"]["name"] == "trace" and doc["vkit"]["dataset"]["sha256"]
+    r = call("tune", *args, "--objective", "throughput", "--trace", str(tmp_path / "traffic.jsonl"))
+    assert r.code == 2 and "needs --objective capacity" in r.err

@@ -35,12 +35,16 @@ def add_args(p: argparse.ArgumentParser) -> None:
     w.add_argument("--dataset-path", default=None, metavar="FILE",
                    help="the business's own prompts instead of random tokens: JSON Lines or a JSON array (prompt or messages, "
                         "optional output length per request) or ShareGPT conversations; its sha256 is part of the gauge")
+    w.add_argument("--trace", default=None, metavar="FILE",
+                   help="the business's own traffic: --dataset-path rows with a 'timestamp' (s), replayed open loop; the "
+                        "capacity is then the trace's speed-up at which every SLO holds (rows' 'priority' sent with them)")
     c = p.add_argument_group("objective")
     c.add_argument("--objective", choices=["capacity", "throughput"], default="capacity", help=OBJECTIVE_HELP)
     c.add_argument("--goodput-fraction", type=fraction_arg(), default=None, metavar="F",
                    help="capacity: also require this share of requests to meet every per-request limit, e.g. 0.99")
-    c.add_argument("--capacity-start", type=positive_float, default=4.0, metavar="R",
-                   help="capacity: the first baseline search's first rate, req/s (default 4)")
+    c.add_argument("--capacity-start", type=positive_float, default=None, metavar="R",
+                   help="capacity: the first baseline search's first load: req/s (default 4), or with --trace its speed-up "
+                        "(default 1)")
     capacity_cli.add_search_flags(c, "capacity-", max_points=8)
     c.add_argument("--accelerators", type=int_at_least(1), default=None, metavar="N",
                    help="capacity: accelerators the server uses, for capacity per accelerator")
@@ -91,11 +95,17 @@ def workloads(args: argparse.Namespace, model: str) -> tuple[Workload, Workload]
         raise UsageError("--num-prompts, --concurrency, --input-len and --output-len must be >= 1")
     common = dict(model=model, random_input_len=args.input_len, random_output_len=args.output_len, num_prompts=args.num_prompts,
                   max_concurrency=args.concurrency, vocab_size=args.vocab_size, stall_timeout=args.stall_timeout)
-    path = getattr(args, "dataset_path", None)
-    if path is not None and not os.path.isfile(path):
-        raise UsageError(f"--dataset-path {path}: no such file")
-    main_opts = BenchOptions(dataset_name="jsonl", dataset_path=os.path.abspath(path), **common) if path else \
-        BenchOptions(dataset_name="random", **common)
+    path, trace = getattr(args, "dataset_path", None), getattr(args, "trace", None)
+    if path is not None and trace is not None:
+        raise UsageError("give --dataset-path (prompts) or --trace (prompts with their arrival times), not both")
+    for flag, f in (("--dataset-path", path), ("--trace", trace)):
+        if f is not None and not os.path.isfile(f):
+            raise UsageError(f"{flag} {f}: no such file")
+    if trace is not None and getattr(args, "objective", "capacity") != "capacity":
+        raise UsageError("--trace replays recorded arrivals: it needs --objective capacity (the load is its speed-up)")
+    main_opts = (BenchOptions(dataset_name="trace", dataset_path=os.path.abspath(trace), **common) if trace else
+                 BenchOptions(dataset_name="jsonl", dataset_path=os.path.abspath(path), **common) if path else
+                 BenchOptions(dataset_name="random", **common))
     main = Workload(main_opts, seed=args.seed, name="main")
     mixed = Workload(BenchOptions(dataset_name="mixed", mixed_long_len=mixed_long_len(args), **common), seed=args.seed, name="mixed")
     return main, mixed
@@ -131,7 +141,9 @@ def capacity_objective(args: argparse.Namespace, slo: dict) -> CapacityObjective
     s = cap.Slo(dict(slo), args.goodput_fraction)
     if args.goodput_fraction is not None and not s.per_request():
         raise UsageError("--goodput-fraction needs a per-request limit on ttft, tpot or e2el in --slo")
-    plan = capacity_cli.search_plan(args, "capacity-", "rate", args.capacity_start)
+    mode = "trace" if getattr(args, "trace", None) else "rate"
+    start = args.capacity_start if args.capacity_start is not None else (1.0 if mode == "trace" else 4.0)
+    plan = capacity_cli.search_plan(args, "capacity-", mode, start)
     return CapacityObjective(slo=s, plan=plan, accelerators=args.accelerators)
 
 

@@ -108,7 +108,7 @@ def goal(s: Settings) -> dict:
     if s.capacity is not None:
         gp = s.capacity.slo.goodput
         return {"maximize": "slo_capacity", "subject_to": s.slo, "objective": "capacity",
-                "text": f"max SLO capacity (req/s offered, open loop) with {slo}"
+                "text": f"max SLO capacity ({'the trace replayed faster: its speed-up' if s.capacity.plan.mode == 'trace' else 'req/s offered, open loop'}) with {slo}"
                         + (f" and >= {gp:.0%} of requests meeting them" if gp else "")
                         + "; then interactivity (mean TPOT at the reference load)"}
     return {"maximize": "output_throughput", "subject_to": s.slo, "objective": "throughput",

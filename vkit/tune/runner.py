@@ -112,8 +112,9 @@ def brief(doc: dict) -> str:
     """A run in one phrase for progress lines: a capacity search's answer, else throughput and P95 TTFT."""
     if "slo_capacity" in doc:
         lo, hi, ref = doc.get("capacity_holds"), doc.get("capacity_fails"), doc.get("ref_per_user_output_tok_s")
-        return (f"capacity {doc['slo_capacity']:.3g} req/s (holds {lo if lo is not None else '-'}, fails "
-                f"{hi if hi is not None else '-'})" + (f", {ref:.0f} tok/s per user at {doc.get('reference_load'):g} req/s"
+        unit = ((doc.get("vkit") or {}).get("capacity") or {}).get("unit") or "req/s"
+        return (f"capacity {doc['slo_capacity']:.3g} {unit} (holds {lo if lo is not None else '-'}, fails "
+                f"{hi if hi is not None else '-'})" + (f", {ref:.0f} tok/s per user at {doc.get('reference_load'):g} {unit}"
                                                        if isinstance(ref, (int, float)) else ""))
     return f"{doc['output_throughput']:.0f} out tok/s, P95 TTFT {doc['p95_ttft_ms']:.0f} ms"
 
@@ -446,7 +447,8 @@ class Runner:
         baseline search's capacity (its highest clear hold; the estimate when nothing clearly held)."""
         load = doc.get("capacity_holds") or doc.get("slo_capacity")
         self.sf.set_capacity_reference({"load": load, "from": path, "set": now_iso()})
-        self.progress(f"capacity reference load: {load:g} req/s (every later search starts there and measures "
+        unit = ((doc.get("vkit") or {}).get("capacity") or {}).get("unit") or "req/s"
+        self.progress(f"capacity reference load: {load:g} {unit} (every later search starts there and measures "
                       "per-user tok/s there)")
 
     # -- no restart for a candidate that cannot differ ------------------------------

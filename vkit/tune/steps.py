@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import shlex
+from dataclasses import replace
 from typing import Any, Callable
 
 from vkit import search
@@ -178,7 +179,11 @@ def step1_workload(runner: Runner) -> Workload | None:
     """Step 1 judges start-up, KV room and TTFT stability on the closed-loop gauge at the target
     concurrency, whatever the objective (a capacity search would answer another question)."""
     w = runner.s.workload
-    return Workload(w.options, seed=w.seed, name="step1") if runner.s.capacity is not None else None
+    if runner.s.capacity is None:
+        return None
+    # a trace's prompts without its arrivals: the closed loop at --concurrency
+    opts = replace(w.options, dataset_name="jsonl") if w.options.dataset_name == "trace" else w.options
+    return Workload(opts, seed=w.seed, name="step1")
 
 
 def run_screening_step(runner: Runner, step: str, proposer: Callable[[list], Any], progress: Callable[[str], None],
