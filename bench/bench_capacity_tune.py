@@ -13,7 +13,7 @@ virtual time):
 - The product run: ``bin/tune --objective capacity --steps 2,3,4`` on a live ``bin/sim_server``
   of the scenario (``--sim-speed 4``, the simulator's default noise: 2 % within a process, 1.5 %
   between starts), started from a conservative configuration, with ``make demo``'s capacity
-  settings. Measured: server restarts, benchmark-seconds (the summed duration of every load-point
+  settings but the default step budget (8 trials a step). Measured: server restarts, benchmark-seconds (the summed duration of every load-point
   run), wall seconds, the recommended configuration.
 - Scored: the recommendation's true capacity over the optimum (target >= 0.98); the promise
   (``recommendation.capacity.req_s``, wall req/s / speed) over the recommendation's true
@@ -140,7 +140,7 @@ def tune(name: str, sc: dict, work: str) -> dict:
     subprocess.run([*init, "--", *sim], env=env, check=True, capture_output=True)
     slo = [a for k, v in sc["slo"].items() for a in ("--slo", f"{k}={v / SPEED:g}")]  # the SLO in wall ms
     argv = [py, os.path.join(b, "tune"), "--sandbox", "--objective", "capacity", "--input-len", str(sc["isl"]),
-            "--output-len", str(sc["osl"]), "--num-prompts", "100", *slo, "--steps", "2,3,4", "--budget", "3",
+            "--output-len", str(sc["osl"]), "--num-prompts", "100", *slo, "--steps", "2,3,4", "--budget", "8",
             "--baseline-repeats", "3", "--screen-repeats", "1", "--confirm-blocks", "1", "--confirm-front", "1",
             "--point-seconds", "1", "--capacity-start", "8", "--capacity-max-points", "6", "--capacity-repeats", "2",
             "--capacity-noise", "0.03", "--ready-timeout", "60", "--vocab-size", "2000", "--json",

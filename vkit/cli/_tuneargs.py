@@ -8,7 +8,7 @@ import os
 from dataclasses import replace
 
 from vkit.cli import capacity as capacity_cli
-from vkit.cli._common import IO, fraction_arg, int_at_least, kb_path, lease_owner, load_policy, positive_float
+from vkit.cli._common import IO, fraction_arg, int_at_least, kb_path, lease_owner, load_policy, non_negative_float, positive_float
 from vkit.errors import UsageError
 from vkit.measure.gauge import BenchOptions
 from vkit.tune import capacity as cap
@@ -46,6 +46,10 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="capacity: the first baseline search's first load: req/s (default 4), or with --trace its speed-up "
                         "(default 1)")
     capacity_cli.add_search_flags(c, "capacity-", max_points=8)
+    c.add_argument("--verify-seconds", type=non_negative_float, default=60.0, metavar="S",
+                   help="capacity: at the end, the recommendation's promised load run once for S seconds on a fresh start "
+                        "(a short load point cannot show a queue that grows slowly); on a failure the load steps down by "
+                        "the tolerance and runs again; the promise is the load that held (0: not verified; default 60)")
     c.add_argument("--accelerators", type=int_at_least(1), default=None, metavar="N",
                    help="capacity: accelerators the server uses, for capacity per accelerator")
     d = p.add_argument_group("decisions")
@@ -144,7 +148,7 @@ def capacity_objective(args: argparse.Namespace, slo: dict) -> CapacityObjective
     mode = "trace" if getattr(args, "trace", None) else "rate"
     start = args.capacity_start if args.capacity_start is not None else (1.0 if mode == "trace" else 4.0)
     plan = capacity_cli.search_plan(args, "capacity-", mode, start)
-    return CapacityObjective(slo=s, plan=plan, accelerators=args.accelerators)
+    return CapacityObjective(slo=s, plan=plan, accelerators=args.accelerators, verify_seconds=args.verify_seconds)
 
 
 def check_confirmation(args: argparse.Namespace) -> None:

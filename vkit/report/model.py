@@ -473,7 +473,16 @@ def _capacity(v: View) -> CapacitySection:
     body = [Row([Span(CODE, r.trial_id), Span(CODE, r.config), Span(VALUE, r.holds), Span(VALUE, r.fails),
                  Span(VALUE, r.estimate), Span(VALUE, r.tok_s), Span(VALUE, r.per_user), Span(VALUE, r.binding),
                  Span(VALUE, r.searches), Span(VALUE, r.spark or "–")]) for r in rows]
-    blocks: list[Block] = [
+    promise = as_dict(as_dict(v.rec.get("capacity")).get("verified"))
+    promised = []
+    if promise:
+        got, searched = fmt_num(as_dict(v.rec.get("capacity")).get("req_s")), fmt_num(as_dict(v.rec.get("capacity")).get("searched_req_s"))
+        tried = ", ".join(f"{fmt_num(r.get('load'))} {'held' if r.get('holds') else 'failed'}" for r in promise.get("runs") or [])
+        promised = [Para([Span(STRONG, "Promise: "), Span(VALUE, got if got != "–" else "none held"),
+                          Span(WORDS, f" req/s for the recommendation, verified by a {fmt_num(promise.get('seconds'))}-second run "
+                                      f"on a fresh start (the searches' figure: {searched}; runs: {tried}). A short load point "
+                                      "cannot show a queue that grows slowly; a long run can.")])]
+    blocks: list[Block] = [*promised,
         Para(words("SLO capacity: the highest open-loop request rate at which every SLO held, clearly (the figure to "
                    "promise: the lowest over a configuration's searches); it fails by the next column's rate. The estimate "
                    "(the middle of the last bracket) is what the gate compares. Per-user output is 1000 / mean TPOT at "

@@ -283,6 +283,9 @@ def _soak(pg: _Page, s: m.Soak) -> None:
 def _capacity(pg: _Page, s: m.CapacitySection) -> None:
     if not s.rows:
         return
+    for b in s.blocks:
+        if isinstance(b, m.Para) and b.spans and b.spans[0].text == "Promise: ":
+            pg.wrap("".join(x.text for x in b.spans), "  ")
     pg.lines.append(pg.bold(f"SLO capacity (req/s; per-user tok/s at {s.reference} req/s):"))
     for r in s.rows:
         pg.wrap(f"{r.trial_id}: holds {r.holds}, fails {r.fails}, {r.tok_s} tok/s, {r.per_user} tok/s per user, "

@@ -237,11 +237,45 @@ def _drive(runner: Runner, settings: Settings, mixed: Workload, plan: TunePlan, 
     sf.set_machine_state("CONVERGE")
     if plan.confirm_front > 0:
         tuning.confirm_front(runner, goal(settings), plan.confirm_front, ctx.progress)
+    if settings.capacity is not None and settings.capacity.verify_seconds > 0:
+        _verify_promise(runner, settings, ctx)
     result = build_result(runner, settings, t0)
     if not (sf.read().get("tune") or {}).get("kb_recorded"):
         knowledge.record(kb, kb_key, kb_work, tuning.kb_observations(runner), result.recommendation, run_id)
         sf.update_tune_run(kb_recorded=True)
     return result
+
+
+def _verify_promise(runner: Runner, settings: Settings, ctx: RunContext) -> dict | None:
+    """The recommendation's promised capacity run for ``verify_seconds`` (resumed: a verification of
+    the same configuration already recorded in this run is kept)."""
+    sf = runner.sf
+    rec = tuning.deliver(runner, goal(settings)).get("recommendation") or {}
+    prev = (sf.read().get("tune") or {}).get("promise") or {}
+    if prev.get("finished") and prev.get("config") == rec.get("config"):
+        return prev
+    searched = (_recommended_capacity(runner, rec) or {}).get("req_s")
+    if not rec.get("config") or not isinstance(searched, (int, float)):
+        return None
+    ctx.progress(f"promise: verifying {searched:g} for the recommendation over {settings.capacity.verify_seconds:g} s")
+    out = runner.verify_promise(rec["config"], searched)
+    sf.update_tune_run(promise=out)
+    return out
+
+
+def _recommended_capacity(runner: Runner, rec: dict) -> dict:
+    """The recommendation's capacity over its searches: the kept configuration's (its baseline, or the
+    trial that became it), or the goal's other pick's (its trial and its delivery confirmation)."""
+    st = runner.sf.read()
+    if rec.get("kept_config") is not None:
+        t = next((x for x in st["trials"] if x["id"] == rec.get("trial_id")), {})
+        conf = next((c for c in st.get("delivery_confirmations", []) if c.get("trial_id") == rec.get("trial_id")), {})
+        return capacity_of(runner, [*(t.get("runs") or []), *(conf.get("b_runs") or [])])
+    b = st.get("baseline") or {}
+    kept_runs = b.get("runs") if b.get("config") == st["kept"]["config"] else None
+    kept_trial = next((t for t in reversed(st["trials"]) if t.get("kept") and t["config"] == st["kept"]["config"]
+                       and t["step"] not in ("1", "5")), None)
+    return capacity_of(runner, kept_runs or (kept_trial or {}).get("runs") or [])
 
 
 def _knowledge(sf: StateFile, kb: str, key: dict, work: dict, mode: str, progress: Callable[[str], None]) -> list[dict]:
@@ -294,19 +328,22 @@ def build_result(runner: Runner, settings: Settings, t0: float) -> TuneResult:
     rec = delivered.get("recommendation")
     cap_block = None
     if settings.capacity is not None:
-        kept_runs = b.get("runs") if b.get("config") == st["kept"]["config"] else None
-        kept_trial = next((t for t in reversed(st["trials"]) if t.get("kept") and t["config"] == st["kept"]["config"]
-                           and t["step"] not in ("1", "5")), None)
-        kc = capacity_of(runner, kept_runs or (kept_trial or {}).get("runs") or [])
-        rc = kc
-        if rec is not None and rec.get("kept_config") is not None:  # the goal's pick is another configuration
-            t = next((x for x in st["trials"] if x["id"] == rec.get("trial_id")), {})
-            conf = next((c for c in st.get("delivery_confirmations", []) if c.get("trial_id") == rec.get("trial_id")), {})
-            rc = capacity_of(runner, [*(t.get("runs") or []), *(conf.get("b_runs") or [])])
+        kc = _recommended_capacity(runner, {})
+        rc = _recommended_capacity(runner, rec or {})
         if rec is not None and rc:
-            rec = dict(rec, capacity={k: rc.get(k) for k in ("req_s", "output_tok_s", "per_accelerator", "estimate", "sd",
-                                                             "fails", "searches")},
-                       binding_slo=rc.get("binding_slo"))
+            capd = {k: rc.get(k) for k in ("req_s", "output_tok_s", "per_accelerator", "estimate", "sd", "fails", "searches")}
+            promise = tune_run.get("promise") or {}
+            if promise.get("config") == rec.get("config") and promise.get("finished"):
+                # the figure to promise is the one a long run held; the searches' own is kept beside it
+                held = next((r for r in promise["runs"] if r["holds"]), None)
+                capd.update(searched_req_s=rc.get("req_s"), req_s=promise.get("verified"),
+                            output_tok_s=(held or {}).get("metrics", {}).get("output_throughput"),
+                            verified={"seconds": promise.get("seconds"), "runs": promise.get("runs")})
+                acc = settings.capacity.accelerators
+                if acc:
+                    capd["per_accelerator"] = {"req_s": capd["req_s"] / acc if capd["req_s"] else None,
+                                               "output_tok_s": capd["output_tok_s"] / acc if capd["output_tok_s"] else None}
+            rec = dict(rec, capacity=capd, binding_slo=rc.get("binding_slo"))
         cap_block = {"reference_load": (st.get("capacity_reference") or {}).get("load"),
                      "settings": settings.capacity.describe(), "kept": kc}
     return TuneResult(

@@ -77,10 +77,12 @@ class CapacityObjective:
     slo: _cap.Slo
     plan: _cap.Plan
     accelerators: int | None = None
+    verify_seconds: float = 60.0  # the promise verified by one run this long at the promised load (0: not verified)
 
     def describe(self) -> dict:
         p = self.plan
         return {"slo": dict(self.slo.limits), "goodput_fraction": self.slo.goodput, "mode": p.mode, "start": p.start,
+                "verify_seconds": self.verify_seconds,
                 "tolerance": p.tolerance, "max_points": p.max_points, "repeats": p.repeats, "noise": p.noise,
                 "point_seconds": p.point_seconds, "max_send_lag_ms": p.max_send_lag_ms, "keep_up": p.keep_up}
 
@@ -450,6 +452,45 @@ class Runner:
         unit = ((doc.get("vkit") or {}).get("capacity") or {}).get("unit") or "req/s"
         self.progress(f"capacity reference load: {load:g} {unit} (every later search starts there and measures "
                       "per-user tok/s there)")
+
+    # -- the promise, verified --------------------------------------------------------
+    def verify_promise(self, config: dict, rate: float) -> dict:
+        """The capacity promised for ``config`` (the highest clear hold of its short searches) run once
+        for ``verify_seconds`` on a fresh start of it: a short point cannot show a queue that grows
+        slowly, a long run can. When it fails, the load steps down by the search's tolerance and is
+        run again (4 runs at most); the verified load is the one that held. The server is left on
+        the kept configuration."""
+        c = self.s.capacity
+        assert c is not None
+        plan = replace(c.plan, point_seconds=c.verify_seconds)
+        w = self.s.workload
+        opts = replace(w.options, seed=w.seed + 50_000)
+        out_dir = os.path.join(self.runs_dir, "promise")
+        run = _cap.live_measure(opts, self.sf.read()["service"]["url"], out_dir, plan, command=["--state", self.sf.path],
+                                interrupts=self.interrupts)
+        ok, res = self.apply(dict(config), fresh=True)
+        if not ok:
+            raise VkitError(f"the recommended configuration does not start: {res.get('message')}", ExitCode.UNAVAILABLE)
+        runs, verified, load = [], None, plan.snap(rate)
+        for k in range(4):
+            s = run(load, k)
+            j = _cap.judge_run(s, c.slo, plan, load)
+            held = bool(j["valid"] and j["margin"] is not None and j["margin"] > 0)
+            runs.append({"load": load, "holds": held, "margin": j["margin"], "binding": min(j["margins"], key=j["margins"].get)
+                         if j["margins"] else None, "why": j["why"], "metrics": j["metrics"],
+                         "path": _rel((s.get("vkit") or {}).get("capacity_check", {}).get("path") or out_dir, self.sf.dir)})
+            self.progress(f"promise {load:g}: {'holds' if held else 'fails'} over {c.verify_seconds:g} s"
+                          + (f" (margin {j['margin']:+.3f}, {runs[-1]['binding']})" if j["margin"] is not None else f" ({j['why']})"))
+            if held:
+                verified = load
+                break
+            load = plan.snap(load / (1 + plan.tolerance))
+        if config != self.sf.read()["kept"]["config"]:
+            self.restore_kept()
+        out = {"config": dict(config), "searched": rate, "verified": verified, "seconds": c.verify_seconds, "runs": runs,
+               "finished": now_iso()}
+        self.log("promise", **out)
+        return out
 
     # -- no restart for a candidate that cannot differ ------------------------------
     def cannot_differ(self, config: dict) -> tuple[str, str | None] | None:
