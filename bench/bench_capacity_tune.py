@@ -15,6 +15,8 @@ virtual time):
   between starts), started from a conservative configuration, with ``make demo``'s capacity
   settings but the default step budget (8 trials a step). Measured: server restarts, benchmark-seconds (the summed duration of every load-point
   run), wall seconds, the recommended configuration.
+  The tune ends by verifying its promise with one 10-second run on a fresh start (``--verify-seconds
+  10``), stepping down by the tolerance until it holds.
 - Scored: the recommendation's true capacity over the optimum (target >= 0.98); the promise
   (``recommendation.capacity.req_s``, wall req/s / speed) over the recommendation's true
   capacity; and a fresh measurement on the live server at the promised rate (3 runs, each judged
@@ -22,7 +24,7 @@ virtual time):
 
 Writes bench/results/capacity_tune.json (the truth is cached in capacity_truth.json, keyed by a
 digest of the scenario and the simulator's source). Run: python3 bench/bench_capacity_tune.py
-[--scenarios a,b] (about 4 minutes a scenario on 2 cores).
+[--scenarios a,b] (7 to 9 minutes a scenario on 2 cores; the results file is updated after each).
 """
 
 from __future__ import annotations
@@ -56,10 +58,10 @@ SCENARIOS = {
                      "slo": {"p95_ttft_ms": 1000.0, "mean_tpot_ms": 50.0}},
     "70b-h100x4": {"model": "llama-3.1-70b", "gpu": "H100-80G", "tp": 4, "isl": 1024, "osl": 128, "max_model_len": 2048,
                    "slo": {"p95_ttft_ms": 1000.0, "mean_tpot_ms": 40.0}},
-    "32b-h100x2-long": {"model": "qwen3-32b", "gpu": "H100-80G", "tp": 2, "isl": 2048, "osl": 256, "max_model_len": 4096,
-                        "slo": {"p95_ttft_ms": 2000.0, "mean_tpot_ms": 60.0}},
-    "7b-l40s": {"model": "qwen2.5-7b", "gpu": "L40S", "tp": 1, "isl": 512, "osl": 256, "max_model_len": 1024,
-                "slo": {"p95_ttft_ms": 1500.0, "mean_tpot_ms": 80.0}},
+    "8b-a100-long-prompts": {"model": "llama-3.1-8b", "gpu": "A100-80G", "tp": 1, "isl": 2048, "osl": 128,
+                             "max_model_len": 4096, "slo": {"p95_ttft_ms": 2000.0, "mean_tpot_ms": 60.0}},
+    "qwen7b-l40s": {"model": "qwen2.5-7b", "gpu": "L40S", "tp": 1, "isl": 512, "osl": 256, "max_model_len": 1024,
+                    "slo": {"p95_ttft_ms": 1500.0, "mean_tpot_ms": 80.0}},
 }
 START = {"max_num_batched_tokens": 2048, "max_num_seqs": 16}
 
@@ -143,7 +145,7 @@ def tune(name: str, sc: dict, work: str) -> dict:
             "--output-len", str(sc["osl"]), "--num-prompts", "100", *slo, "--steps", "2,3,4", "--budget", "8",
             "--baseline-repeats", "3", "--screen-repeats", "1", "--confirm-blocks", "1", "--confirm-front", "1",
             "--point-seconds", "1", "--capacity-start", "8", "--capacity-max-points", "6", "--capacity-repeats", "2",
-            "--capacity-noise", "0.03", "--ready-timeout", "60", "--vocab-size", "2000", "--json",
+            "--capacity-noise", "0.03", "--verify-seconds", "10", "--ready-timeout", "60", "--vocab-size", "2000", "--json",
             "--report-dir", os.path.join(work, name, "report")]
     t0 = time.time()
     p = subprocess.run(argv, env=env, capture_output=True, text=True)
@@ -199,7 +201,8 @@ def main(argv=None) -> int:
     ap.add_argument("--work", default=os.path.join(ROOT, "vkit-state", "bench-capacity-tune"), help="state and runs")
     ap.add_argument("--out", default=OUT)
     a = ap.parse_args(argv)
-    rows = {}
+    # scenarios measured earlier (the file this writes) are kept; the ones run now replace theirs
+    rows = (json.load(open(a.out)).get("scenarios") or {}) if os.path.exists(a.out) else {}
     for name in a.scenarios.split(","):
         sc = SCENARIOS[name]
         print(f"== {name}: ground truth", file=sys.stderr)
@@ -219,8 +222,13 @@ def main(argv=None) -> int:
             r["ratio_to_best"] = got / t["best"]["capacity"] if t["best"]["capacity"] else None
             r["within_98pct"] = bool(r["ratio_to_best"] is not None and r["ratio_to_best"] >= TARGET_RATIO)
             r["promise_over_truth"] = (r["promised_req_s_wall"] / SPEED) / got if got else None
-        rows[name] = r
+        rows[name] = dict(r, measured=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
         print(f"   {name}: {json.dumps(r)}", file=sys.stderr)
+        _write(a.out, rows)
+    return 0
+
+
+def _write(out: str, rows: dict) -> None:
     done = [r for r in rows.values() if "error" not in r]
     summary = {
         "scenarios": len(rows), "finished": len(done),
@@ -232,13 +240,12 @@ def main(argv=None) -> int:
     doc = {"benchmark": "capacity_tune", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
            "machine": {"cpus": os.cpu_count(), "python": platform.python_version()}, "sim_speed": SPEED,
            "targets": {"ratio_to_best": TARGET_RATIO, "fresh_breaks": 0}, "summary": summary, "scenarios": rows,
-           "scenario_defs": {k: SCENARIOS[k] for k in rows}, "start": START,
+           "scenario_defs": {k: SCENARIOS[k] for k in rows if k in SCENARIOS}, "start": START,
            "command": "python3 bench/bench_capacity_tune.py"}
-    os.makedirs(os.path.dirname(a.out), exist_ok=True)
-    with open(a.out, "w") as f:
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with open(out, "w") as f:
         json.dump(doc, f, indent=1)
     print(json.dumps(summary))
-    return 0
 
 
 if __name__ == "__main__":
