@@ -7,7 +7,7 @@
 set -u
 PY=${PY:-python3}
 DIR=${DEMO_DIR:-vkit-state/demo-tune}
-SPEED=${SIM_SPEED:-2}
+SPEED=${SIM_SPEED:-4}
 PORT=${DEMO_PORT:-18089}
 URL=${URL:-}
 SERVE=${SERVE:-}

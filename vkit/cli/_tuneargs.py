@@ -49,7 +49,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     c.add_argument("--verify-seconds", type=non_negative_float, default=60.0, metavar="S",
                    help="capacity: at the end, the recommendation's promised load run once for S seconds on a fresh start "
                         "(a short load point cannot show a queue that grows slowly); on a failure the load steps down by "
-                        "the tolerance and runs again; the promise is the load that held (0: not verified; default 60)")
+                        "the tolerance, then twice and four times it, 5 runs at most; the promise is the load that held "
+                        "(0: not verified; default 60)")
     c.add_argument("--accelerators", type=int_at_least(1), default=None, metavar="N",
                    help="capacity: accelerators the server uses, for capacity per accelerator")
     d = p.add_argument_group("decisions")

@@ -457,8 +457,8 @@ class Runner:
     def verify_promise(self, config: dict, rate: float) -> dict:
         """The capacity promised for ``config`` (the highest clear hold of its short searches) run once
         for ``verify_seconds`` on a fresh start of it: a short point cannot show a queue that grows
-        slowly, a long run can. When it fails, the load steps down by the search's tolerance and is
-        run again (4 runs at most); the verified load is the one that held. The server is left on
+        slowly, a long run can. When it fails, the load steps down by the search's tolerance, then by
+        twice and four times it, and is run again (5 runs at most); the verified load is the one that held. The server is left on
         the kept configuration."""
         c = self.s.capacity
         assert c is not None
@@ -472,7 +472,7 @@ class Runner:
         if not ok:
             raise VkitError(f"the recommended configuration does not start: {res.get('message')}", ExitCode.UNAVAILABLE)
         runs, verified, load = [], None, plan.snap(rate)
-        for k in range(4):
+        for k in range(5):
             s = run(load, k)
             j = _cap.judge_run(s, c.slo, plan, load)
             held = bool(j["valid"] and j["margin"] is not None and j["margin"] > 0)
@@ -484,7 +484,9 @@ class Runner:
             if held:
                 verified = load
                 break
-            load = plan.snap(load / (1 + plan.tolerance))
+            # stepping down accelerates (the tolerance, then twice it, ...): a promise far above what
+            # a long run holds is found in a few runs, one just above it loses one tolerance only
+            load = plan.snap(load / (1 + plan.tolerance) ** (2 ** k))
         if config != self.sf.read()["kept"]["config"]:
             self.restore_kept()
         out = {"config": dict(config), "searched": rate, "verified": verified, "seconds": c.verify_seconds, "runs": runs,
