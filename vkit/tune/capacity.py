@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import numpy as np
 
+from vkit.decide.runs import GAUGE_TOP, GAUGE_VKIT
 from vkit.errors import UsageError
 from vkit.measure.gauge import build_config, measure
 from vkit.validate import invariants
@@ -391,8 +393,11 @@ def live_measure(opts, url: str, out_dir: str, plan: Plan, command: list[str] | 
 # -- a configuration's capacity as one measurement (tune's capacity objective) ------------------
 # The summary fields of one point that describe how it was measured (the gauge), copied into the
 # capacity document so that gate compares two capacities only when they were searched the same way.
-_GAUGE_TOP = ("endpoint_type", "backend", "model_id", "burstiness")
-_GAUGE_VKIT = ("stream", "endpoint", "ignore_eos", "warmups", "goodput_slo_ms", "client", "exact_rate", "model")
+# (gate's own gauge keys, vkit.decide.runs; the document sets the load's keys itself, and the dataset
+# without the per-point request count)
+_OWN_TOP = ("num_prompts", "max_concurrency", "request_rate")
+_GAUGE_TOP = tuple(k for k in GAUGE_TOP if k not in _OWN_TOP)
+_GAUGE_VKIT = tuple(dict.fromkeys(k.split(".")[0] for k in GAUGE_VKIT if k != "dataset"))
 
 
 def estimate(doc_capacity: dict, plan: Plan) -> tuple[float, float]:
@@ -416,8 +421,6 @@ def capacity_document(result: Capacity, first: dict | None, opts, seed: int, ref
     ``slo_capacity_sd`` (its own uncertainty), the figures at the capacity (throughput, latencies)
     and ``ref_*`` at the reference load (interactivity: per-user output tok/s, mean TPOT), the
     whole search under ``vkit.capacity``, and the gauge of the runs it was made of."""
-    import time as _time
-
     d = result.as_dict(accelerators)
     est, sd = estimate(d, result.plan)
     pts = {p["load"]: p for p in d["curve"]}
@@ -435,7 +438,7 @@ def capacity_document(result: Capacity, first: dict | None, opts, seed: int, ref
     fv = first.get("vkit") or {}
     doc: dict = {k: first.get(k) for k in _GAUGE_TOP if k in first}
     doc.update({
-        "date": _time.strftime("%Y%m%d-%H%M%S"),
+        "date": time.strftime("%Y%m%d-%H%M%S"),
         "completed": int(sum(r["metrics"].get("completed", 0) for r in valid)),
         "failed": 0,
         "num_prompts": opts.num_prompts,
@@ -465,7 +468,7 @@ def capacity_document(result: Capacity, first: dict | None, opts, seed: int, ref
     dataset.pop("num_prompts", None)  # a point sends load x point_seconds requests: not part of the gauge
     dataset.pop("trace_speedup", None)  # a trace's points differ in it: the load, not the gauge
     # the gauge, and the server facts (its version, the simulator's profile) of the search's first run
-    doc["vkit"] = {**{k: fv.get(k) for k in (*_GAUGE_VKIT, "server", "lengths") if k in fv}, "dataset": dataset, "seed": seed,
+    doc["vkit"] = {**{k: fv.get(k) for k in (*_GAUGE_VKIT, "model", "server", "lengths") if k in fv}, "dataset": dataset, "seed": seed,
                    "schema": "vkit.capacity/1", "capacity": d,
                    "valid": d["capacity"] is not None or d["upper"] is not None}
     return doc

@@ -329,7 +329,8 @@ def build_result(runner: Runner, settings: Settings, t0: float) -> TuneResult:
     cap_block = None
     if settings.capacity is not None:
         kc = _recommended_capacity(runner, {})
-        rc = _recommended_capacity(runner, rec or {})
+        # the kept configuration's unless the goal picked another one: read its runs once
+        rc = _recommended_capacity(runner, rec) if rec is not None and rec.get("kept_config") is not None else kc
         if rec is not None and rc:
             capd = {k: rc.get(k) for k in ("req_s", "output_tok_s", "per_accelerator", "estimate", "sd", "fails", "searches")}
             promise = tune_run.get("promise") or {}

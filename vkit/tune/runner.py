@@ -114,11 +114,22 @@ def brief(doc: dict) -> str:
     """A run in one phrase for progress lines: a capacity search's answer, else throughput and P95 TTFT."""
     if "slo_capacity" in doc:
         lo, hi, ref = doc.get("capacity_holds"), doc.get("capacity_fails"), doc.get("ref_per_user_output_tok_s")
-        unit = ((doc.get("vkit") or {}).get("capacity") or {}).get("unit") or "req/s"
+        unit = capacity_unit(doc)
         return (f"capacity {doc['slo_capacity']:.3g} {unit} (holds {lo if lo is not None else '-'}, fails "
                 f"{hi if hi is not None else '-'})" + (f", {ref:.0f} tok/s per user at {doc.get('reference_load'):g} {unit}"
                                                        if isinstance(ref, (int, float)) else ""))
     return f"{doc['output_throughput']:.0f} out tok/s, P95 TTFT {doc['p95_ttft_ms']:.0f} ms"
+
+
+def bench_failed(e: VkitError) -> VkitError:
+    """A measurement's error as the runner reports it: bench_stream's exit code, unreachable as 4."""
+    return VkitError(f"bench_stream failed (exit {int(e.code)}): {' '.join(str(e).split())}",
+                     ExitCode.UNAVAILABLE if e.code == 4 else e.code)
+
+
+def capacity_unit(doc: dict) -> str:
+    """The load unit of a capacity document's search (req/s, streams, or a trace's speed-up)."""
+    return ((doc.get("vkit") or {}).get("capacity") or {}).get("unit") or "req/s"
 
 
 def capacity_checker(path: str) -> tuple[int, dict | None, str]:
@@ -311,8 +322,7 @@ class Runner:
             cfg = build_config(replace(w.options, seed=seed), self.sf.read()["service"]["url"], command)
             out = measure(cfg, records=rec, output=path, interrupts=self.interrupts)
         except VkitError as e:
-            raise VkitError(f"bench_stream failed (exit {int(e.code)}): {' '.join(str(e).split())}",
-                            ExitCode.UNAVAILABLE if e.code == 4 else e.code) from None
+            raise bench_failed(e) from None
         if out.partial:
             raise KeyboardInterrupt
         doc = plain(out.summary)
@@ -342,8 +352,7 @@ class Runner:
                                              progress=lambda m: self.progress(f"{label} capacity {k}: {m}"),
                                              accelerators=c.accelerators, seed=w.seed + k)
         except VkitError as e:
-            raise VkitError(f"bench_stream failed (exit {int(e.code)}): {' '.join(str(e).split())}",
-                            ExitCode.UNAVAILABLE if e.code == 4 else e.code) from None
+            raise bench_failed(e) from None
         atomic_write_text(path, json.dumps(plain(doc), indent=2) + "\n")
         code, _, _ = capacity_checker(path)
         findings = [] if code == 0 else ["no_clear_load_point"]
@@ -449,7 +458,7 @@ class Runner:
         baseline search's capacity (its highest clear hold; the estimate when nothing clearly held)."""
         load = doc.get("capacity_holds") or doc.get("slo_capacity")
         self.sf.set_capacity_reference({"load": load, "from": path, "set": now_iso()})
-        unit = ((doc.get("vkit") or {}).get("capacity") or {}).get("unit") or "req/s"
+        unit = capacity_unit(doc)
         self.progress(f"capacity reference load: {load:g} {unit} (every later search starts there and measures "
                       "per-user tok/s there)")
 
