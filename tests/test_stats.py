@@ -155,6 +155,12 @@ def test_variance_components_known_answer():
     assert (vc.groups, vc.runs, vc.df_within) == (2, 6, 4)
     # within's 90 % interval: sqrt(SSW / chi2(0.95, 4)) .. sqrt(SSW / chi2(0.05, 4)), SSW = 4
     assert vc.within_ci == pytest.approx((math.sqrt(4 / 9.487729), math.sqrt(4 / 0.710723)), rel=1e-5)
+    # two groups give Satterthwaite's df = 12.5² / (13.5² + 1/4) < 1: between's interval is 0 .. what MSB
+    # allows, sqrt((13.5 / chi2(0.05, 1) - 1) / 3), chi2(0.05, 1) = 0.00393214
+    assert vc.df_between < 1 and vc.between_ci == pytest.approx((0.0, math.sqrt((13.5 / 0.00393214 - 1) / 3)), rel=1e-5)
+    # five groups of three, clearly apart: df >= 1 and the interval brackets the estimate
+    wide = variance_components([[0, 1, 2], [10, 11, 12], [20, 21, 22], [30, 31, 32], [40, 41, 42]])
+    assert wide.df_between >= 1 and wide.between_ci[0] < wide.between < wide.between_ci[1]
 
 
 def test_variance_components_no_between_part_and_bad_input():

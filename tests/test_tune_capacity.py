@@ -73,8 +73,19 @@ def test_capacity_tune_keeps_by_capacity_skips_what_cannot_differ_and_reports_th
     for i in skips:
         nxt = next((j for j in range(i + 1, len(events)) if events[j] == "propose"), len(events))
         assert not {"applied", "rolled_back", "start_failed"} & set(events[i + 1:nxt]), events[i:nxt]
+    # the first baseline was measured on two server starts: σ has a within-process and a between-restart part
+    log = svc["sf"].log.read()
+    first = next(e for e in log if e.get("event") == "baseline")
+    starts = st["run_starts"]
+    assert len({starts[p] for p in first["runs"]}) == 2
+    # every restart in the sandbox measured something, but the promise's own start and the final return
+    # to the kept configuration: no rollback between two candidates, none between a step and the next
+    restarts = sum(1 for e in events if e in ("applied", "rolled_back"))
+    assert restarts - len(set(starts.values())) <= 2, events
     # result.json: the recommendation's capacity (req/s, tok/s, per accelerator) and binding SLO
     doc = json.load(open(rep / "result.json"))
+    t = doc["timings"]
+    assert t["restarts"] == restarts and t["runs"] == len(starts) and t["restart_s"] > 0 and t["run_s"] > 0
     rc = doc["recommendation"]["capacity"]
     assert rc["req_s"] > 0 and rc["output_tok_s"] > 0 and doc["recommendation"]["binding_slo"] in (
         "p95_ttft_ms", "mean_tpot_ms", "throughput")

@@ -339,14 +339,15 @@ class StateFile:
             st["drift"] = dict(result, reset=reset)
 
     TUNE_RUN_KEYS = ("tune", "steps", "baseline", "baseline_mixed", "confirmations", "trials", "drift_checks",
-                     "capacity_reference")
+                     "capacity_reference", "run_starts", "timing")
 
     def start_tune_run(self, cfg: dict, archive: bool) -> None:
         """A new tuning run: with ``archive``, the previous run's records move to ``archive`` first."""
         if archive:
             with self.transaction() as st:
                 st.setdefault("archive", []).append({k: st.get(k) for k in self.TUNE_RUN_KEYS})
-                for k in ("steps", "baseline", "baseline_mixed", "confirmations", "drift_checks", "capacity_reference"):
+                for k in ("steps", "baseline", "baseline_mixed", "confirmations", "drift_checks", "capacity_reference",
+                          "run_starts", "timing"):
                     st.pop(k, None)
                 st["trials"] = []
         with self.transaction() as st:
@@ -438,12 +439,28 @@ class StateFile:
             st[key] = record
             if final and key == "baseline":
                 st["sigma_baseline"] = record["sigma"]
+                st["sigma_components"] = record.get("components") or {}
                 st["kept"]["repeats"] = list(record["runs"])
 
     def save_confirmation(self, conf: dict, list_key: str = "confirmations") -> None:
         """A confirmation (``confirmations``) or delivery confirmation, replacing the trial's earlier one."""
         with self.transaction() as st:
             upsert(st.setdefault(list_key, []), conf, "trial_id")
+
+    def record_run_start(self, path: str, start: str | None) -> None:
+        """Which server process (``pid:ticks``) measured run ``path``: runs grouped by start give the
+        within-process and between-restart parts of σ."""
+        with self.transaction() as st:
+            st.setdefault("run_starts", {})[path] = start
+
+    def add_time(self, kind: str, seconds: float) -> dict:
+        """One more ``kind`` (``restart`` or ``run``) that took ``seconds``: the tuning run's time
+        accounting and the source of its ETA. Returns the new totals of that kind."""
+        with self.transaction() as st:
+            t = st.setdefault("timing", {}).setdefault(kind, {"n": 0, "s": 0.0})
+            t["n"] += 1
+            t["s"] = round(t["s"] + float(seconds), 3)
+            return dict(t)
 
     def add_kept_repeat(self, path: str) -> None:
         """One more run of the kept configuration (a drift sentinel)."""

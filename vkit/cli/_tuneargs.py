@@ -68,6 +68,10 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="delivered Pareto configurations (other than the kept one) re-confirmed on fresh interleaved runs "
                         "against the kept one before delivery; 0 = none, they are then marked screening-only (default 4)")
     d.add_argument("--guard", action="append", default=None, metavar="SPEC", help="gate guard, e.g. p95_ttft_ms:-:15%% (default that one)")
+    d.add_argument("--time-budget", type=duration_arg, default=None, metavar="T",
+                   help="wall time for the whole run, e.g. 8h, 90m, 600s: a step starts no candidate that cannot finish, "
+                        "with the step's confirmation, within it (timed from this run's own restarts and measurements), and "
+                        "its stop rule says what was given up (default: no limit; the ETA is on stderr either way)")
     r = p.add_argument_group("server")
     r.add_argument("--ready-timeout", type=float, default=600.0, metavar="S", help="seconds to wait for a restarted server (default 600)")
     m = r.add_mutually_exclusive_group()
@@ -80,6 +84,19 @@ MODE_HELP = ("staged (default: seed 000's steps; see --staged-candidates) or bo 
              "Measured on the simulator (bench/results/tuner.json): median restarts to 98%% of the optimum, mean of 2 "
              "scenarios: staged 2 (policy lists, max_num_seqs above the load in step 2), staged with octaves 6, bo 7.25, "
              "random 13.25, grid 15.5")
+
+
+def duration_arg(text: str) -> float:
+    """``8h``, ``90m``, ``600s`` or a number of seconds, as seconds (> 0)."""
+    t = text.strip().lower()
+    scale = {"h": 3600.0, "m": 60.0, "s": 1.0}.get(t[-1:], None)
+    try:
+        v = float(t[:-1] if scale else t) * (scale or 1.0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration (e.g. 8h, 90m, 600s)") from None
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a duration must be positive")
+    return v
 
 
 def parse_slo(items: list[str]) -> dict:
@@ -133,10 +150,11 @@ def settings(args: argparse.Namespace, main: Workload) -> Settings:
             main.options = replace(main.options, goodput=per_request)
         return Settings(workload=main, baseline_repeats=args.baseline_repeats, screen_repeats=args.screen_repeats,
                         confirm_blocks=args.confirm_blocks, primary="slo_capacity:+", guards=args.guard or [], slo=slo,
-                        ready_timeout_s=args.ready_timeout, sandbox=not args.yes, capacity=objective)
+                        ready_timeout_s=args.ready_timeout, sandbox=not args.yes, capacity=objective,
+                        time_budget_s=args.time_budget)
     return Settings(workload=main, baseline_repeats=args.baseline_repeats, screen_repeats=args.screen_repeats,
                     confirm_blocks=args.confirm_blocks, guards=args.guard or ["p95_ttft_ms:-:15%"], slo=slo,
-                    ready_timeout_s=args.ready_timeout, sandbox=not args.yes)
+                    ready_timeout_s=args.ready_timeout, sandbox=not args.yes, time_budget_s=args.time_budget)
 
 
 def capacity_objective(args: argparse.Namespace, slo: dict) -> CapacityObjective | None:

@@ -196,6 +196,18 @@ def _show(sf: StateFile, args: argparse.Namespace, io: IO) -> int:
     sig = st.get("sigma_baseline") or {}
     if sig:
         w("sigma        " + " ".join(f"{k}={v:.2%}" if isinstance(v, (int, float)) else f"{k}={v}" for k, v in sorted(sig.items())) + "\n")
+    for m, comp in sorted((st.get("sigma_components") or {}).items()):
+        if comp.get("between") is not None:
+            w(f"  {m}: within one process {comp['within']:.2%}, between restarts {comp['between']:.2%} "
+              f"({comp.get('runs')} runs on {comp.get('groups')} starts)\n")
+    tune = st.get("tune") or {}
+    timing = st.get("timing") or {}
+    if timing:
+        w("time         " + ", ".join(f"{v.get('n')} {k}s {v.get('s', 0) / 60:.1f} min" for k, v in sorted(timing.items())) + "\n")
+    eta = tune.get("eta")
+    if eta and not tune.get("finished"):
+        w(f"ETA          step {eta.get('step')}: about {eta.get('seconds', 0) / 60:.1f} min from {eta.get('at')} "
+          f"({eta.get('candidates_left')} candidate(s) left at most, then its confirmation)\n")
     trials = st.get("trials") or []
     w(f"trials       {len(trials)} recorded" + (f", last {min(getattr(args, 'trials', 5), len(trials))}:" if trials else "") + "\n")
     n_last = getattr(args, "trials", 5)

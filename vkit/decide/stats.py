@@ -337,7 +337,8 @@ class VarianceComponents:
     ``within``: sd of runs on one process; ``between``: sd of the process level (restarts);
     ``total``: sd of one run on a new process, ``sqrt(within^2 + between^2)``. All on the scale
     of the values given (pass log values for relative sds). Intervals are two-sided ``level``:
-    chi-square for ``within`` (df = N - K), Satterthwaite's approximate df for ``between``.
+    chi-square for ``within`` (df = N - K), Satterthwaite's approximate df for ``between`` when it
+    is at least 1, else from 0 to the bound MSB's own chi-square allows.
     """
 
     within: float
@@ -377,12 +378,13 @@ def variance_components(groups, level: float = 0.9) -> VarianceComponents:
     vb = max(0.0, (msb - msw) / n0)
     a = (1.0 - level) / 2.0
     w_ci = (math.sqrt(ssw / stats.chi2.ppf(1 - a, dfw)), math.sqrt(ssw / stats.chi2.ppf(a, dfw)))
-    if vb > 0:
-        # Satterthwaite: n0 * vb = MSB - MSW, a difference of two scaled chi-squares.
-        df_b = (msb - msw) ** 2 / (msb ** 2 / dfb + msw ** 2 / dfw)
+    # Satterthwaite: n0 * vb = MSB - MSW, a difference of two scaled chi-squares.
+    df_b = (msb - msw) ** 2 / (msb ** 2 / dfb + msw ** 2 / dfw) if vb > 0 else 0.0
+    if df_b >= 1.0:
         b_ci = (math.sqrt(df_b * vb / stats.chi2.ppf(1 - a, df_b)), math.sqrt(df_b * vb / stats.chi2.ppf(a, df_b)))
     else:
-        df_b = 0.0
-        # No evidence of a between part; the upper bound is what MSB allows at this level.
+        # No evidence of a between part, or less than one degree of freedom for it (two starts give
+        # at most one): Satterthwaite's interval means nothing there. The interval is from 0 to
+        # what MSB allows at this level, MSB's own chi-square bound less MSW.
         b_ci = (0.0, math.sqrt(max(0.0, (msb * dfb / stats.chi2.ppf(a, dfb) - msw) / n0)))
     return VarianceComponents(math.sqrt(msw), math.sqrt(vb), math.sqrt(msw + vb), w_ci, b_ci, k, n, dfw, df_b)

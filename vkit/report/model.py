@@ -140,6 +140,7 @@ class Baseline(Section):
     config: str
     repeats: str | None
     metrics: list[tuple[str, str, str]]  # (label, mean, σ)
+    parts: str = ""  # σ's within-process and between-restart parts, when the baseline measured both
 
 
 @dataclass(frozen=True)
@@ -329,11 +330,38 @@ def _baseline(v: View) -> Baseline:
         if repeats is not None:
             head += [Span(WORDS, ", "), Span(TEXT, repeats), Span(WORDS, " repeats")]
         head.append(Span(WORDS, "; σ is the relative standard deviation of the repeats, measured now."))
-        rows = [Row([Span(VALUE, c) for c in m]) for m in metrics]
-        blocks: list[Block] = [Para(head), Table(["metric", "mean", "σ"], rows, {1: "n", 2: "n"})]
+        comps = as_dict(v.baseline.get("sigma_components"))
+        split = any(num(as_dict(c).get("between")) is not None for c in comps.values())
+        rows = []
+        for (k, _), cells in zip(v.baseline_metrics(), metrics, strict=True):
+            c = as_dict(comps.get(k))
+            extra = [fmt_pct(c.get("within")) if num(c.get("within")) is not None else "–",
+                     fmt_pct(c.get("between")) if num(c.get("between")) is not None else "–"] if split else []
+            rows.append(Row([Span(VALUE, x) for x in [*cells, *extra]]))
+        cols = ["metric", "mean", "σ"] + (["σ within a process", "σ between restarts"] if split else [])
+        blocks: list[Block] = [Para(head), Table(cols, rows, {i: "n" for i in range(1, len(cols))})]
+        parts = sigma_parts_text(comps)
+        if parts:
+            blocks.append(Para([Span(TEXT, parts)]))
     else:
-        blocks = [Para(words("No baseline in the result."))]
-    return Baseline(id="baseline", title="Baseline", blocks=blocks, config=config, repeats=repeats, metrics=metrics)
+        blocks, parts = [Para(words("No baseline in the result."))], ""
+    return Baseline(id="baseline", title="Baseline", blocks=blocks, config=config, repeats=repeats, metrics=metrics, parts=parts)
+
+
+def sigma_parts_text(comps: dict) -> str:
+    """One sentence on σ's two parts for the first metric that has both (the objective's first)."""
+    for k in ("slo_capacity", "output_throughput", *comps):
+        c = as_dict(comps.get(k))
+        if num(c.get("between")) is None or num(c.get("within")) is None:
+            continue
+        wl, wh = (list(c.get("within_ci") or []) + [None, None])[:2]
+        bl, bh = (list(c.get("between_ci") or []) + [None, None])[:2]
+        return (f"σ of {metric_label(k)}: within one server process {fmt_pct(c['within'])} (90 % interval "
+                f"{fmt_pct(wl)}–{fmt_pct(wh)}), between restarts {fmt_pct(c['between'])} ({fmt_pct(bl)}–{fmt_pct(bh)}), "
+                f"from {c.get('runs')} runs on {c.get('groups')} server starts. Every comparison of two configurations "
+                "compares two processes, so the gate's σ carries both parts: for runs that share one process, "
+                "sqrt(within² + n·between²) per run.")
+    return ""
 
 
 def _trial_row(v: View, t: dict) -> TrialRow:

@@ -183,6 +183,8 @@ def _baseline(pg: _Page, s: m.Baseline) -> None:
         parts = [f"{label} {mean} σ {sigma}" for label, mean, sigma in s.metrics]
         rep = f", {s.repeats} repeats" if s.repeats is not None else ""
         pg.wrap(f"Baseline ({s.config.strip('()')}{rep}): " + "; ".join(parts), "  ")
+        if s.parts:
+            pg.wrap(s.parts, "  ")
     else:
         pg.lines.append("Baseline: none in the result")
     pg.lines.append("")

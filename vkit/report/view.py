@@ -247,7 +247,13 @@ class View:
         if num(self.timings.get("total_s")) is not None:
             parts.append(f"total {fmt_num(self.timings['total_s'])} s")
         if num(self.timings.get("restarts")) is not None:
-            parts.append(f"{fmt_num(self.timings['restarts'])} server restarts")
+            rs = num(self.timings.get("restart_s"))
+            parts.append(f"{fmt_num(self.timings['restarts'])} server restarts" + (f" ({fmt_num(rs)} s)" if rs is not None else ""))
+        if num(self.timings.get("runs")) is not None:
+            ms = num(self.timings.get("run_s"))
+            parts.append(f"{fmt_num(self.timings['runs'])} measurements" + (f" ({fmt_num(ms)} s)" if ms is not None else ""))
+        if num(self.timings.get("other_s")) is not None:
+            parts.append(f"{fmt_num(self.timings['other_s'])} s other (gates, waiting, reports)")
         return ", ".join(parts)
 
     def empty_pareto_text(self) -> str:

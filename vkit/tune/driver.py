@@ -214,6 +214,8 @@ def _drive(runner: Runner, settings: Settings, mixed: Workload, plan: TunePlan, 
     shown = ("slo_capacity", "ref_mean_tpot_ms") if settings.capacity is not None else ("output_throughput", "p95_ttft_ms", "mean_tpot_ms")
     ctx.progress("baseline: " + ", ".join(f"{k} {v:.4g} (σ {b['sigma'].get(k, 0):.1%})" for k, v in b["metrics"].items()
                                           if k in shown))
+    comp = (b.get("components") or {}).get(shown[0]) or {}
+    ctx.progress(f"baseline σ of {shown[0]}: {sigma_text(comp)}")
     staged = [x for x in steps if x in ("2", "3", "4")]
     if staged:
         tuning.guard_anomalies(runner)
@@ -239,11 +241,26 @@ def _drive(runner: Runner, settings: Settings, mixed: Workload, plan: TunePlan, 
         tuning.confirm_front(runner, goal(settings), plan.confirm_front, ctx.progress)
     if settings.capacity is not None and settings.capacity.verify_seconds > 0:
         _verify_promise(runner, settings, ctx)
+    runner.restore_kept()  # the tune ends on the kept configuration (a no-op when it already runs)
     result = build_result(runner, settings, t0)
     if not (sf.read().get("tune") or {}).get("kb_recorded"):
         knowledge.record(kb, kb_key, kb_work, tuning.kb_observations(runner), result.recommendation, run_id)
         sf.update_tune_run(kb_recorded=True)
     return result
+
+
+def sigma_text(comp: dict) -> str:
+    """σ's parts as one line: within one process and between restarts, with 90 % intervals."""
+    if comp.get("between") is None:
+        return f"{comp.get('total') or 0:.1%} ({comp.get('measured') or 'not split'})"
+    def pct(x: Any) -> str:
+        return f"{x:.1%}" if isinstance(x, (int, float)) else "unbounded"
+
+    wl, wh = comp.get("within_ci") or (None, None)
+    bl, bh = comp.get("between_ci") or (None, None)
+    return (f"within one process {pct(comp['within'])} (90 % {pct(wl)}-{pct(wh)}), between restarts {pct(comp['between'])} "
+            f"(90 % {pct(bl)}-{pct(bh)}); one run on a new process {pct(comp['total'])}; "
+            f"{comp.get('runs')} runs on {comp.get('groups')} starts")
 
 
 def _verify_promise(runner: Runner, settings: Settings, ctx: RunContext) -> dict | None:
@@ -361,7 +378,8 @@ def build_result(runner: Runner, settings: Settings, t0: float) -> TuneResult:
                   "num_prompts": opts.num_prompts, "slo": settings.slo, "lengths": _lengths(runner, b)},
         goal=g,
         baseline={"config": b.get("config"), "repeats": len(b.get("runs") or []),
-                  "metrics": {k: {"mean": v, "sigma_rel": (b.get("sigma") or {}).get(k)} for k, v in (b.get("metrics") or {}).items()}},
+                  "metrics": {k: {"mean": v, "sigma_rel": (b.get("sigma") or {}).get(k)} for k, v in (b.get("metrics") or {}).items()},
+                  "sigma_components": b.get("components") or {}},
         trials=trials,
         steps=[{"step": s["step"], "name": s.get("name"), "stop_rule": s.get("stop_rule"), "result": s.get("result")}
                for s in st.get("steps", [])],
@@ -379,8 +397,17 @@ def build_result(runner: Runner, settings: Settings, t0: float) -> TuneResult:
         knowledge=tune_run.get("knowledge"),
         soak="recommended before delivery: a long bench_stream (30 min or more) at the recommended configuration, with "
              "drift detection over its windows (a short benchmark is not production)",
-        timings={"total_s": round(time.time() - t0, 1), "restarts": restarts},
+        timings=_timings(st, time.time() - t0, restarts),
     )
+
+
+def _timings(st: dict, total_s: float, restarts: int) -> dict:
+    """Where the run's wall time went: restarts, measurements, and the rest (gates, waiting)."""
+    t = st.get("timing") or {}
+    r, m = t.get("restart") or {}, t.get("run") or {}
+    rs, ms = float(r.get("s") or 0.0), float(m.get("s") or 0.0)
+    return {"total_s": round(total_s, 1), "restarts": restarts, "restart_s": round(rs, 1), "runs": int(m.get("n") or 0),
+            "run_s": round(ms, 1), "other_s": round(max(0.0, total_s - rs - ms), 1)}
 
 
 def _lengths(runner: Runner, baseline: dict) -> dict | None:
@@ -445,6 +472,7 @@ def sweep_step(sf: StateFile, settings: Settings, ctx: RunContext, step: str | N
         else:
             nxt, stop = tuning.staged_proposer(runner, ctx.policy, step, staged_candidates)
             rec = tuning.run_screening_step(runner, step, nxt, ctx.progress, budget, stop)
+        runner.restore_kept()  # a sweep ends on the kept configuration
     st = sf.read()
     return StepRun(step=rec, trials=[t for t in st["trials"] if t["step"] == rec["step"]], kept=st["kept"])
 
@@ -459,6 +487,7 @@ def deliver(sf: StateFile, settings: Settings, ctx: RunContext, confirm_front: i
         runner = make_runner(sf, settings, ctx, run_id="deliver" if confirm else None)
         if confirm:
             tuning.confirm_front(runner, goal(settings), confirm_front, ctx.progress)
+            runner.restore_kept()
         return tuning.deliver(runner, goal(settings))
 
 

@@ -100,6 +100,7 @@ class Settings:
     ready_timeout_s: float = 600.0
     sandbox: bool = True
     capacity: CapacityObjective | None = None  # None: the throughput objective (one load, the primary metric)
+    time_budget_s: float | None = None  # --time-budget: no trial is started that cannot finish (with its confirmation) within it
 
     @property
     def objective(self) -> str:
@@ -142,6 +143,17 @@ def capacity_checker(path: str) -> tuple[int, dict | None, str]:
         return int(ExitCode.USAGE), None, str(e)
     ok = bool((doc.get("vkit") or {}).get("valid"))
     return (0 if ok else int(ExitCode.INVALID)), {"checks": [] if ok else [{"id": "capacity_search", "status": "fail"}]}, ""
+
+
+def cut_by_the_client(doc: dict) -> bool:
+    """A capacity search that found no failing load because the load above its highest hold could not
+    be measured (the client fell behind its schedule, or check_invariants refused the runs): its
+    capacity is a lower bound, not an estimate."""
+    curve = ((doc.get("vkit") or {}).get("capacity") or {}).get("curve") or []
+    holds = doc.get("capacity_holds")
+    if doc.get("capacity_fails") is not None or not isinstance(holds, (int, float)):
+        return False
+    return any(p.get("verdict") == "invalid" and (p.get("load") or 0) > holds for p in curve)
 
 
 def summary_metrics(doc: dict) -> dict:
@@ -236,10 +248,13 @@ class Runner:
     def _held(self, tool: str, body: Callable[[Lifecycle], Outcome]) -> tuple[int, dict, str]:
         """A restart or rollback as ``tool`` makes it: (exit code, outcome, error message)."""
         how = Held(owner=self.owner, ready_timeout_s=self.s.ready_timeout_s, interrupts=self.interrupts, policy=self.policy)
+        t0 = time.time()
         try:
             code, out = run_held(self.sf, tool, how, body)
         except VkitError as e:
             return int(e.code), {}, f"{tool}: error: {' '.join(str(e).split())}"
+        finally:
+            self.sf.add_time("restart", time.time() - t0)
         return int(code), plain(out.as_dict()) if out is not None else {}, ""
 
     @staticmethod
@@ -250,6 +265,44 @@ class Runner:
             return requests.get(url.rstrip("/") + "/health", timeout=5).status_code == 200
         except requests.RequestException:
             return False
+
+    def costs(self) -> tuple[float, float] | None:
+        """Mean seconds of one restart and of one measurement so far (None before both were timed)."""
+        t = self.sf.read().get("timing") or {}
+        r, m = t.get("restart") or {}, t.get("run") or {}
+        if not r.get("n") or not m.get("n"):
+            return None
+        return r["s"] / r["n"], m["s"] / m["n"]
+
+    def trial_cost(self) -> float | None:
+        """Seconds one screened candidate takes: a restart and its screening runs."""
+        c = self.costs()
+        return None if c is None else c[0] + self.s.screen_repeats * c[1]
+
+    def confirm_cost(self) -> float | None:
+        """Seconds one B A A B confirmation block takes: three restarts and four runs."""
+        c = self.costs()
+        return None if c is None else 3 * c[0] + 4 * c[1]
+
+    def elapsed_s(self) -> float | None:
+        """Seconds since the tuning run under way started (None outside a tune)."""
+        import datetime as _dt
+
+        try:
+            started = _dt.datetime.fromisoformat((self.sf.read().get("tune") or {}).get("started") or "")
+        except ValueError:
+            return None
+        if started.tzinfo is None:
+            started = started.replace(tzinfo=_dt.timezone.utc)
+        return max(0.0, time.time() - started.timestamp())
+
+    def settle(self) -> None:
+        """Between two trials or steps. In production (``--yes``) the service goes back to the kept
+        configuration at once, so that it serves traffic on it between trials. In a sandbox it stays
+        on whatever runs: the next trial restarts the server anyway, and the kept configuration is
+        started when it must be measured or the tune ends (each rollback skipped is a restart saved)."""
+        if not self.s.sandbox:
+            self.restore_kept()
 
     def restore_kept(self, fresh: bool = False) -> None:
         kept = self.sf.read()["kept"]["config"]
@@ -271,9 +324,22 @@ class Runner:
         allowed = cls.TRANSIENT | (cls.SATURATION_EFFECTS if "client_saturation" in findings else set())
         return findings <= allowed
 
+    def start_key(self) -> str | None:
+        """The server process running now, as ``pid:ticks`` (None when none is recorded)."""
+        run = self.sf.read()["service"].get("running") or {}
+        return f"{run['pid']}:{run.get('ticks')}" if run.get("pid") else None
+
     def measure(self, label: str, k: int, workload: Workload | None = None) -> tuple[str, dict, dict]:
-        """One bench_stream run (seed + k), validated. A run whose only findings say the load
-        generator was saturated is measured once more (logged). Returns (relative path, summary, check)."""
+        """One bench_stream run (seed + k), validated, its server process recorded (``run_starts``).
+        A run whose only findings say the load generator was saturated is measured once more
+        (logged). Returns (relative path, summary, check)."""
+        t0 = time.time()
+        path, doc, check = self._measure_checked(label, k, workload)
+        self.sf.add_time("run", time.time() - t0)
+        self.sf.record_run_start(path, self.start_key())
+        return path, doc, check
+
+    def _measure_checked(self, label: str, k: int, workload: Workload | None = None) -> tuple[str, dict, dict]:
         for attempt in (1, 2):
             path, doc, check = self._measure_once(label, k, workload)
             if doc.get("failed") and not self._healthy(self.sf.read()["service"]["url"]):
@@ -357,6 +423,9 @@ class Runner:
         code, _, _ = capacity_checker(path)
         findings = [] if code == 0 else ["no_clear_load_point"]
         verdict = "valid" if code == 0 else "invalid"
+        if code == 0 and cut_by_the_client(doc):
+            # the capacity is only a lower bound: the machine, not the server, ended the search (measured once more)
+            code, verdict, findings = int(ExitCode.REJECTED), "rejected", ["client_saturation"]
         return _rel(path, self.sf.dir), plain(doc), {"code": code, "verdict": verdict, "findings": findings}
 
     def gate(self, baseline: list[str], candidate: list[str], fresh: bool = False, selected_from: int = 1,
@@ -364,12 +433,18 @@ class Runner:
         primary = primary or self.s.primary
         guards = guards if guards is not None else self.s.guards
         # σ pooled from this run's baseline repeats, for the primary and every guard (normal-mixture sequences)
-        sig = (self.sf.read().get("sigma_baseline") or {})
+        st = self.sf.read()
+        sig = st.get("sigma_baseline") or {}
+        comps = st.get("sigma_components") or {}
+        # runs per server start on the evidence side: screening runs share one process (its level
+        # does not average out over them); a confirmation's arms change process every one or two runs
+        per_start = 2 if fresh else max(1, len(candidate))
         pool = {}
         for spec in [primary, *guards]:
             m = spec.split(":")[0]
-            if isinstance(sig.get(m), (int, float)) and 0 < sig[m] < 1:
-                pool[m] = float(sig[m])
+            v = comparison_sigma(comps.get(m), per_start) if comps.get(m) else sig.get(m)
+            if isinstance(v, (int, float)) and 0 < v < 1:
+                pool[m] = float(v)
         runs = {"fresh" if fresh else "candidate": [self._abs(p) for p in candidate]}
         try:
             inp = _gate.GateInput(baseline=[self._abs(p) for p in baseline], primary=_gate.parse_metric(primary, "primary"),
@@ -396,14 +471,23 @@ class Runner:
             b = {"config": kept, "workload": w.describe(), "runs": [], "checks": [], "generation": gen, "started": now_iso()}
             self.sf.set_baseline(key, b)
         if config is None:
-            self.restore_kept(fresh=not b["runs"])
+            self.restore_kept(fresh=not b["runs"] and not self._only_step1_on_it())
         else:
             ok, res = self.apply(kept, fresh=not b["runs"])
             if not ok:
                 raise VkitError(f"the configuration to measure as {key} does not start: {res.get('message')}", ExitCode.UNAVAILABLE)
         label = f"{key}-g{b['generation']}"
+        split = math.ceil(self.s.baseline_repeats / 2) if self.s.baseline_repeats >= 2 else None
         while len(b["runs"]) < self.s.baseline_repeats:
             k = len(b["runs"]) + 1
+            if split is not None and len(b["runs"]) >= split and len(self.starts_of(b["runs"])) < 2:
+                # the rest on a second server start: σ's between-restart part is measured, not assumed zero
+                self.progress(f"{key}: runs {k}-{self.s.baseline_repeats} on a second server start "
+                              "(σ within one process and between restarts)")
+                ok, res = self.apply(kept, fresh=True)
+                if not ok:
+                    raise VkitError(f"the configuration to measure as {key} does not start again: {res.get('message')}",
+                                    ExitCode.UNAVAILABLE)
             path, doc, check = self.measure(label, k, w)
             if check["code"] == ExitCode.INVALID:
                 raise Rejected(f"the baseline measurement {path} is invalid ({', '.join(check.get('findings') or [])}): fix the gauge first")
@@ -416,25 +500,54 @@ class Runner:
                 self._set_reference(doc, path)
         return self._finish_baseline(key, b)
 
+    def starts_of(self, runs: list[str]) -> list[str]:
+        """The distinct server processes that measured ``runs`` (as recorded), in order."""
+        known = self.sf.read().get("run_starts") or {}
+        return list(dict.fromkeys(known[p] for p in runs if known.get(p)))
+
+    def _only_step1_on_it(self) -> bool:
+        """The process running now is the kept configuration's and measured nothing but step 1's
+        closed-loop runs (dataset seeds seed + 1, seed + 2), whose prompts no capacity search sends
+        (seeds from seed + 1000 up): a capacity baseline can start on it without a restart. Step 1's
+        choice is a business rule, not a selection on performance, so no winner's curse rides on its
+        process either."""
+        st = self.sf.read()
+        key, run = self.start_key(), st["service"].get("running") or {}
+        if self.s.capacity is None or key is None or run.get("config") != st["kept"]["config"]:
+            return False
+        step1 = {p for t in st["trials"] if t["step"] == "1" for p in t.get("runs") or []}
+        on_it = [p for p, s in (st.get("run_starts") or {}).items() if s == key]
+        return bool(on_it) and set(on_it) <= step1
+
     def _finish_baseline(self, key: str, b: dict) -> dict:
-        """The baseline's means and σ (per metric, relative) from its runs, recorded as final."""
+        """The baseline's means and σ (per metric, relative) from its runs, recorded as final. With
+        runs on two or more server starts, σ has two parts (``components``): within one process
+        and between restarts; ``sigma`` is then the sd of one run on a new process (both parts)."""
         docs = [self.load(p) for p in b["runs"]]
-        sig = {}
+        known = self.sf.read().get("run_starts") or {}
+        starts = [known.get(p) for p in b["runs"]]
+        sig, comps = {}, {}
         for m in KEY_METRICS:
-            vals = [d.get(m) for d in docs if isinstance(d.get(m), (int, float)) and d.get(m) > 0]
-            if len(vals) >= 2:
-                sig[m] = float(np.std(np.log(vals), ddof=1))
+            rows = [(s, math.log(d[m])) for s, d in zip(starts, docs, strict=True) if isinstance(d.get(m), (int, float)) and d.get(m) > 0]
+            if len(rows) < 2:
+                continue
+            comp = sigma_parts([v for _, v in rows], [s for s, _ in rows])
+            comps[m] = comp
+            sig[m] = comp["total"]
         if "slo_capacity" in sig or any("slo_capacity_sd" in d for d in docs):
             sig["slo_capacity"] = capacity_sigma(sig.get("slo_capacity"), docs)
+            if "slo_capacity" in comps:
+                comps["slo_capacity"]["resolution"] = capacity_sigma(None, docs)
         b["metrics"] = aggregate(docs)
         b["sigma"] = sig
+        b["components"] = comps
         self.sf.set_baseline(key, b, final=True)
         self.log("baseline", key=key, config=b["config"], runs=b["runs"], sigma=sig, metrics=b["metrics"],
                  **({"rebased_from": b["rebased_from"]} if b.get("rebased_from") else {}))
         return b
 
     def rebase_baseline(self, tid: str, conf: dict) -> dict | None:
-        """After a keep under the capacity objective: the newly kept configuration's own measurements
+        """After a keep: the newly kept configuration's own measurements
         (its screening runs and the confirmation's B runs, each on a fresh server start) become the
         baseline the next candidates are screened against, with no extra run; None when they are
         fewer than the baseline repeats (the next ``baseline()`` then measures it)."""
@@ -449,8 +562,10 @@ class Runner:
              "generation": old.get("generation", 0) + 1, "started": now_iso(), "rebased_from": tid}
         self.sf.set_baseline("baseline", b)
         b = self._finish_baseline("baseline", b)
-        self.progress(f"baseline rebased on the kept {tid}: {len(runs)} measurements of it (screening and confirmation), "
-                      f"slo_capacity {b['metrics'].get('slo_capacity', 0):.4g} (σ {b['sigma'].get('slo_capacity', 0):.1%})")
+        pm = self.s.primary.split(":")[0]
+        self.progress(f"baseline rebased on the kept {tid}: {len(runs)} measurements of it (screening and confirmation) "
+                      f"on {len(self.starts_of(runs))} server starts, {pm} {b['metrics'].get(pm, 0):.4g} "
+                      f"(σ {b['sigma'].get(pm, 0):.1%})")
         return b
 
     def _set_reference(self, doc: dict, path: str) -> None:
@@ -659,7 +774,7 @@ class Runner:
         self.save_conf(conf)
         self.update_trial(tid, kept=True, decision_id=did)
         self.progress(f"KEEP {tid}: {' '.join(to_serve_flags(t['changes']))} ({did})")
-        if self.s.capacity is not None and (workload is None or workload.name == self.s.workload.name):
+        if workload is None or workload.name == self.s.workload.name:
             self.rebase_baseline(tid, conf)
         return conf
 
@@ -776,6 +891,45 @@ class Runner:
         self.sf.record_drift_check(dict(out, ts=now_iso()), change)
         self.log("drift_check", **out)
         return out
+
+
+def sigma_parts(logs: list[float], starts: list[str | None]) -> dict:
+    """σ of log values from runs grouped by server start: ``within`` one process, ``between``
+    restarts, ``total`` (one run on a new process), with 90 % intervals, from the one-way
+    random-effects estimate; with runs from one start only, ``between`` is None (not measured)
+    and ``total`` is the plain sd."""
+    from vkit.decide.stats import variance_components
+
+    groups: dict = {}
+    for i, (v, s) in enumerate(zip(logs, starts, strict=True)):
+        groups.setdefault(s if s is not None else f"unknown-{i}", []).append(v)
+    sd = float(np.std(logs, ddof=1))
+    if len(groups) >= 2 and any(len(g) >= 2 for g in groups.values()):
+        vc = variance_components(list(groups.values()))
+        out = vc.as_dict()
+        for k in ("within_ci", "between_ci"):  # JSON has no infinity: an unbounded end is None
+            out[k] = [x if math.isfinite(x) else None for x in out[k]]
+        return dict(out, measured="within and between restarts")
+    if len(groups) >= 2:  # one run per start: the sd of runs on new processes, not split
+        return {"within": None, "between": None, "total": sd, "groups": len(groups), "runs": len(logs),
+                "measured": "one run per start: within and between not separated"}
+    return {"within": sd, "between": None, "total": sd, "groups": 1, "runs": len(logs),
+            "measured": "one server start: the between-restart part is not measured"}
+
+
+def comparison_sigma(comp: dict, per_start: int) -> float | None:
+    """The per-run σ the gate uses for evidence measured ``per_start`` runs to a server process:
+    sqrt(within² + per_start · between²), so that a mean over those runs carries the whole
+    process-level variance (within²/n + between²). Without a split, the total. A capacity's
+    search resolution adds in quadrature."""
+    w, b = comp.get("within"), comp.get("between")
+    if w is None or b is None:
+        base = comp.get("total")
+    else:
+        base = math.sqrt(w * w + per_start * b * b)
+    if base is None:
+        return None
+    return float(math.sqrt(base * base + (comp.get("resolution") or 0.0) ** 2))
 
 
 def capacity_sigma(sample: float | None, docs: list[dict]) -> float:

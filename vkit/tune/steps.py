@@ -205,6 +205,10 @@ def run_screening_step(runner: Runner, step: str, proposer: Callable[[list], Any
         if len(hist) - skipped >= budget:  # a skipped candidate cost no restart: it does not count
             stop = f"budget of {budget} trials for step {step} spent"
             break
+        over = _over_time(runner, step, budget - (len(hist) - skipped), progress)
+        if over:
+            stop = over
+            break
         everything = observations(runner)
         prop = proposer(everything)
         if prop is None:
@@ -216,6 +220,7 @@ def run_screening_step(runner: Runner, step: str, proposer: Callable[[list], Any
             continue
         t = runner.new_trial(step, prop.config, prop.reason, prop.audit)
         runner.run_trial(t["id"])
+        runner.settle()
         n += 1
     hist = observations(runner, (step,))
     best = _best_screened(runner, step)
@@ -228,11 +233,32 @@ def run_screening_step(runner: Runner, step: str, proposer: Callable[[list], Any
         rec["confirmed"] = {"trial_id": best["id"], "decision": conf.get("decision"), "why": conf.get("why")}
         rec["result"] = (f"kept {best['id']} ({' '.join(to_serve_flags(best['changes']))})" if conf.get("decision") == "kept"
                          else f"best screened {best['id']} not kept: {conf.get('decision')} — {conf.get('why')}")
-    runner.restore_kept()
+    runner.settle()
     rec["finished"] = now_iso()
     _record_step(runner, rec)
     progress(f"step {step} done: {rec['result']}; stop rule: {stop}")
     return rec
+
+
+def _over_time(runner: Runner, step: str, left: int, progress: Callable[[str], None]) -> str | None:
+    """The ETA of the step from the restarts and runs timed so far, said on stderr and kept in the
+    state (``tune.eta``); with ``--time-budget``, the stop rule when one more candidate and the
+    step's confirmation would not finish within it (None: go on)."""
+    per, conf, spent = runner.trial_cost(), runner.confirm_cost(), runner.elapsed_s()
+    if per is None or conf is None:
+        return None
+    eta = left * per + conf
+    restart_s, run_s = runner.costs() or (0.0, 0.0)
+    progress(f"ETA step {step}: at most {left} more candidate(s) and a confirmation, about {eta / 60:.1f} min "
+             f"(restart {restart_s:.0f} s, measurement {run_s:.0f} s, as measured so far)")
+    if runner.sf.read().get("tune"):
+        runner.sf.update_tune_run(eta={"step": step, "candidates_left": left, "seconds": round(eta), "at": now_iso(),
+                                       "restart_s": round(restart_s, 1), "run_s": round(run_s, 1)})
+    budget = runner.s.time_budget_s
+    if budget is None or spent is None or spent + per + conf <= budget:
+        return None
+    return (f"time budget {budget / 3600:.2g} h: {spent / 60:.0f} min spent, and one more candidate ({per / 60:.1f} min) "
+            f"with the confirmation ({conf / 60:.1f} min) would not fit; {left} candidate(s) of step {step} given up")
 
 
 def _best_screened(runner: Runner, step: str) -> dict | None:
@@ -337,7 +363,7 @@ def run_step5(runner: Runner, mixed: Workload, progress: Callable[[str], None]) 
         rec["result"] = f"{best['id']} {conf.get('decision')}"
     else:
         rec["result"] = "the production defaults hold: no flip improved P99 TTFT without costing throughput"
-    runner.restore_kept()
+    runner.settle()
     rec["finished"] = now_iso()
     _record_step(runner, rec)
     progress(f"step 5 done: {rec['result']}")
@@ -464,7 +490,7 @@ def confirm_front(runner: Runner, goal: dict, limit: int, progress: Callable[[st
         done.append(conf)
     st = runner.sf.read()
     if measured or (st["service"].get("running") or {}).get("config") not in (None, st["kept"]["config"]):
-        runner.restore_kept()  # once, after the last candidate (or one left running by an interrupted run)
+        runner.settle()  # once, after the last candidate (or one left running by an interrupted run)
     return done
 
 

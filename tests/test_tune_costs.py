@@ -1,0 +1,117 @@
+"""The tune's statistics and costs, piece by piece: σ split into its within-process and
+between-restart parts from runs grouped by server start, the per-run σ the gate uses for runs
+that share a process, the sandbox's skipped rollbacks (and production's kept ones), the time
+accounting and ETA from timed restarts and runs, and --time-budget's stop rule."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+
+from vkit.cli._tuneargs import duration_arg
+from vkit.measure.gauge import BenchOptions
+from vkit.state import StateFile, new_state, now_iso
+from vkit.tune import steps
+from vkit.tune.runner import Runner, Settings, Workload, comparison_sigma, sigma_parts
+
+pytestmark = pytest.mark.unit
+
+
+def make_runner(state_path, **settings) -> Runner:
+    sf = StateFile(state_path)
+    sf.create(new_state("http://127.0.0.1:9", "m", ["serve", "m"], {"max_num_seqs": 64}))
+    return Runner(sf, Settings(workload=Workload(BenchOptions(num_prompts=50)), **settings), lambda m: None, tool_name="tune")
+
+
+def test_sigma_parts_split_runs_by_server_start_with_the_anova_answer():
+    # two starts of three runs: within-group sd 1 (MSW = 1), group means 2 and 5 (MSB = 13.5):
+    # between = sqrt((13.5 - 1) / 3)
+    p = sigma_parts([1, 2, 3, 4, 5, 6], ["a", "a", "a", "b", "b", "b"])
+    assert p["within"] == pytest.approx(1.0) and p["between"] == pytest.approx(math.sqrt(12.5 / 3))
+    assert p["total"] == pytest.approx(math.sqrt(1 + 12.5 / 3)) and p["groups"] == 2 and p["runs"] == 6
+    lo, hi = p["within_ci"]
+    assert lo < 1.0 < hi
+    # one start: the between-restart part is not measured (None), and said so
+    one = sigma_parts([1.0, 2.0, 3.0], ["a", "a", "a"])
+    assert one["between"] is None and one["within"] == pytest.approx(1.0) and "not measured" in one["measured"]
+    # one run per start: the spread of new processes, not split
+    each = sigma_parts([1.0, 2.0, 3.0], ["a", "b", "c"])
+    assert each["within"] is None and each["total"] == pytest.approx(1.0)
+
+
+def test_the_gate_sigma_carries_the_whole_process_level_for_runs_sharing_one_process():
+    comp = {"within": 0.02, "between": 0.015, "total": 0.025}
+    # a mean of n runs on one process has variance within²/n + between²: per run within² + n·between²
+    assert comparison_sigma(comp, 1) == pytest.approx(0.025)
+    assert comparison_sigma(comp, 2) == pytest.approx(math.sqrt(0.0004 + 2 * 0.000225))
+    # a capacity search's own resolution adds in quadrature; an unsplit estimate is used whole
+    assert comparison_sigma(dict(comp, resolution=0.01), 1) == pytest.approx(math.sqrt(0.025**2 + 0.01**2))
+    assert comparison_sigma({"within": None, "between": None, "total": 0.03}, 4) == pytest.approx(0.03)
+    # simulated: 4 runs on one process, between 1.5 %, within 2 %: the sd of their mean is what the gate assumes
+    rng = np.random.default_rng(7)
+    means = [rng.normal(0, 0.015) + rng.normal(0, 0.02, 4).mean() for _ in range(20000)]
+    assert float(np.std(means)) == pytest.approx(comparison_sigma(dict(comp, total=None), 4) / 2, rel=0.03)
+
+
+def test_the_baseline_sigma_has_both_parts_when_its_runs_span_two_starts(state_path, tmp_path):
+    r = make_runner(state_path, baseline_repeats=4)
+    runs = []
+    for i, (tp, start) in enumerate([(100.0, "1:1"), (102.0, "1:1"), (95.0, "2:2"), (96.0, "2:2")]):
+        p = os.path.join(r.runs_dir, f"b{i}.json")
+        with open(p, "w") as f:
+            json.dump({"output_throughput": tp, "completed": 50}, f)
+        rel = os.path.relpath(p, r.sf.dir)
+        r.sf.record_run_start(rel, start)
+        runs.append(rel)
+    b = r._finish_baseline("baseline", {"config": {"max_num_seqs": 64}, "runs": runs, "checks": []})
+    comp = b["components"]["output_throughput"]
+    logs = np.log([100.0, 102.0, 95.0, 96.0])
+    within = math.sqrt(((logs[:2] - logs[:2].mean()) ** 2).sum() + ((logs[2:] - logs[2:].mean()) ** 2).sum()) / math.sqrt(2)
+    assert comp["within"] == pytest.approx(within) and comp["between"] > comp["within"]
+    st = r.sf.read()
+    assert st["sigma_components"]["output_throughput"] == comp and st["sigma_baseline"]["output_throughput"] == comp["total"]
+    assert r.starts_of(runs) == ["1:1", "2:2"]
+
+
+def test_settle_rolls_back_in_production_only(state_path):
+    calls = []
+    prod = make_runner(state_path, sandbox=False)
+    prod.restore_kept = lambda fresh=False: calls.append("restore")
+    prod.settle()
+    assert calls == ["restore"]
+    sandbox = Runner(prod.sf, Settings(workload=prod.s.workload, sandbox=True), lambda m: None)
+    sandbox.restore_kept = lambda fresh=False: calls.append("sandbox restore")
+    sandbox.settle()
+    assert calls == ["restore"]
+
+
+def test_the_eta_and_the_time_budget_come_from_the_timed_restarts_and_runs(state_path):
+    said = []
+    r = make_runner(state_path, screen_repeats=2, time_budget_s=3600.0)
+    assert r.costs() is None and steps._over_time(r, "2", 3, said.append) is None and not said
+    for s in (30.0, 50.0):
+        r.sf.add_time("restart", s)
+    for s in (60.0, 60.0, 60.0):
+        r.sf.add_time("run", s)
+    assert r.costs() == pytest.approx((40.0, 60.0))
+    assert r.trial_cost() == pytest.approx(160.0) and r.confirm_cost() == pytest.approx(360.0)
+    r.sf.start_tune_run({"run_id": "run-x", "started": now_iso()}, archive=False)
+    assert steps._over_time(r, "2", 3, said.append) is None
+    assert "about 14.0 min" in said[-1] and r.sf.read()["tune"]["eta"]["seconds"] == 3 * 160 + 360
+    # 55 min spent of 60: one more candidate (2.7 min) and the confirmation (6 min) do not fit
+    r.sf.update_tune_run(started=now_iso(__import__("time").time() - 55 * 60))
+    stop = steps._over_time(r, "2", 3, said.append)
+    assert stop is not None and "3 candidate(s) of step 2 given up" in stop and "55 min spent" in stop
+
+
+def test_time_budget_reads_hours_minutes_and_seconds_and_refuses_nonsense():
+    assert duration_arg("8h") == 8 * 3600 and duration_arg("90m") == 5400 and duration_arg("600s") == 600
+    assert duration_arg("42") == 42
+    for bad in ("soon", "-1h", "0"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            duration_arg(bad)
