@@ -185,3 +185,26 @@ def test_bad_capacity_input_is_exit_2_with_one_error_line(argv, tmp_path):
     lines = [ln for ln in r.err.splitlines() if "error" in ln]
     assert len(lines) == 1 and lines[0].startswith("capacity: error: "), r.err
     assert not (tmp_path / "runs").exists()  # refused before anything was measured
+
+
+def test_a_hint_spends_no_points_climbing_from_the_reference_and_keeps_the_reference_first():
+    # boundary at 75 (P95 TTFT 200 ms); the search starts at the reference 20, as a warm start does
+    slo = cap.Slo({"p95_ttft_ms": 200.0})
+    plan = cap.Plan(start=20.0, step=1.25, tolerance=0.05, max_points=6)
+    m0, plain = fake_server()
+    res0 = cap.search(m0, slo, plan)
+    m1, hinted = fake_server()
+    res1 = cap.search(m1, slo, plan, hint=70.0)
+    # the reference is still the first point measured (interactivity is measured there), the hint the second
+    assert hinted[0][0] == plain[0][0] == 20.0 and hinted[1][0] == plan.snap(70.0)
+    # without the hint the search climbs 20 -> 25 -> 39 -> 78 before its first failure (the 4th point);
+    # with it the first failure is the 3rd point (70 holds, 87.5 fails), and both bracket the boundary
+    def first_failure(res):
+        return next(i for i, p in enumerate(res.points) if p.verdict == "fails")
+
+    assert first_failure(res1) == 2 < first_failure(res0) == 3
+    assert res1.capacity <= 75.0 <= res1.upper and res0.capacity <= 75.0 <= res0.upper
+    # a hint at or below one step above the start changes nothing
+    m2, same = fake_server()
+    cap.search(m2, slo, plan, hint=22.0)
+    assert [c[0] for c in same] == [c[0] for c in plain]

@@ -30,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
             "tune --yes --concurrency 32 --input-len 1024 --output-len 256 --slo p95_ttft_ms=1500",
             "tune --sandbox --steps 2,3 --report-dir reports/today",
             "tune --sandbox --mode bo --budget 12",
+            "tune --yes --time-budget 8h                      # production: back on the kept config between trials",
         ],
     )
     ta.add_args(p)

@@ -261,14 +261,15 @@ def _bounds(points: list[Point]) -> tuple[Point | None, Point | None]:
     return lo, hi
 
 
-def _next_load(plan: Plan, lo: Point | None, hi: Point | None, points: list[Point]) -> float | None:
+def _next_load(plan: Plan, lo: Point | None, hi: Point | None, points: list[Point], anchor: float | None = None) -> float | None:
     """The next load to offer: step down below the lowest point while nothing holds, up above
     the highest while nothing else is measured there (by ``plan.step``, accelerating), else narrow between the highest clear
-    hold and the lowest point above it that does not hold (fails, unclear or not measurable)."""
+    hold and the lowest point above it that does not hold (fails, unclear or not measurable). Steps
+    count from ``anchor`` when it was measured (the hint), else from the first point."""
     tried = {p.load for p in points}
     # Bracketing from a warm start accelerates: the k-th step the same way is step^(2^(k-1)), at most
     # a doubling (1.25, 1.56, 2, 2, ...), so a configuration far from its neighbour is bracketed in few points.
-    first = points[0].load
+    first = anchor if anchor is not None and anchor in tried else points[0].load
 
     def factor(k: int) -> float:
         return max(plan.step, min(2.0, plan.step ** (2 ** k)))
@@ -311,10 +312,16 @@ def _between(plan: Plan, lo: Point, hi: Point, tried: set[float]) -> float | Non
     return None if nxt in tried or not lo.load < nxt < hi.load else nxt
 
 
-def search(measure: Measure, slo: Slo, plan: Plan, progress: Callable[[str], None] = lambda s: None) -> Capacity:
-    """Bracket and narrow the SLO boundary; every run through ``measure(load, k)``."""
+def search(measure: Measure, slo: Slo, plan: Plan, progress: Callable[[str], None] = lambda s: None,
+           hint: float | None = None) -> Capacity:
+    """Bracket and narrow the SLO boundary; every run through ``measure(load, k)``. With ``hint``
+    (where the answer probably is: the kept configuration's capacity) above the start, the second
+    point is the hint when the start holds, and the bracketing steps count from there: the start
+    still measures what it must (interactivity at the reference load), and no points are spent
+    climbing from it."""
     points: list[Point] = []
     load: float | None = plan.snap(plan.start)
+    anchor = plan.snap(hint) if hint is not None and load is not None and plan.snap(hint) > load * plan.step else None
     stop = ""
     while load is not None:
         if len(points) >= plan.max_points:
@@ -332,7 +339,11 @@ def search(measure: Measure, slo: Slo, plan: Plan, progress: Callable[[str], Non
         progress(f"load {load:g}: {p.verdict} (margin {d['margin']:+.3f} over {d['valid_runs']} run(s), binding "
                  f"{d['binding']})" if d["margin"] is not None else f"load {load:g}: {p.verdict} ({'; '.join(d['invalid'])})")
         lo, hi = _bounds(points)
-        load = _next_load(plan, lo, hi, points)
+        if anchor is not None and len(points) == 1 and p.verdict == HOLDS:
+            load = min(anchor, plan.hi_limit)
+            progress(f"load {load:g} next: the kept configuration's capacity (the hint)")
+            continue
+        load = _next_load(plan, lo, hi, points, anchor)
     lo, hi = _bounds(points)
     if not stop:
         if lo is None:
@@ -477,10 +488,11 @@ def capacity_document(result: Capacity, first: dict | None, opts, seed: int, ref
 def measure_configuration(opts, url: str, out_dir: str, slo: Slo, plan: Plan, reference: float | None,
                           command: list[str] | None = None, api_key: str | None = None, interrupts=None,
                           progress: Callable[[str], None] = lambda s: None, accelerators: int | None = None,
-                          seed: int | None = None) -> dict:
+                          seed: int | None = None, hint: float | None = None) -> dict:
     """One configuration's capacity, searched from the reference load (the neighbouring
     configuration's capacity: the bracket starts where the answer probably is, and the first point
-    measures interactivity at that load), as :func:`capacity_document`. Its runs use dataset seeds
+    measures interactivity at that load; ``hint``, the kept configuration's capacity, is where the
+    bracketing goes next), as :func:`capacity_document`. Its runs use dataset seeds
     from ``opts.seed`` up, one per run; ``seed`` is the measurement's own (the gate pairs on it)."""
     start = reference if reference is not None else plan.start
     # warm start: the answer is probably near the neighbour's, so bracket in small steps around it
@@ -497,6 +509,6 @@ def measure_configuration(opts, url: str, out_dir: str, slo: Slo, plan: Plan, re
             first.append(s)
         return s
 
-    res = search(run, slo, p, progress)
+    res = search(run, slo, p, progress, hint=hint if reference is not None else None)
     return capacity_document(res, first[0] if first else None, opts, opts.seed if seed is None else seed,
                              p.snap(start) if reference is not None else None, accelerators)

@@ -409,6 +409,9 @@ class Runner:
         path = os.path.join(d, f"rep{k}.json")
         st = self.sf.read()
         reference = (st.get("capacity_reference") or {}).get("load")
+        # where the answer probably is: the kept configuration's capacity, once its baseline is final
+        b = st.get("baseline") or {}
+        hint = (b.get("metrics") or {}).get("slo_capacity") if b.get("config") == st["kept"]["config"] else None
         # every point's run its own prompts: measurement k starts 1000 seeds above measurement k - 1
         opts = replace(w.options, seed=w.seed + 1000 * k)
         command = ["--state", self.sf.path]
@@ -416,7 +419,7 @@ class Runner:
             doc = _cap.measure_configuration(opts, st["service"]["url"], os.path.join(d, f"rep{k}-points"), c.slo, c.plan,
                                              reference, command=command, interrupts=self.interrupts,
                                              progress=lambda m: self.progress(f"{label} capacity {k}: {m}"),
-                                             accelerators=c.accelerators, seed=w.seed + k)
+                                             accelerators=c.accelerators, seed=w.seed + k, hint=hint)
         except VkitError as e:
             raise bench_failed(e) from None
         atomic_write_text(path, json.dumps(plain(doc), indent=2) + "\n")
