@@ -115,3 +115,48 @@ def test_time_budget_reads_hours_minutes_and_seconds_and_refuses_nonsense():
     for bad in ("soon", "-1h", "0"):
         with pytest.raises(argparse.ArgumentTypeError):
             duration_arg(bad)
+
+
+def test_a_capacity_search_cut_short_by_the_client_is_a_lower_bound_not_an_estimate():
+    from vkit.tune.runner import cut_by_the_client
+
+    def doc(holds, fails, curve):
+        return {"capacity_holds": holds, "capacity_fails": fails, "vkit": {"capacity": {"curve": curve}}}
+
+    cut = doc(89.97, None, [{"load": 76.11, "verdict": "holds"}, {"load": 89.97, "verdict": "holds"},
+                            {"load": 95.14, "verdict": "invalid"}])
+    assert cut_by_the_client(cut)
+    # a failing load bounds it from above: an estimate, whatever else was invalid
+    assert not cut_by_the_client(doc(89.97, 120.0, cut["vkit"]["capacity"]["curve"] + [{"load": 120.0, "verdict": "fails"}]))
+    # every load up to the most allowed holds: nothing was cut short
+    assert not cut_by_the_client(doc(89.97, None, [{"load": 89.97, "verdict": "holds"}]))
+    # an invalid point below the highest hold did not end the search
+    assert not cut_by_the_client(doc(89.97, None, [{"load": 50.0, "verdict": "invalid"}, {"load": 89.97, "verdict": "holds"}]))
+
+
+def test_a_promise_run_the_client_could_not_keep_up_with_is_run_again_before_stepping_down(state_path, monkeypatch):
+    from vkit.tune import capacity as cap
+    from vkit.tune.runner import CapacityObjective
+
+    objective = CapacityObjective(slo=cap.Slo({"p95_ttft_ms": 1000.0}), plan=cap.Plan(tolerance=0.1), verify_seconds=10.0)
+    r = make_runner(state_path, capacity=objective)
+    monkeypatch.setattr(r, "apply", lambda config, fresh=False: (True, {}))
+    monkeypatch.setattr(r, "restore_kept", lambda fresh=False: None)
+    lagging = {"p99": 7.0}  # ms: beyond the plan's 5 ms, the client's fault, not the server's
+    offered = []
+
+    def live(opts, url, out_dir, plan, command=None, interrupts=None):
+        def run(load, k):
+            offered.append(load)
+            lag = lagging if len(offered) == 1 else {"p99": 0.3}
+            done = 0.99 * load if load <= 90 else 0.5 * load  # the server carries 90 at most
+            return {"completed": 1000, "duration": 1000 / done + 0.4, "p95_ttft_ms": 300.0, "mean_e2el_ms": 400.0,
+                    "vkit": {"completion_rate": done, "dispatch_lag_ms": lag}}
+        return run
+
+    monkeypatch.setattr(cap, "live_measure", live)
+    out = r.verify_promise({"max_num_seqs": 64}, 100.0)
+    # 100: no verdict (the client lagged), 100 again: fails on keep-up, then 100 / 1.1 = 90.9 fails,
+    # 90.9 / 1.1^2 = 75.1 holds
+    assert offered[:2] == [100.0, 100.0] and out["runs"][0]["holds"] is False and "fell behind" in out["runs"][0]["why"]
+    assert offered[2] == pytest.approx(100 / 1.1, rel=0.01) and out["verified"] == offered[-1] < 90

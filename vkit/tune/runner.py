@@ -585,8 +585,9 @@ class Runner:
         """The capacity promised for ``config`` (the highest clear hold of its short searches) run once
         for ``verify_seconds`` on a fresh start of it: a short point cannot show a queue that grows
         slowly, a long run can. When it fails, the load steps down by the search's tolerance, then by
-        twice and four times it, and is run again (5 runs at most); the verified load is the one that held. The server is left on
-        the kept configuration."""
+        twice and four times it, and is run again (5 runs at most); a run that could not measure the
+        server (the client behind its schedule) is run once more at the same load before any step
+        down. The verified load is the one that held. The server is left on the kept configuration."""
         c = self.s.capacity
         assert c is not None
         plan = replace(c.plan, point_seconds=c.verify_seconds)
@@ -598,7 +599,7 @@ class Runner:
         ok, res = self.apply(dict(config), fresh=True)
         if not ok:
             raise VkitError(f"the recommended configuration does not start: {res.get('message')}", ExitCode.UNAVAILABLE)
-        runs, verified, load = [], None, plan.snap(rate)
+        runs, verified, load, down, again = [], None, plan.snap(rate), 0, False
         for k in range(5):
             s = run(load, k)
             j = _cap.judge_run(s, c.slo, plan, load)
@@ -611,9 +612,16 @@ class Runner:
             if held:
                 verified = load
                 break
+            if not j["valid"] and not again:
+                # the run could not measure the server (the client fell behind, a failed request):
+                # no verdict on the load, which is run once more before any step down
+                again = True
+                continue
+            again = False
             # stepping down accelerates (the tolerance, then twice it, ...): a promise far above what
             # a long run holds is found in a few runs, one just above it loses one tolerance only
-            load = plan.snap(load / (1 + plan.tolerance) ** (2 ** k))
+            load = plan.snap(load / (1 + plan.tolerance) ** (2 ** down))
+            down += 1
         if config != self.sf.read()["kept"]["config"]:
             self.restore_kept()
         out = {"config": dict(config), "searched": rate, "verified": verified, "seconds": c.verify_seconds, "runs": runs,

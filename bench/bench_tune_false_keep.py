@@ -1,0 +1,156 @@
+#!/usr/bin/env python3
+"""How often does the real `tune` keep a candidate that is truly no better, and how often one that
+is truly 6 % better? Seeded tunes on two surfaces of the simulator, with its realistic noise (2 %
+run to run on one process, 1.5 % more between server starts).
+
+- flat: the simulated 8B on one H200 at 8 closed-loop streams of 128-token prompts and 32-token
+  outputs, kept at 2048 batched tokens and 16 sequences. Step 2's candidates (4096, 8192, 16384
+  batched tokens at 64 sequences) cannot change a step: at most 8 x 128 = 1,024 prompt tokens are
+  ever scheduled at once and at most 8 sequences run, so every candidate is the kept
+  configuration in all but its flags (``predict``: identical throughput).
+- plus6: the same at 10 streams, kept at 9 sequences: every candidate (64 sequences) runs all 10,
+  +6.1 % output throughput in the noise-free predictor.
+
+Each tune is ``bin/tune --sandbox --objective throughput --steps 2 --budget 3`` with the default
+statistics (4 baseline repeats over two server starts, 2 screening runs, up to 3 B A A B blocks),
+``--sim-seed`` = 1000 + i. A keep is a tune whose step 2 kept a candidate. Targets: on flat, at
+most 5 % of tunes keep (the one-sided 95 % Clopper-Pearson upper bound is reported beside the
+count); on plus6, at least 80 % keep.
+
+Writes bench/results/tune_false_keep.json. Run: python3 bench/bench_tune_false_keep.py [--tunes 20]
+(about 20 s a tune on 2 cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+from scipy import stats
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+OUT = os.path.join(ROOT, "bench", "results", "tune_false_keep.json")
+PY, B = sys.executable, os.path.join(ROOT, "bin")
+SURFACES = {"flat": {"concurrency": 8, "kept_seqs": 16}, "plus6": {"concurrency": 10, "kept_seqs": 9}}
+TUNE = ["--sandbox", "--objective", "throughput", "--steps", "2", "--budget", "3",
+        "--input-len", "128", "--output-len", "32", "--num-prompts", "100", "--confirm-front", "0",
+        "--ready-timeout", "30", "--slo", "p95_ttft_ms=2000", "--json"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def true_gains(surface: dict) -> list[float]:
+    """Each step-2 candidate's relative difference in predicted output throughput from the kept
+    configuration on this surface (noise-free virtual time)."""
+    from vkit.sim.predict import Scenario, predict
+
+    def tp(tokens: int, seqs: int) -> float:
+        sc = Scenario(model="llama-3.1-8b", gpu="H200", isl=128, osl=32, concurrency=surface["concurrency"], num_prompts=300,
+                      serve={"max_model_len": 1024, "max_num_batched_tokens": tokens, "max_num_seqs": seqs})
+        return predict(sc)["output_throughput_tok_s"]
+
+    base = tp(2048, surface["kept_seqs"])
+    return [tp(t, 64) / base - 1 for t in (4096, 8192, 16384)]
+
+
+def one_tune(i: int, work: str, surface: dict) -> dict:
+    d = os.path.join(work, f"tune-{i:02d}")
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(d)
+    state = os.path.join(d, "vkit.json")
+    env = dict(os.environ, VKIT_STATE=state)
+    port = free_port()
+    sim = [PY, os.path.join(B, "sim_server"), "sim-8b", "--port", str(port), "--sim-speed", "8", "--sim-startup-s", "0.2",
+           "--sim-seed", str(1000 + i), "--max-model-len", "1024", "--sim-gpu", "H200", "--sim-model", "llama-3.1-8b",
+           "--sim-start-file", os.path.join(d, "sim-starts")]
+    init = [PY, os.path.join(B, "state"), "init", "--url", f"http://127.0.0.1:{port}", "--model", "sim-8b"]
+    init += ["--set", "max_num_batched_tokens=2048", "--set", f"max_num_seqs={surface['kept_seqs']}"]
+    subprocess.run([*init, "--", *sim], env=env, check=True, capture_output=True)
+    t0 = time.time()
+    p = subprocess.run([PY, os.path.join(B, "tune"), *TUNE, "--concurrency", str(surface["concurrency"])], env=env,
+                       capture_output=True, text=True)
+    wall = time.time() - t0
+    st = json.load(open(state))
+    run = (st.get("service") or {}).get("running") or {}
+    if run.get("pid"):
+        try:
+            os.killpg(run.get("pgid") or run["pid"], 15)
+        except OSError:
+            pass
+    if p.returncode != 0:
+        return {"seed": 1000 + i, "error": f"exit {p.returncode}: {p.stderr[-400:]}"}
+    confs = st.get("confirmations") or []
+    kept = [c["trial_id"] for c in confs if c.get("decision") == "kept"]
+    comp = (st.get("sigma_components") or {}).get("output_throughput") or {}
+    first = next((json.loads(x) for x in open(os.path.join(d, "decisions.jsonl")) if '"event": "baseline"' in x), {})
+    return {"seed": 1000 + i, "keep": bool(kept), "kept": kept,
+            "confirmed": [{"trial": c["trial_id"], "decision": c.get("decision"), "why": (c.get("why") or "")[:160]} for c in confs],
+            "screened_accept": sum(1 for t in st["trials"] if t.get("verdict") == "accept"),
+            "sigma_within": comp.get("within"), "sigma_between": comp.get("between"),
+            "first_baseline_sigma": (first.get("sigma") or {}).get("output_throughput"),
+            "restarts": sum(1 for x in open(os.path.join(d, "decisions.jsonl"))
+                            if any(f'"event": "{k}"' in x for k in ("applied", "rolled_back", "start_failed"))),
+            "wall_s": round(wall, 1)}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tunes", type=int, default=20, help="seeded tunes per surface (default 20)")
+    ap.add_argument("--surfaces", default=",".join(SURFACES))
+    ap.add_argument("--out", default=OUT)
+    a = ap.parse_args(argv)
+    work = tempfile.mkdtemp(prefix="vkit-false-keep-")
+    # surfaces measured earlier (the file this writes) are kept; the ones run now replace theirs
+    out = (json.load(open(a.out)).get("surfaces") or {}) if os.path.exists(a.out) else {}
+    try:
+        for name in a.surfaces.split(","):
+            surface = SURFACES[name]
+            gains = true_gains(surface)
+            rows = []
+            for i in range(a.tunes):
+                r = one_tune(i, work, surface)
+                rows.append(r)
+                print(f"{name} tune {i + 1}/{a.tunes}: {json.dumps(r)[:300]}", file=sys.stderr)
+            done = [r for r in rows if "error" not in r]
+            k, n = sum(r["keep"] for r in done), len(done)
+            out[name] = {
+                "surface": surface, "true_gains": gains, "tunes": n, "errors": len(rows) - n, "keeps": k,
+                "keep_rate": k / n if n else None,
+                # Clopper-Pearson, one-sided 95 %: the upper bound on flat, the lower one on plus6
+                "keep_rate_upper95": float(stats.beta.ppf(0.95, k + 1, n - k)) if n and k < n else 1.0,
+                "keep_rate_lower95": float(stats.beta.ppf(0.05, k, n - k + 1)) if n and k > 0 else 0.0,
+                "target": "keep rate <= 0.05" if name == "flat" else "keep rate >= 0.80",
+                "median_restarts": sorted(r["restarts"] for r in done)[n // 2] if done else None,
+                "median_wall_s": sorted(r["wall_s"] for r in done)[n // 2] if done else None,
+                "rows": rows, "command": f"python3 bench/bench_tune_false_keep.py --tunes {a.tunes} --surfaces {name}",
+                "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            }
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    doc = {"benchmark": "tune_false_keep", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+           "machine": f"{platform.machine()}, {os.cpu_count()} cpus", "surfaces": out}
+    os.makedirs(os.path.dirname(a.out), exist_ok=True)
+    with open(a.out, "w") as f:
+        json.dump(doc, f, indent=2)
+        f.write("\n")
+    for name, r in out.items():
+        print(f"{name}: {r['keeps']}/{r['tunes']} kept (95 % bounds {r['keep_rate_lower95']:.2f}-{r['keep_rate_upper95']:.2f}), "
+              f"true gains {', '.join(f'{g:+.1%}' for g in r['true_gains'])}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
