@@ -20,7 +20,7 @@ B=bin
 T0=$(date +%s)
 unset VKIT_LEASE_OWNER VKIT_STATE VKIT_POLICY
 MAIN=$DIR/main/vkit.json     # the tuned service: faults 1, 3, 4, 5, 6
-CRASH=$DIR/crash/vkit.json   # a service whose engine dies after 250 requests: fault 2
+CRASH=$DIR/crash/vkit.json   # a service whose engine dies after 150 requests: fault 2
 SNAP=$DIR/snap
 OUT=$DIR/out
 ROWS=$DIR/rows.jsonl
@@ -332,9 +332,9 @@ row 4 health_hang "health hang" "restart_with_rollback --set sim_hang_health=tru
 # --- fault 2: the kept server dies in the middle of a benchmark -----------------------------------------
 PORT2=$(free_port)
 "$PY" $B/state --state "$CRASH" init --url "http://127.0.0.1:$PORT2" --model sim-8b \
-    --set max_num_seqs=4 --set max_num_batched_tokens=2048 -- "${SIM[@]}" --port "$PORT2" --sim-crash-after 250 >/dev/null 2>&1 \
+    --set max_num_seqs=4 --set max_num_batched_tokens=2048 -- "${SIM[@]}" --port "$PORT2" --sim-crash-after 150 >/dev/null 2>&1 \
     || { say "state init failed"; exit 2; }
-say "fault 2: a tune on a service whose engine dies at request 251 (the third baseline run of the kept server)"
+say "fault 2: a tune on a service whose engine dies at request 151 (the second baseline run of the kept server)"
 snap crash_before "$CRASH"
 timeout 240 env VKIT_STATE="$CRASH" "$PY" $B/tune "${TUNE[@]}" > "$OUT/crash_tune.out" 2> "$OUT/crash_tune.err"; RC2=$?
 snap crash_after "$CRASH"
@@ -351,7 +351,7 @@ print("yes" if runs and not bad else f"no: {len(bad)} recorded run(s) with faile
 PYEOF
 )
 OK2=0; [ "$RC2" = 0 ] && echo "$EV2" | grep -q "server_died" && [ "$CLEAN2" = yes ] && OK2=1
-row 2 crash_mid_benchmark "crash mid-benchmark" "sim_server --sim-crash-after 250 in the launch argv: the kept server dies in baseline run 3" \
+row 2 crash_mid_benchmark "crash mid-benchmark" "sim_server --sim-crash-after 150 in the launch argv: the kept server dies in baseline run 2" \
     "$RC2" "noticed, restarted, re-measured; exit $RC2" "[server log: ${DEAD:-no engine death logged}] $(grep -m1 -h "died during the measurement" "$OUT/crash_tune.err" | cut -c1-160)" "$EV2" "$OK2" \
     "expected: the dead server noticed after the run (server_died), the run not recorded, the same configuration restarted and measured again, the tune finished: $([ $OK2 = 1 ] && echo yes || echo "no ($CLEAN2)")" \
     "$(check_server crash_after "$(verify_rc "$CRASH")")" "$(check_records crash_before crash_after finished)"
