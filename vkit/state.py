@@ -76,6 +76,13 @@ def new_state(url: str, model: str, launch_argv: list[str], kept_config: dict | 
     }
 
 
+def _add_time(st: dict, kind: str, seconds: float) -> dict:
+    t = st.setdefault("timing", {}).setdefault(kind, {"n": 0, "s": 0.0})
+    t["n"] += 1
+    t["s"] = round(t["s"] + float(seconds), 3)
+    return dict(t)
+
+
 def _check_schema(doc: Any, path: str) -> dict:
     if not isinstance(doc, dict):
         raise ValueError("top level is not a JSON object")
@@ -340,14 +347,15 @@ class StateFile:
 
     TUNE_RUN_KEYS = ("tune", "steps", "baseline", "baseline_mixed", "confirmations", "trials", "drift_checks",
                      "capacity_reference", "run_starts", "timing")
+    # archived, then cleared for the next run (``tune`` is replaced, ``trials`` emptied)
+    _CLEARED = tuple(k for k in TUNE_RUN_KEYS if k not in ("tune", "trials"))
 
     def start_tune_run(self, cfg: dict, archive: bool) -> None:
         """A new tuning run: with ``archive``, the previous run's records move to ``archive`` first."""
         if archive:
             with self.transaction() as st:
                 st.setdefault("archive", []).append({k: st.get(k) for k in self.TUNE_RUN_KEYS})
-                for k in ("steps", "baseline", "baseline_mixed", "confirmations", "drift_checks", "capacity_reference",
-                          "run_starts", "timing"):
+                for k in self._CLEARED:
                     st.pop(k, None)
                 st["trials"] = []
         with self.transaction() as st:
@@ -447,20 +455,20 @@ class StateFile:
         with self.transaction() as st:
             upsert(st.setdefault(list_key, []), conf, "trial_id")
 
-    def record_run_start(self, path: str, start: str | None) -> None:
+    def record_run_start(self, path: str, start: str | None, seconds: float | None = None) -> None:
         """Which server process (``pid:ticks``) measured run ``path``: runs grouped by start give the
-        within-process and between-restart parts of σ."""
+        within-process and between-restart parts of σ. With ``seconds``, the run's duration is added
+        to the time accounting in the same write (``add_time("run", ...)``)."""
         with self.transaction() as st:
             st.setdefault("run_starts", {})[path] = start
+            if seconds is not None:
+                _add_time(st, "run", seconds)
 
     def add_time(self, kind: str, seconds: float) -> dict:
         """One more ``kind`` (``restart`` or ``run``) that took ``seconds``: the tuning run's time
         accounting and the source of its ETA. Returns the new totals of that kind."""
         with self.transaction() as st:
-            t = st.setdefault("timing", {}).setdefault(kind, {"n": 0, "s": 0.0})
-            t["n"] += 1
-            t["s"] = round(t["s"] + float(seconds), 3)
-            return dict(t)
+            return _add_time(st, kind, seconds)
 
     def add_kept_repeat(self, path: str) -> None:
         """One more run of the kept configuration (a drift sentinel)."""

@@ -288,13 +288,10 @@ class Runner:
         """Seconds since the tuning run under way started (None outside a tune)."""
         import datetime as _dt
 
-        try:
-            started = _dt.datetime.fromisoformat((self.sf.read().get("tune") or {}).get("started") or "")
-        except ValueError:
+        started = _gate.parse_date((self.sf.read().get("tune") or {}).get("started"))  # naive UTC
+        if started is None:
             return None
-        if started.tzinfo is None:
-            started = started.replace(tzinfo=_dt.timezone.utc)
-        return max(0.0, time.time() - started.timestamp())
+        return max(0.0, time.time() - started.replace(tzinfo=_dt.timezone.utc).timestamp())
 
     def settle(self) -> None:
         """Between two trials or steps. In production (``--yes``) the service goes back to the kept
@@ -335,8 +332,7 @@ class Runner:
         (logged). Returns (relative path, summary, check)."""
         t0 = time.time()
         path, doc, check = self._measure_checked(label, k, workload)
-        self.sf.add_time("run", time.time() - t0)
-        self.sf.record_run_start(path, self.start_key())
+        self.sf.record_run_start(path, self.start_key(), seconds=time.time() - t0)
         return path, doc, check
 
     def _measure_checked(self, label: str, k: int, workload: Workload | None = None) -> tuple[str, dict, dict]:
