@@ -12,7 +12,8 @@ run to run on one process, 1.5 % more between server starts).
   +6.1 % output throughput in the noise-free predictor.
 
 Each tune is ``bin/tune --sandbox --objective throughput --steps 2 --budget 3`` with the default
-statistics (4 baseline repeats over two server starts, 2 screening runs, up to 3 B A A B blocks),
+statistics (4 baseline repeats over two server starts; screening runs sized from σ's two parts, at
+most 2; B A A B blocks planned by the sequential rule's power analysis at the measured σ, at most 4),
 ``--sim-seed`` = 1000 + i. A keep is a tune whose step 2 kept a candidate. Targets: on flat, at
 most 5 % of tunes keep (the one-sided 95 % Clopper-Pearson upper bound is reported beside the
 count); on plus6, at least 80 % keep.
@@ -101,6 +102,10 @@ def one_tune(i: int, work: str, surface: dict) -> dict:
             "screened_accept": sum(1 for t in st["trials"] if t.get("verdict") == "accept"),
             "sigma_within": comp.get("within"), "sigma_between": comp.get("between"),
             "first_baseline_sigma": (first.get("sigma") or {}).get("output_throughput"),
+            "screen_runs": [len(t.get("runs") or []) for t in st["trials"]],
+            "planned_blocks": [(c.get("plan") or {}).get("blocks") for c in confs],
+            "measurements": sum(len(t.get("runs") or []) for t in st["trials"]) + len((st.get("baseline") or {}).get("runs") or [])
+            + sum(len(c.get("a_runs") or []) + len(c.get("b_runs") or []) for c in confs),
             "restarts": sum(1 for x in open(os.path.join(d, "decisions.jsonl"))
                             if any(f'"event": "{k}"' in x for k in ("applied", "rolled_back", "start_failed"))),
             "wall_s": round(wall, 1)}
@@ -135,6 +140,7 @@ def main(argv=None) -> int:
                 "target": "keep rate <= 0.05" if name == "flat" else "keep rate >= 0.80",
                 "median_restarts": sorted(r["restarts"] for r in done)[n // 2] if done else None,
                 "median_wall_s": sorted(r["wall_s"] for r in done)[n // 2] if done else None,
+                "median_measurements": sorted(r["measurements"] for r in done)[n // 2] if done else None,
                 "rows": rows, "command": f"python3 bench/bench_tune_false_keep.py --tunes {a.tunes} --surfaces {name}",
                 "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             }

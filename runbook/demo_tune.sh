@@ -46,7 +46,7 @@ echo "Every figure below is simulated; throughputs and latencies are in wall tim
 # capacity); short load points (POINT_S wall seconds), the sequential stop per point, no drift sentinel.
 "$PY" $B/tune --sandbox --objective capacity --concurrency "${CONCURRENCY:-32}" --input-len 512 --output-len 128 \
     --num-prompts "${PROMPTS:-100}" --slo p95_ttft_ms="${SLO_MS:-1000}" --slo mean_tpot_ms="${TPOT_MS:-50}" \
-    --steps "${STEPS:-1,2,3}" --budget "${BUDGET:-3}" --baseline-repeats 3 --screen-repeats 1 --confirm-blocks 1 \
+    --steps "${STEPS:-1,2,3}" --budget "${BUDGET:-3}" --baseline-repeats 3 --screen-repeats 1 \
     --confirm-front "${CONFIRM_FRONT:-1}" --point-seconds "${POINT_S:-1}" --capacity-start "${START_RPS:-32}" \
     --capacity-max-points 6 --capacity-repeats 2 --capacity-noise 0.03 --verify-seconds "${VERIFY_S:-8}" \
     --ready-timeout 60 "$@"

@@ -56,8 +56,10 @@ def add_args(p: argparse.ArgumentParser) -> None:
     d = p.add_argument_group("decisions")
     d.add_argument("--slo", action="append", default=[], metavar="METRIC=VALUE", help="constraint, e.g. p95_ttft_ms=2000 (default p95_ttft_ms=2000)")
     d.add_argument("--baseline-repeats", type=int, default=4, metavar="N", help="runs of the kept configuration for σ (default 4)")
-    d.add_argument("--screen-repeats", type=int, default=2, metavar="N", help="runs per screened candidate (default 2)")
-    d.add_argument("--confirm-blocks", type=int, default=3, metavar="N", help="B A A B confirmation blocks at most (default 3)")
+    d.add_argument("--screen-repeats", type=int_at_least(1), default=2, metavar="N", help="runs per screened candidate at most (default 2; fewer when σ's between-restart part dominates)")
+    d.add_argument("--confirm-blocks", type=int_at_least(1), default=4, metavar="N",
+                   help="B A A B confirmation blocks at most (default 4): the power analysis at the measured σ plans the "
+                        "blocks; one that needs more is not measured (--yes grants it, up to 4x)")
     d.add_argument("--staged-candidates", choices=["policy", "octaves"], default="policy",
                    help="staged steps 2-3 sweep the policy's candidate lists (default) or every power of two in "
                         "max_num_batched_tokens 256-32768 and max_num_seqs 8-512. Measured on the simulator "
@@ -150,11 +152,12 @@ def settings(args: argparse.Namespace, main: Workload) -> Settings:
             main.options = replace(main.options, goodput=per_request)
         return Settings(workload=main, baseline_repeats=args.baseline_repeats, screen_repeats=args.screen_repeats,
                         confirm_blocks=args.confirm_blocks, primary="slo_capacity:+", guards=args.guard or [], slo=slo,
-                        ready_timeout_s=args.ready_timeout, sandbox=not args.yes, capacity=objective,
+                        ready_timeout_s=args.ready_timeout, sandbox=not args.yes, capacity=objective, grant_budget=args.yes,
                         time_budget_s=args.time_budget)
     return Settings(workload=main, baseline_repeats=args.baseline_repeats, screen_repeats=args.screen_repeats,
                     confirm_blocks=args.confirm_blocks, guards=args.guard or ["p95_ttft_ms:-:15%"], slo=slo,
-                    ready_timeout_s=args.ready_timeout, sandbox=not args.yes, time_budget_s=args.time_budget)
+                    ready_timeout_s=args.ready_timeout, sandbox=not args.yes, time_budget_s=args.time_budget,
+                    grant_budget=args.yes)
 
 
 def capacity_objective(args: argparse.Namespace, slo: dict) -> CapacityObjective | None:

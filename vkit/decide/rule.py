@@ -112,3 +112,31 @@ def n_needed(sigma: float, d: float, s: Settings, known_sigma: bool, paired: boo
     if known_sigma:
         return normal, normal
     return st.n_per_arm_t(sigma, d, s.alpha, s.power, paired=paired)[0], normal
+
+
+def pairs_to_decide(sigma: float, gap: float, s: Settings, futility: bool = True, bnd: Boundaries | None = None,
+                    kmax: int = MAX_PROJECT) -> int | None:
+    """The power analysis of the sequential rule itself: the fewest interleaved pairs at which, with a
+    known σ per run (σ_d = √2·σ for a pair difference), the always-valid bounds separate a true change
+    of 0 from one of ``gap`` (log scale, > 0) with probability ``s.power`` each way — at a true
+    ``gap`` the efficacy lower bound clears 0, and (``futility``, the primary) at a true 0 the upper
+    bound (futility, or the classical one once the pairs reach the fixed-n power analysis) falls
+    below ``gap``. A guard (``futility=False``) needs only the first: at a true 0 its lower bound
+    clears −tolerance. None when that takes more than ``kmax`` pairs.
+
+    σ = 2 %, t = max(2σ, 3 %) = 4 %: 7 pairs (the fixed-n formula's 4 per arm does not hold for
+    an always-valid sequence, which pays for looking after every pair)."""
+    if not (sigma > 0 and gap > 0):
+        raise ValueError("sigma and gap must be positive")
+    bnd = bnd or Boundaries.build(s, kmax)
+    sd = math.sqrt(2.0) * sigma
+    ks = np.arange(2, kmax + 1)
+    zp = st.z(s.power) * sd / np.sqrt(ks)
+    worst = bnd.eff_n.half_width(ks, sd)
+    if futility:
+        n_fixed = st.n_per_arm_normal(sigma, gap, s.alpha, s.power)
+        classical = st.z(1 - s.alpha) * sd / np.sqrt(ks)
+        fut = np.where(ks >= n_fixed, np.minimum(bnd.fut_n.half_width(ks, sd), classical), bnd.fut_n.half_width(ks, sd))
+        worst = np.maximum(worst, fut)
+    hit = np.flatnonzero(worst + zp < gap)
+    return int(ks[hit[0]]) if len(hit) else None

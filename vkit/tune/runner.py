@@ -12,13 +12,18 @@ trial is never repeated or lost, an unfinished one resumes from its last recorde
 
 Measurement design:
 - BASELINE: the kept configuration measured N times (σ_baseline, this machine, now).
-- Screening: each candidate gets up to ``screen_repeats`` runs; one clearly worse after its
-  first run is eliminated early (a Hyperband-like budget: no full repeats for hopeless ones).
+- Screening: each candidate gets the runs the σ components pay for (``screen_size``: on one
+  process, more runs shrink only the within part, so no more than within²/between², at most
+  ``screen_repeats``); one clearly worse after its first run is eliminated early (a
+  Hyperband-like budget: no full repeats for hopeless ones).
 - Repeat k of every configuration uses dataset seed ``seed + k``: the same request sets on
   both sides, and no repeat finds its prompts in the prefix cache from the repeat before.
 - Confirmation: the winner of a step is re-measured on *fresh, interleaved* runs (B A A B
   blocks: it cancels linear drift) and gated with ``--fresh --selected-from K`` (the winner's
-  curse), with σ pooled from the baseline; only an accept is kept.
+  curse), with σ pooled from the baseline; only an accept is kept. Its blocks come from the
+  sequential rule's own power analysis at the measured σ components (``confirm_plan``), capped
+  by ``confirm_blocks``; a confirmation that cannot reach a verdict within that budget says so
+  before any run, and spends nothing (``--yes`` grants the larger budget instead).
 """
 
 from __future__ import annotations
@@ -92,7 +97,7 @@ class Settings:
     workload: Workload
     baseline_repeats: int = 4
     screen_repeats: int = 2
-    confirm_blocks: int = 3  # B A A B blocks at most
+    confirm_blocks: int = 4  # B A A B blocks at most (the budget; the power analysis plans fewer when σ allows)
     primary: str = "output_throughput:+"
     guards: list[str] = field(default_factory=lambda: ["p95_ttft_ms:-:15%"])
     slo: dict = field(default_factory=dict)  # e.g. {"p95_ttft_ms": 2000}
@@ -101,6 +106,7 @@ class Settings:
     sandbox: bool = True
     capacity: CapacityObjective | None = None  # None: the throughput objective (one load, the primary metric)
     time_budget_s: float | None = None  # --time-budget: no trial is started that cannot finish (with its confirmation) within it
+    grant_budget: bool = False  # --yes: a confirmation whose power analysis needs more blocks than confirm_blocks gets them
 
     @property
     def objective(self) -> str:
@@ -277,12 +283,93 @@ class Runner:
     def trial_cost(self) -> float | None:
         """Seconds one screened candidate takes: a restart and its screening runs."""
         c = self.costs()
-        return None if c is None else c[0] + self.s.screen_repeats * c[1]
+        return None if c is None else c[0] + self.screen_size()[0] * c[1]
 
     def confirm_cost(self) -> float | None:
-        """Seconds one B A A B confirmation block takes: three restarts and four runs."""
+        """Seconds the step's confirmation takes: its planned B A A B blocks, each two restarts and
+        four runs, and one restart into the first."""
         c = self.costs()
-        return None if c is None else 3 * c[0] + 4 * c[1]
+        if c is None:
+            return None
+        plan = self.confirm_plan()
+        blocks = plan["blocks"] if plan["fits"] else 0
+        return (c[0] + blocks * (2 * c[0] + 4 * c[1])) if blocks else 0.0
+
+    # -- how many runs: the power analysis at the measured σ components ---------------
+    def components(self, key: str = "baseline") -> dict:
+        """σ components per metric of baseline ``key`` (the main one's are also the run's)."""
+        st = self.sf.read()
+        comps = (st.get(key) or {}).get("components")
+        if comps is None and key == "baseline":
+            comps = st.get("sigma_components")
+        return comps or {}
+
+    def screen_size(self, key: str = "baseline") -> tuple[int, str]:
+        """Screening runs per candidate, and why. They share one server process, so a mean over n of
+        them has variance within²/n + between²: past n = within²/between² another run buys less than
+        the restart-to-restart part it cannot touch. At most ``screen_repeats`` (the budget), at least 1."""
+        cap = max(1, self.s.screen_repeats)
+        comp = self.components(key).get(self.s.primary.split(":")[0]) or {}
+        w, b = comp.get("within"), comp.get("between")
+        if not isinstance(w, (int, float)) or not isinstance(b, (int, float)):
+            return cap, f"σ not split into within and between restarts: {cap} (the budget)"
+        if b <= 0:
+            return cap, f"no between-restart part measured: {cap} (the budget)"
+        n = max(1, min(cap, math.ceil((w / b) ** 2 - 1e-9)))
+        return n, (f"σ within {w:.1%}, between restarts {b:.1%}: {n} run(s) on one process "
+                   f"(within²/between² = {(w / b) ** 2:.2f}; budget {cap})")
+
+    def confirm_plan(self, primary: str | None = None, guards: list[str] | None = None, key: str = "baseline") -> dict:
+        """B A A B blocks for a confirmation, from the gate's own sequential power analysis
+        (``rule.pairs_to_decide``) at the σ a confirmation's runs carry (two runs to a process:
+        ``comparison_sigma(…, 2)``), for the primary at its threshold max(2σ, floor) and each guard at
+        its tolerance. ``fits``: within ``confirm_blocks``, or granted (``--yes``); otherwise
+        ``why`` says what it would take, and nothing is measured."""
+        from vkit.decide.rule import Boundaries, pairs_to_decide, threshold_log, tolerance_log
+        from vkit.decide.specs import Settings as GateSettings
+
+        gs = GateSettings()
+        bnd = Boundaries.build(gs)
+        comps = self.components(key)
+        sig0 = ((self.sf.read().get(key) or {}).get("sigma") or {})
+        rows, pairs = [], 2
+        specs = [_gate.parse_metric(primary or self.s.primary, "primary"),
+                 *_gate.parse_guards(self.s.guards if guards is None else guards)]
+        for sp in specs:
+            sigma = comparison_sigma(comps[sp.name], 2) if comps.get(sp.name) else sig0.get(sp.name)
+            if not isinstance(sigma, (int, float)) or not sigma > 0:
+                continue
+            sigma = min(float(sigma), 0.99)
+            if sp.role == "primary":
+                t = sp.tolerance if sp.tolerance is not None else max(2 * sigma, gs.floor)
+                gap = abs(threshold_log(min(t, 0.99), sp.direction))
+            else:
+                t = sp.tolerance if sp.tolerance is not None else max(2 * sigma, gs.floor)
+                gap = abs(tolerance_log(min(t, 0.99), sp.direction))
+            n = pairs_to_decide(sigma, gap, gs, futility=sp.role == "primary", bnd=bnd)
+            rows.append({"metric": sp.name, "role": sp.role, "sigma": round(sigma, 5), "threshold": round(t, 4), "pairs": n})
+            pairs = None if n is None or pairs is None else max(pairs, n)
+        cap = self.s.confirm_blocks
+        blocks = None if pairs is None else max(1, math.ceil(pairs / 2))
+        out = {"pairs": pairs, "blocks": blocks, "cap": cap, "metrics": rows, "granted": False}
+        hard = 4 * max(cap, 1)  # even --yes does not grant a confirmation of more than 4x the budget
+        if blocks is not None and blocks <= cap:
+            out["fits"] = True
+            out["why"] = f"{pairs} pairs ({blocks} B A A B block(s)) decide at the measured σ; budget {cap}"
+        elif blocks is not None and self.s.grant_budget and blocks <= hard:
+            out.update(fits=True, granted=True,
+                       why=f"{pairs} pairs ({blocks} blocks) decide at the measured σ, over the budget of {cap}: granted by --yes")
+        else:
+            worst = max((r for r in rows if r["pairs"] is None or r["pairs"] == pairs),
+                        key=lambda r: r["pairs"] if r["pairs"] is not None else math.inf, default=None)
+            need = "more than 200 pairs" if pairs is None else f"{pairs} pairs ({blocks} B A A B blocks)"
+            hint = "" if blocks is None or blocks > hard else f"; rerun with --confirm-blocks {blocks} (or --yes)"
+            out["fits"] = False
+            out["why"] = (f"cannot reach a verdict within the budget: {need} at the measured σ"
+                          + (f" ({worst['metric']} σ {worst['sigma']:.1%} per run against its {worst['threshold']:.0%} "
+                             f"{'threshold' if worst['role'] == 'primary' else 'tolerance'})" if worst else "")
+                          + f", the budget is {cap} block(s){hint}")
+        return out
 
     def elapsed_s(self) -> float | None:
         """Seconds since the tuning run under way started (None outside a tune)."""
@@ -428,13 +515,14 @@ class Runner:
         return _rel(path, self.sf.dir), plain(doc), {"code": code, "verdict": verdict, "findings": findings}
 
     def gate(self, baseline: list[str], candidate: list[str], fresh: bool = False, selected_from: int = 1,
-             primary: str | None = None, guards: list[str] | None = None) -> dict:
+             primary: str | None = None, guards: list[str] | None = None, key: str = "baseline") -> dict:
         primary = primary or self.s.primary
         guards = guards if guards is not None else self.s.guards
-        # σ pooled from this run's baseline repeats, for the primary and every guard (normal-mixture sequences)
+        # σ pooled from the repeats of baseline ``key`` (the same workload as the evidence), for the
+        # primary and every guard (normal-mixture sequences)
         st = self.sf.read()
-        sig = st.get("sigma_baseline") or {}
-        comps = st.get("sigma_components") or {}
+        sig = (st.get(key) or {}).get("sigma") or (st.get("sigma_baseline") if key == "baseline" else None) or {}
+        comps = self.components(key)
         # runs per server start on the evidence side: screening runs share one process (its level
         # does not average out over them); a confirmation's arms change process every one or two runs
         per_start = 2 if fresh else max(1, len(candidate))
@@ -699,8 +787,9 @@ class Runner:
         return t
 
     def run_trial(self, tid: str, baseline_key: str = "baseline", workload: Workload | None = None,
-                  primary: str | None = None, guards: list[str] | None = None) -> dict:
-        """APPLY → VERIFY → VALIDATE → GATE (screening), resuming from the recorded phase."""
+                  primary: str | None = None, guards: list[str] | None = None, repeats: int | None = None) -> dict:
+        """APPLY → VERIFY → VALIDATE → GATE (screening), resuming from the recorded phase. ``repeats``:
+        the runs the caller needs (step 1's stability, an ablation's verdict); else ``screen_size``."""
         t = self.trial(tid)
         if t["status"] in ("done", "start_failed", "eliminated", "invalid", "skipped"):
             return t
@@ -724,7 +813,12 @@ class Runner:
         pm = pm if pm in ("output_throughput", "slo_capacity") else "output_throughput"  # elimination: higher is better
         base_tp = gmean([d.get(pm) for d in base_docs]) or 0.0
         sig_tp = ((b or {}).get("sigma") or {}).get(pm, 0.02)
-        while len(t["runs"]) < self.s.screen_repeats:
+        if repeats is None:
+            repeats = t.get("repeats_planned")
+            if repeats is None:
+                repeats, why_n = self.screen_size(baseline_key) if b else (self.s.screen_repeats, "no baseline yet")
+                t = self.update_trial(tid, repeats_planned=repeats, repeats_why=why_n)
+        while len(t["runs"]) < repeats:
             k = len(t["runs"]) + 1
             path, doc, check = self.measure(tid, k, workload)
             t["runs"].append(path)
@@ -749,7 +843,7 @@ class Runner:
         if not b:
             return self.update_trial(tid, status="done", valid=valid, metrics=aggregate(docs), verdict=None,
                                      why=t.get("why") or "measured; no baseline yet to gate against", finished=now_iso())
-        g = self.gate(b["runs"], t["runs"], primary=primary, guards=guards)
+        g = self.gate(b["runs"], t["runs"], primary=primary, guards=guards, key=baseline_key)
         verdict = g.get("decision")
         why = g.get("why") or ""
         self.progress(f"{tid} screened: {verdict} — {why}")
@@ -759,11 +853,11 @@ class Runner:
 
     # -- CONFIRM + KEEP ---------------------------------------------------------
     def confirm_and_keep(self, tid: str, selected_from: int, workload: Workload | None = None,
-                         primary: str | None = None, guards: list[str] | None = None) -> dict:
+                         primary: str | None = None, guards: list[str] | None = None, key: str = "baseline") -> dict:
         """Fresh interleaved runs of trial ``tid``'s configuration against the kept one (B A A B blocks),
         gated with --fresh --selected-from K; an accept is kept (a gate decision, logged)."""
         t = self.trial(tid)
-        conf = self._confirm(tid, "confirmations", selected_from, workload, primary, guards)
+        conf = self._confirm(tid, "confirmations", selected_from, workload, primary, guards, key)
         if conf.get("decision") == "kept":
             return conf
         if conf.get("decision") != "accept":
@@ -794,9 +888,11 @@ class Runner:
         return self._confirm(tid, "delivery_confirmations", selected_from, None, primary, guards or [])
 
     def _confirm(self, tid: str, list_key: str, selected_from: int, workload: Workload | None,
-                 primary: str | None, guards: list[str] | None) -> dict:
+                 primary: str | None, guards: list[str] | None, key: str = "baseline") -> dict:
         """B A A B blocks of trial ``tid`` (B) against the kept configuration (A), gated after each
-        block until a decision or ``confirm_blocks``; resumable from the record in ``list_key``."""
+        block until a decision or the planned blocks (``confirm_plan``, at most ``confirm_blocks``
+        unless granted); one the budget cannot decide is refused before any run (``underpowered``).
+        Resumable from the record in ``list_key``."""
         t = self.trial(tid)
         st = self.sf.read()
         kept_cfg = dict(st["kept"]["config"])
@@ -805,15 +901,23 @@ class Runner:
             conf = None  # confirmed against an earlier kept configuration: that verdict no longer applies
         if conf is None:
             conf = self._new_conf(tid, selected_from, primary, kept_cfg)
+            conf["plan"] = self.confirm_plan(primary, guards, key)
+            if not conf["plan"]["fits"]:
+                conf.update(decision="underpowered", why=conf["plan"]["why"], finished=now_iso())
+                self.progress(f"confirm {tid}: not measured: {conf['why']}")
+                self.log("underpowered", trial_id=tid, plan=conf["plan"])
+            else:
+                self.progress(f"confirm {tid}: {conf['plan']['why']}")
             self.save_conf(conf, list_key)
-        if conf.get("decision") in ("accept", "reject", "kept", "start_failed", "invalid") or \
+        if conf.get("decision") in ("accept", "reject", "kept", "start_failed", "invalid", "underpowered") or \
                 (conf.get("decision") == "undecided" and conf.get("finished")):
             return conf
+        blocks = (conf.get("plan") or {}).get("blocks") or self.s.confirm_blocks
         pattern = ["B", "A", "A", "B"]
         label = f"confirm-{tid}" if list_key == "confirmations" else f"deliver-{tid}"
         decision = None
         g: dict = {}
-        for block in range(self.s.confirm_blocks):
+        for block in range(blocks):
             for j, arm in enumerate(pattern):
                 if block * 4 + j < len(conf["sequence"]):
                     continue  # measured before an interruption
@@ -835,7 +939,8 @@ class Runner:
                 conf["sequence"].append(arm)
                 self.save_conf(conf, list_key)
                 self.progress(f"confirm {tid} {arm}{k}: {brief(doc)}")
-            g = self.gate(conf["a_runs"], conf["b_runs"], fresh=True, selected_from=selected_from, primary=primary, guards=guards)
+            g = self.gate(conf["a_runs"], conf["b_runs"], fresh=True, selected_from=selected_from, primary=primary, guards=guards,
+                          key=key)
             decision = g.get("decision")
             self.progress(f"confirm {tid} after {len(conf['b_runs'])} pairs: {decision} — {g.get('why')}")
             if decision in ("accept", "reject", "invalid"):

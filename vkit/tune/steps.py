@@ -135,12 +135,7 @@ def run_step1(runner: Runner, candidates: list[int], need_len: int, target_concu
             t = runner.new_trial("1", dict(runner.sf.read()["kept"]["config"], max_model_len=L),
                                  f"max-model-len {L}: starts? KV capacity for {target_concurrency} sequences? TTFT stable?")
         if t["status"] in ("proposed", "applied"):
-            saved = runner.s.screen_repeats
-            runner.s.screen_repeats = 2
-            try:
-                t = runner.run_trial(t["id"], workload=step1_workload(runner))
-            finally:
-                runner.s.screen_repeats = saved
+            t = runner.run_trial(t["id"], workload=step1_workload(runner), repeats=2)  # two runs: is TTFT stable?
         if t["status"] == "start_failed":
             notes.append(f"{L}: does not start ({(t.get('diagnosis') or {}).get('kind')})")
             continue
@@ -193,6 +188,9 @@ def run_screening_step(runner: Runner, step: str, proposer: Callable[[list], Any
     done = _finished(runner, step)
     if done:
         return done
+    plan = runner.confirm_plan()
+    if not plan["fits"] and not any(t["step"] == step for t in runner.sf.read()["trials"]):
+        return _underpowered(runner, step, plan, progress)
     n = 0
     while True:
         open_t = _open_trial(runner, step)
@@ -237,6 +235,17 @@ def run_screening_step(runner: Runner, step: str, proposer: Callable[[list], Any
     rec["finished"] = now_iso()
     _record_step(runner, rec)
     progress(f"step {step} done: {rec['result']}; stop rule: {stop}")
+    return rec
+
+
+def _underpowered(runner: Runner, step: str, plan: dict, progress: Callable[[str], None]) -> dict:
+    """A step whose winner could not be confirmed within the budget is not started: its screening
+    would be spent on a verdict the confirmation cannot give. Recorded with what it would take."""
+    rec = {"step": step, "name": STEP_NAMES.get(step, step), "trials": [], "plan": plan, "result": "not run: " + plan["why"],
+           "stop_rule": "the power analysis at the measured σ needs more confirmation blocks than the budget", "finished": now_iso()}
+    _record_step(runner, rec)
+    runner.log("underpowered", step=step, plan=plan)
+    progress(f"step {step} not run: {plan['why']}")
     return rec
 
 
@@ -338,11 +347,15 @@ def run_step5(runner: Runner, mixed: Workload, progress: Callable[[str], None]) 
     if done:
         return done
     runner.baseline(workload=mixed, key="baseline_mixed")
+    primary, guards = "p99_ttft_ms:-", ["output_throughput:+:5%"]
+    plan = runner.confirm_plan(primary, guards, key="baseline_mixed")
+    if not plan["fits"] and not any(t["step"] == "5" for t in runner.sf.read()["trials"]):
+        runner.settle()
+        return _underpowered(runner, "5", plan, progress)
     kept = runner.sf.read()["kept"]["config"]
     flips = [("enable_chunked_prefill", not kept.get("enable_chunked_prefill", True)),
              ("enable_prefix_caching", not kept.get("enable_prefix_caching", True)),
              ("scheduling_policy", "priority" if kept.get("scheduling_policy", "fcfs") == "fcfs" else "fcfs")]
-    primary, guards = "p99_ttft_ms:-", ["output_throughput:+:5%"]
     for name, value in flips:
         cfg = dict(runner.sf.read()["kept"]["config"], **{name: value})
         t = next((x for x in runner.sf.read()["trials"] if x["step"] == "5" and x["config"] == cfg), None)
@@ -358,7 +371,8 @@ def run_step5(runner: Runner, mixed: Workload, progress: Callable[[str], None]) 
     rec: dict[str, Any] = {"step": "5", "name": STEP_NAMES["5"], "trials": [t["id"] for t in trials],
                            "stop_rule": f"all {len(flips)} behaviour flags validated on the mixed workload"}
     if best is not None:
-        conf = runner.confirm_and_keep(best["id"], selected_from=len(trials), workload=mixed, primary=primary, guards=guards)
+        conf = runner.confirm_and_keep(best["id"], selected_from=len(trials), workload=mixed, primary=primary, guards=guards,
+                                       key="baseline_mixed")
         rec["confirmed"] = {"trial_id": best["id"], "decision": conf.get("decision"), "why": conf.get("why")}
         rec["result"] = f"{best['id']} {conf.get('decision')}"
     else:
@@ -485,7 +499,7 @@ def confirm_front(runner: Runner, goal: dict, limit: int, progress: Callable[[st
         progress(f"deliver: confirming {tid} ({' '.join(to_serve_flags(p.get('config') or {}))}) on its claim {primary} "
                  f"({gain:+.1%} on screening) against the kept configuration")
         conf = runner.confirm_point(tid, selected_from=max(1, len(hist)), primary=primary, guards=_claim_guards(runner, primary))
-        measured += 1
+        measured += 1 if conf.get("b_runs") else 0  # one refused before any run (underpowered) cost nothing
         progress(f"deliver: {tid} {'confirmed' if conf.get('decision') == 'accept' else conf.get('decision')}: {conf.get('why')}")
         done.append(conf)
     st = runner.sf.read()
@@ -604,12 +618,8 @@ def run_ablation(runner: Runner, progress: Callable[[str], None]) -> dict:
         t = next((x for x in runner.sf.read()["trials"] if x["step"] == "ablate" and x["config"] == cfg), None)
         if t is None:
             t = runner.new_trial("ablate", cfg, f"{param} alone: {prev.get(param)} -> {new.get(param)}, against the configuration before {e['id']}")
-        saved = runner.s.screen_repeats
-        runner.s.screen_repeats = max(saved, 3)  # an attribution needs a verdict, not a screening glance
-        try:
-            t = runner.run_trial(t["id"], baseline_key=key)
-        finally:
-            runner.s.screen_repeats = saved
+        # an attribution needs a verdict, not a screening glance
+        t = runner.run_trial(t["id"], baseline_key=key, repeats=max(runner.s.screen_repeats, 3))
         base = runner.sf.read()[key]["metrics"]
         gain = (t["metrics"].get("output_throughput") or 0) / base["output_throughput"] - 1 if base.get("output_throughput") else None
         rows.append({"param": param, "from": prev.get(param), "to": new.get(param), "trial_id": t["id"], "verdict": t.get("verdict"),
