@@ -335,39 +335,53 @@ class Runner:
         rows, pairs = [], 2
         specs = [_gate.parse_metric(primary or self.s.primary, "primary"),
                  *_gate.parse_guards(self.s.guards if guards is None else guards)]
+        need_low = 2
         for sp in specs:
-            sigma = comparison_sigma(comps[sp.name], 2) if comps.get(sp.name) else sig0.get(sp.name)
+            comp = comps.get(sp.name)
+            sigma = comparison_sigma(comp, 2) if comp else sig0.get(sp.name)
             if not isinstance(sigma, (int, float)) or not sigma > 0:
                 continue
             sigma = min(float(sigma), 0.99)
+            low = min(sigma, comparison_sigma_low(comp, 2) or sigma) if comp else sigma
+            t = sp.tolerance if sp.tolerance is not None else max(2 * sigma, gs.floor)
             if sp.role == "primary":
-                t = sp.tolerance if sp.tolerance is not None else max(2 * sigma, gs.floor)
                 gap = abs(threshold_log(min(t, 0.99), sp.direction))
             else:
-                t = sp.tolerance if sp.tolerance is not None else max(2 * sigma, gs.floor)
                 gap = abs(tolerance_log(min(t, 0.99), sp.direction))
             n = pairs_to_decide(sigma, gap, gs, futility=sp.role == "primary", bnd=bnd)
-            rows.append({"metric": sp.name, "role": sp.role, "sigma": round(sigma, 5), "threshold": round(t, 4), "pairs": n})
+            # the σ of a few runs is itself uncertain: at its favourable end, with the threshold it would then have
+            t_low = sp.tolerance if sp.tolerance is not None else max(2 * low, gs.floor)
+            gap_low = abs((threshold_log if sp.role == "primary" else tolerance_log)(min(t_low, 0.99), sp.direction))
+            n_low = pairs_to_decide(max(low, 1e-6), gap_low, gs, futility=sp.role == "primary", bnd=bnd)
+            rows.append({"metric": sp.name, "role": sp.role, "sigma": round(sigma, 5), "sigma_low": round(low, 5),
+                         "threshold": round(t, 4), "pairs": n, "pairs_low": n_low})
             pairs = None if n is None or pairs is None else max(pairs, n)
+            need_low = None if n_low is None or need_low is None else max(need_low, n_low)
         cap = self.s.confirm_blocks
-        blocks = None if pairs is None else max(1, math.ceil(pairs / 2))
-        out = {"pairs": pairs, "blocks": blocks, "cap": cap, "metrics": rows, "granted": False}
         hard = 4 * max(cap, 1)  # even --yes does not grant a confirmation of more than 4x the budget
+        blocks = None if pairs is None else max(1, math.ceil(pairs / 2))
+        blocks_low = None if need_low is None else max(1, math.ceil(need_low / 2))
+        out = {"pairs": pairs, "blocks": blocks, "pairs_low": need_low, "cap": cap, "metrics": rows, "granted": False}
         if blocks is not None and blocks <= cap:
-            out["fits"] = True
-            out["why"] = f"{pairs} pairs ({blocks} B A A B block(s)) decide at the measured σ; budget {cap}"
+            out.update(fits=True, why=f"{pairs} pairs ({blocks} B A A B block(s)) decide at the measured σ; budget {cap}")
         elif blocks is not None and self.s.grant_budget and blocks <= hard:
             out.update(fits=True, granted=True,
                        why=f"{pairs} pairs ({blocks} blocks) decide at the measured σ, over the budget of {cap}: granted by --yes")
+        elif blocks_low is not None and blocks_low <= cap:
+            # over the budget at the point estimate, within it at the low end of σ's interval: the budget is run
+            # (the sequential rule stops early if σ was overestimated), and said to be possibly short
+            out.update(fits=True, blocks=cap,
+                       why=f"{pairs if pairs is not None else 'more than 200'} pairs decide at the measured σ, "
+                           f"{need_low} at the low end of its 90 % interval: the budget of {cap} block(s) may end undecided")
         else:
-            worst = max((r for r in rows if r["pairs"] is None or r["pairs"] == pairs),
-                        key=lambda r: r["pairs"] if r["pairs"] is not None else math.inf, default=None)
-            need = "more than 200 pairs" if pairs is None else f"{pairs} pairs ({blocks} B A A B blocks)"
+            worst = max(rows, key=lambda r: r["pairs_low"] if r["pairs_low"] is not None else math.inf, default=None)
+            need = "more than 200 pairs" if need_low is None else f"{need_low} pairs ({blocks_low} B A A B blocks)"
             hint = "" if blocks is None or blocks > hard else f"; rerun with --confirm-blocks {blocks} (or --yes)"
             out["fits"] = False
-            out["why"] = (f"cannot reach a verdict within the budget: {need} at the measured σ"
-                          + (f" ({worst['metric']} σ {worst['sigma']:.1%} per run against its {worst['threshold']:.0%} "
-                             f"{'threshold' if worst['role'] == 'primary' else 'tolerance'})" if worst else "")
+            out["why"] = (f"cannot reach a verdict within the budget: {need} even at the low end of σ's 90 % interval"
+                          + (f" ({worst['metric']} σ {worst['sigma_low']:.1%} per run against its {worst['threshold']:.0%} "
+                             f"{'threshold' if worst['role'] == 'primary' else 'tolerance'}; {worst['sigma']:.1%} measured)"
+                             if worst else "")
                           + f", the budget is {cap} block(s){hint}")
         return out
 
@@ -1041,6 +1055,22 @@ def comparison_sigma(comp: dict, per_start: int) -> float | None:
         base = math.sqrt(w * w + per_start * b * b)
     if base is None:
         return None
+    return float(math.sqrt(base * base + (comp.get("resolution") or 0.0) ** 2))
+
+
+def comparison_sigma_low(comp: dict, per_start: int) -> float | None:
+    """``comparison_sigma`` at the low ends of the components' 90 % intervals: the most favourable σ
+    the baseline's few runs allow. A budget is refused only when even this one cannot decide."""
+    from scipy import stats as _sps
+
+    w, b = comp.get("within_ci"), comp.get("between_ci")
+    if isinstance(w, list) and isinstance(b, list) and w and b and w[0] is not None:
+        base = math.sqrt(w[0] ** 2 + per_start * (b[0] or 0.0) ** 2)
+    elif isinstance(comp.get("total"), (int, float)) and (comp.get("runs") or 0) >= 2:
+        df = comp["runs"] - 1
+        base = comp["total"] * math.sqrt(df / _sps.chi2.ppf(0.95, df))
+    else:
+        return comparison_sigma(comp, per_start)
     return float(math.sqrt(base * base + (comp.get("resolution") or 0.0) ** 2))
 
 
