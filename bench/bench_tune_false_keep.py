@@ -102,6 +102,7 @@ def one_tune(i: int, work: str, surface: dict) -> dict:
             "screened_accept": sum(1 for t in st["trials"] if t.get("verdict") == "accept"),
             "sigma_within": comp.get("within"), "sigma_between": comp.get("between"),
             "first_baseline_sigma": (first.get("sigma") or {}).get("output_throughput"),
+            "refused": next((x["plan"]["why"] for x in st.get("steps") or [] if not (x.get("plan") or {}).get("fits", True)), None),
             "screen_runs": [len(t.get("runs") or []) for t in st["trials"]],
             "planned_blocks": [(c.get("plan") or {}).get("blocks") for c in confs],
             "measurements": sum(len(t.get("runs") or []) for t in st["trials"]) + len((st.get("baseline") or {}).get("runs") or [])

@@ -420,6 +420,8 @@ def test_confirmation_text_says_how_each_member_was_confirmed():
     assert confirmation_text(acc) == "confirmed on P95 TTFT (P95 TTFT -12.6%, output throughput -0.4% vs kept)"
     assert confirmation_text({"confirmed": True, "confirmation": {"decision": "kept"}}) == "kept"
     assert confirmation_text({"confirmed": False, "confirmation": {"decision": "undecided"}}) == "undecided"
+    assert confirmation_text({"confirmed": False, "confirmation": {"decision": "underpowered"}}) == \
+        "not measured: the budget cannot decide it"
     assert confirmation_text({"confirmed": False, "confirmation": {"decision": None}}) == "screening only"
 
 

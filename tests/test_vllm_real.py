@@ -381,7 +381,7 @@ def test_tune_end_to_end_on_real_vllm(server, tmp_path):
     r = call("restart_with_rollback", "--sandbox", "--ready-timeout", READY, "--set", "max_num_seqs=2", "--keep")
     assert r.code == 0, r
     r = call("tune", "--sandbox", "--objective", "throughput", "--steps", "3", "--budget", "2", "--baseline-repeats", "3", "--screen-repeats", "1",
-             "--confirm-blocks", "1", "--confirm-front", "1", "--input-len", "128", "--output-len", "64",
+             "--confirm-front", "1", "--input-len", "128", "--output-len", "64",
              "--num-prompts", "100", "--concurrency", "8", "--vocab-size", "2000", "--slo", "p95_ttft_ms=2000",
              "--ready-timeout", READY, "--json", "--report-dir", str(tmp_path / "rep"))
     assert r.code == 0, r.err[-3000:]

@@ -39,17 +39,33 @@ output is stored in ``THRESHOLDS``; regenerate with
 (20 000 streams per cell, seed 20260101; about a minute on two cores). A stream longer
 than the longest calibrated length is judged on its last ``max(LENGTHS)`` runs.
 
+Inside one tune the kept configuration has 4–12 runs on 2–8 server starts, too few for the
+detectors. ``level_check(reference, latest)`` asks the narrower question of a sentinel: is the
+newest start's mean (log) level away from the reference level, the mean of the earlier starts'
+means? Within- and between-start sds come from ``stats.variance_components`` on the reference;
+T = diff / sqrt((b² + w²/n) + Σ_i (b² + w²/n_i) / K²). With so few degrees of freedom T's null
+law depends on the unknown b/w, so its threshold is simulated for exactly the design (group
+sizes) at b/w = 0, 0.5, 1, 2 and 4, and the largest (1 − α/checks) quantile of |T| kept:
+Bonferroni over the tune's ``checks`` sentinel checks, so at most about α over a whole tune at the
+worst ratio, and fewer false alarms at smaller ratios (the quantile grows with b/w; beyond 4 it keeps
+growing towards Student t with K − 1 degrees of freedom, so the guarantee holds for b/w ≤ 4).
+The price of so little data: 2 reference starts of 2 runs need |T| > 11 at 4 checks, 8 starts
+about 3.3; bench/bench_drift_tune.py measures false alarms and detection over a whole tune.
+
 Nothing here prints or exits; no state is kept between calls.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import math
 from typing import Any, Iterable
 
 import numpy as np
 from scipy import special, stats
+
+from vkit.decide.stats import variance_components
 
 DETECTORS = ("cusum", "page_hinkley", "adwin", "bocpd")
 DEFAULT_DETECTOR = "cusum"
@@ -363,3 +379,105 @@ def stale_runs(dates: list[_dt.datetime | None], change_at: _dt.datetime) -> lis
     """Indices of runs older than a detected change point (a run without a date cannot be shown
     to be newer, so it counts as stale): gate refuses a baseline made of them."""
     return [i for i, d in enumerate(dates) if d is None or d < change_at]
+
+
+# --------------------------------------------------------------------------- a tune's sentinel check
+
+LEVEL_RATIOS = (0.0, 0.5, 1.0, 2.0, 4.0)  # b/w ratios the level check's threshold covers (worst case)
+LEVEL_MIN_REPS = 1000
+
+
+def _level_t(y_ref: np.ndarray, sizes: tuple[int, ...], y_lat: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Batched level statistic: (T, diff, within², between²) per row.
+
+    ``y_ref`` (R, N): log values of the reference, its columns grouped by start in the order of
+    ``sizes``; ``y_lat`` (R, n): the newest start's log values. The same ANOVA moment estimates as
+    ``stats.variance_components`` (MSW; max(0, (MSB − MSW) / n0))."""
+    sz = np.asarray(sizes, dtype=float)
+    k, n = len(sizes), int(sz.sum())
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(int)
+    means = np.add.reduceat(y_ref, starts, axis=1) / sz
+    dev = y_ref - np.repeat(means, sizes, axis=1)
+    msw = (dev * dev).sum(axis=1) / (n - k)
+    grand = y_ref.mean(axis=1, keepdims=True)
+    msb = (sz * (means - grand) ** 2).sum(axis=1) / (k - 1)
+    n0 = (n - float((sz * sz).sum()) / n) / (k - 1)
+    vb = np.maximum(0.0, (msb - msw) / n0)
+    n_lat = y_lat.shape[1]
+    diff = y_lat.mean(axis=1) - means.mean(axis=1)
+    var = vb + msw / n_lat + (k * vb + msw * float((1.0 / sz).sum())) / (k * k)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t = diff / np.sqrt(var)
+    return t, diff, msw, vb
+
+
+@functools.lru_cache(maxsize=256)
+def _level_threshold(sizes: tuple[int, ...], n_latest: int, checks: int, alpha: float, reps: int, seed: int) -> tuple[float, tuple[float, ...]]:
+    """(threshold, quantile per ratio in LEVEL_RATIOS): the (1 − alpha/checks) quantile of |T| under
+    no change for this design, simulated at each b/w ratio (T does not depend on the scale, so w = 1)
+    on common random numbers; the threshold is the largest."""
+    rng = np.random.default_rng(seed)
+    k, n = len(sizes), sum(sizes)
+    u = rng.standard_normal((reps, k + 1))
+    e = rng.standard_normal((reps, n + n_latest))
+    u_ref = np.repeat(u[:, :k], sizes, axis=1)
+    qs = []
+    for r in LEVEL_RATIOS:
+        t, _d, _w, _b = _level_t(r * u_ref + e[:, :n], sizes, r * u[:, [k]] + e[:, n:])
+        qs.append(float(np.quantile(np.abs(np.nan_to_num(t, nan=0.0)), 1.0 - alpha / checks)))
+    return max(qs), tuple(qs)
+
+
+def level_check(reference: list[list[float]], latest: list[float], checks: int = 4, alpha: float = FALSE_ALARM,
+                reps: int = 20000, seed: int = CALIBRATION_SEED) -> dict:
+    """Has the kept configuration's level moved? ``latest`` (the newest server start's values,
+    usually one sentinel run) against ``reference`` (earlier values, one list per server start,
+    oldest first), on natural logs.
+
+    Reference level: the mean of the start means. Within (w) and between-start (b) sd from
+    ``variance_components`` on the reference; T = diff / sqrt((b² + w²/n) + Σ_i (b² + w²/n_i) / K²).
+    ``changed`` when |T| exceeds the threshold simulated for exactly this design so that a
+    no-change check false-alarms with probability ``alpha / checks`` at the worst of the b/w ratios
+    in LEVEL_RATIOS. Returns a plain dict (verdict "changed", "stable" or "too_short", and why)."""
+    if checks < 1:
+        raise ValueError("checks must be at least 1")
+    if not (0.0 < alpha < 1.0):
+        raise ValueError("alpha must be in (0, 1)")
+    if reps < LEVEL_MIN_REPS:
+        raise ValueError(f"reps must be at least {LEVEL_MIN_REPS}")
+    groups = [np.asarray(list(g), dtype=float) for g in reference]
+    lat = np.asarray(list(latest), dtype=float)
+    if lat.ndim != 1 or len(lat) == 0:
+        raise ValueError("latest must hold at least one value")
+    for arr in [lat, *groups]:
+        if arr.ndim != 1 or np.any(~np.isfinite(arr)) or np.any(arr <= 0):
+            raise ValueError("the values must be finite positive numbers")
+    groups = [g for g in groups if len(g)]
+    sizes = tuple(len(g) for g in groups)
+    k, n = len(sizes), sum(sizes)
+    a_check = alpha / checks
+    res: dict[str, Any] = {"verdict": "too_short", "changed": False, "shift": None, "statistic": None, "threshold": None,
+                           "false_alarm_per_check": a_check, "within": None, "between": None, "reference_starts": k,
+                           "reference_runs": n, "latest_runs": len(lat)}
+    if k < 2 or n - k < 1:
+        res["why"] = (f"the reference has {k} start(s) and {n - k} within-start degree(s) of freedom; the level check "
+                      "needs at least 2 starts and one start with 2 or more runs")
+        return res
+    logs = [np.log(g) for g in groups]
+    vc = variance_components(logs)
+    w2, b2 = vc.within ** 2, vc.between ** 2
+    ref_level = float(np.mean([g.mean() for g in logs]))
+    diff = float(np.log(lat).mean() - ref_level)
+    var = (b2 + w2 / len(lat)) + sum(b2 + w2 / s for s in sizes) / (k * k)
+    res.update({"within": vc.within, "between": vc.between, "shift": math.expm1(diff)})
+    if not var > 0:
+        res["why"] = "the reference runs have no spread (all values equal within every start), so no scale to judge a move by"
+        return res
+    t = diff / math.sqrt(var)
+    thr, by_ratio = _level_threshold(sizes, len(lat), int(checks), float(alpha), int(reps), int(seed))
+    changed = abs(t) > thr
+    res.update({"verdict": "changed" if changed else "stable", "changed": bool(changed), "statistic": t, "threshold": thr,
+                "calibration": {"ratios": list(LEVEL_RATIOS), "quantiles": list(by_ratio), "reps": int(reps), "seed": int(seed)}})
+    res["why"] = (f"level {res['shift']:+.1%} vs the reference of {k} starts: |T| {abs(t):.1f} "
+                  f"{'above' if changed else 'within'} {thr:.1f} (calibrated for {alpha:.0%} false alarms over {checks} checks)")
+    return res

@@ -258,7 +258,7 @@ class StopRule(Section):
 class Drift(Section):
     count: int
     runs: list[int]  # the sentinel series' lengths
-    need: int | None  # the runs a verdict needs
+    need: int | None  # the runs the detectors need (below: the start-level check)
     changed: list[tuple[str, str]]  # (after trial, detail) of each check that saw a change
 
 

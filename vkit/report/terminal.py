@@ -264,7 +264,8 @@ def _drift(pg: _Page, s: m.Drift) -> None:
         pg.lines.append("Drift checks: none")
         return
     series = (f" (series of {', '.join(map(str, s.runs))} runs of the kept configuration"
-              + (f"; a verdict needs {s.need}" if s.need else "") + ")") if s.runs else ""
+              + (f"; the detectors need {s.need}, below that the sentinel's start is judged against the earlier "
+                 "starts' level" if s.need else "") + ")") if s.runs else ""
     pg.wrap(f"Drift checks: {s.count}{series}, {len(s.changed)} with a change", "  ")
     for after, detail in s.changed:
         pg.wrap(f"after {after}: {detail}", "      ", "  ")

@@ -164,6 +164,8 @@ def confirmation_text(p: dict) -> str:
         return f"confirmed on {metric_label(claim)}" + (f" ({', '.join(parts)} vs kept)" if parts else "")
     if d == "undecided":
         return "undecided"
+    if d == "underpowered":
+        return "not measured: the budget cannot decide it"
     if d is None and "confirmed" in p:
         return "screening only"
     return as_text(d) if d else "–"

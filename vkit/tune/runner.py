@@ -48,6 +48,7 @@ from vkit.state import StateFile, atomic_write_text, default_owner, now_iso
 from vkit.tune import capacity as _cap
 from vkit.validate import invariants
 
+SENTINEL_CHECKS = 4  # sentinel checks a tune makes (after steps 2, 3, 4 and 5): the level check's Bonferroni count
 KEY_METRICS = ("output_throughput", "request_throughput", "request_goodput", "p95_ttft_ms", "p99_ttft_ms", "mean_ttft_ms",
                "mean_tpot_ms", "p95_tpot_ms", "mean_e2el_ms", "p95_e2el_ms",
                # the capacity objective's measurement (vkit.tune.capacity.capacity_document)
@@ -990,7 +991,7 @@ class Runner:
     def sentinel(self) -> dict:
         """Re-measure the kept configuration once and look for a level change in everything measured
         of it since the last alarm (``kept_series``); on a change, the alarm time resets the series."""
-        from vkit.decide.drift import MIN_RUNS, detect
+        from vkit.decide.drift import MIN_RUNS, detect, level_check
 
         self.restore_kept(fresh=True)
         st = self.sf.read()
@@ -1002,11 +1003,25 @@ class Runner:
         vals = [d["output_throughput"] for _, d in series]
         # σ from the series' own reference window: the baseline's σ comes from a handful of runs, and the
         # detectors' thresholds for a given σ assume it exact (drift.py: "estimated" calibration).
-        res = detect(vals)
+        if len(vals) >= MIN_RUNS:
+            res = detect(vals)
+        else:
+            # too short for the detectors: the sentinel's start against the earlier starts' level, calibrated
+            # for the tune's few starts (drift.level_check; false alarms and delay in bench/bench_drift_tune.py)
+            known = self.sf.read().get("run_starts") or {}
+            groups: dict = {}
+            for i, (p, d) in enumerate(series):
+                groups.setdefault(known.get(p) or f"unknown-{i}", []).append(d["output_throughput"])
+            mine = known.get(path) or next(iter(reversed(groups)))
+            latest = groups.pop(mine, [doc["output_throughput"]])
+            res = level_check(list(groups.values()), latest, checks=SENTINEL_CHECKS)
+            res.setdefault("detector", "level_check")
+            if res.get("changed"):
+                res["change_index"] = next(i for i, (p, _) in enumerate(series) if (known.get(p) or "") == mine)
         trials = st.get("trials") or []
         out = {"after_trial": trials[-1]["id"] if trials else None, "runs": len(vals), "min_runs": MIN_RUNS,
-               "changed": bool(res.get("changed")), "shift": res.get("shift"), "why": res.get("why") or res.get("verdict"),
-               "last": doc["output_throughput"]}
+               "detector": res.get("detector"), "changed": bool(res.get("changed")), "shift": res.get("shift"),
+               "why": res.get("why") or res.get("verdict"), "last": doc["output_throughput"]}
         change = None
         if out["changed"]:
             # Runs before now no longer describe the server: the series restarts, the baseline is re-measured.
