@@ -153,19 +153,25 @@ def analyze_metric(ctx: Context, spec: MetricSpec) -> dict:
     return res
 
 
-def _threshold(spec: MetricSpec, sigma_t: float, s: Settings, res: dict) -> tuple[float | None, float | None]:
-    """Threshold (primary) or tolerance (guards, report): max(2σ, floor) unless given; and the
-    log-scale g it means (None when there is none). Records both rules in ``res``."""
+def threshold_of(spec: MetricSpec, sigma_t: float, s: Settings) -> tuple[float | None, float | None]:
+    """Threshold (primary) or tolerance (guards, report): max(2σ, floor) unless given, at most 0.99;
+    and the log-scale g it means (None when there is none)."""
     t = spec.tolerance
     if t is None and math.isfinite(sigma_t):
         t = max(2 * sigma_t, s.floor)
     if t is not None and t >= 1:
         t = 0.99
-    res["threshold"] = t
-    res["threshold_rule"] = "given" if spec.tolerance is not None else ("max(2σ, floor)" if t is not None else None)
     target = None
     if t is not None and t > 0:
         target = threshold_log(t, spec.direction) if spec.role == "primary" else tolerance_log(t, spec.direction)
+    return t, target
+
+
+def _threshold(spec: MetricSpec, sigma_t: float, s: Settings, res: dict) -> tuple[float | None, float | None]:
+    """``threshold_of``, with both rules recorded in ``res``."""
+    t, target = threshold_of(spec, sigma_t, s)
+    res["threshold"] = t
+    res["threshold_rule"] = "given" if spec.tolerance is not None else ("max(2σ, floor)" if t is not None else None)
     return t, target
 
 

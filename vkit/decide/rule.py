@@ -136,7 +136,8 @@ def pairs_to_decide(sigma: float, gap: float, s: Settings, futility: bool = True
     if futility:
         n_fixed = st.n_per_arm_normal(sigma, gap, s.alpha, s.power)
         classical = st.z(1 - s.alpha) * sd / np.sqrt(ks)
-        fut = np.where(ks >= n_fixed, np.minimum(bnd.fut_n.half_width(ks, sd), classical), bnd.fut_n.half_width(ks, sd))
+        hf = bnd.fut_n.half_width(ks, sd)
+        fut = np.where(ks >= n_fixed, np.minimum(hf, classical), hf)
         worst = np.maximum(worst, fut)
     hit = np.flatnonzero(worst + zp < gap)
     return int(ks[hit[0]]) if len(hit) else None

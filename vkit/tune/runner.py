@@ -326,7 +326,8 @@ class Runner:
         ``comparison_sigma(…, 2)``), for the primary at its threshold max(2σ, floor) and each guard at
         its tolerance. ``fits``: within ``confirm_blocks``, or granted (``--yes``); otherwise
         ``why`` says what it would take, and nothing is measured."""
-        from vkit.decide.rule import Boundaries, pairs_to_decide, threshold_log, tolerance_log
+        from vkit.decide.analysis import threshold_of
+        from vkit.decide.rule import Boundaries, pairs_to_decide
         from vkit.decide.specs import Settings as GateSettings
 
         gs = GateSettings()
@@ -344,16 +345,12 @@ class Runner:
                 continue
             sigma = min(float(sigma), 0.99)
             low = min(sigma, comparison_sigma_low(comp, 2) or sigma) if comp else sigma
-            t = sp.tolerance if sp.tolerance is not None else max(2 * sigma, gs.floor)
-            if sp.role == "primary":
-                gap = abs(threshold_log(min(t, 0.99), sp.direction))
-            else:
-                gap = abs(tolerance_log(min(t, 0.99), sp.direction))
-            n = pairs_to_decide(sigma, gap, gs, futility=sp.role == "primary", bnd=bnd)
+            # the gate's own threshold (or tolerance) at this σ, as the log-scale gap the pairs must resolve
+            t, gap = threshold_of(sp, sigma, gs)
+            n = pairs_to_decide(sigma, abs(gap), gs, futility=sp.role == "primary", bnd=bnd)
             # the σ of a few runs is itself uncertain: at its favourable end, with the threshold it would then have
-            t_low = sp.tolerance if sp.tolerance is not None else max(2 * low, gs.floor)
-            gap_low = abs((threshold_log if sp.role == "primary" else tolerance_log)(min(t_low, 0.99), sp.direction))
-            n_low = pairs_to_decide(max(low, 1e-6), gap_low, gs, futility=sp.role == "primary", bnd=bnd)
+            low = max(low, 1e-6)
+            n_low = pairs_to_decide(low, abs(threshold_of(sp, low, gs)[1]), gs, futility=sp.role == "primary", bnd=bnd)
             rows.append({"metric": sp.name, "role": sp.role, "sigma": round(sigma, 5), "sigma_low": round(low, 5),
                          "threshold": round(t, 4), "pairs": n, "pairs_low": n_low})
             pairs = None if n is None or pairs is None else max(pairs, n)

@@ -188,9 +188,9 @@ def run_screening_step(runner: Runner, step: str, proposer: Callable[[list], Any
     done = _finished(runner, step)
     if done:
         return done
-    plan = runner.confirm_plan()
-    if not plan["fits"] and not any(t["step"] == step for t in runner.sf.read()["trials"]):
-        return _underpowered(runner, step, plan, progress)
+    refused = _underpowered(runner, step, runner.confirm_plan(), progress)
+    if refused is not None:
+        return refused
     n = 0
     while True:
         open_t = _open_trial(runner, step)
@@ -238,9 +238,12 @@ def run_screening_step(runner: Runner, step: str, proposer: Callable[[list], Any
     return rec
 
 
-def _underpowered(runner: Runner, step: str, plan: dict, progress: Callable[[str], None]) -> dict:
+def _underpowered(runner: Runner, step: str, plan: dict, progress: Callable[[str], None]) -> dict | None:
     """A step whose winner could not be confirmed within the budget is not started: its screening
-    would be spent on a verdict the confirmation cannot give. Recorded with what it would take."""
+    would be spent on a verdict the confirmation cannot give. Recorded with what it would take, and
+    returned; None when the plan fits or the step has already started (a resumed run goes on)."""
+    if plan["fits"] or any(t["step"] == step for t in runner.sf.read()["trials"]):
+        return None
     rec = {"step": step, "name": STEP_NAMES.get(step, step), "trials": [], "plan": plan, "result": "not run: " + plan["why"],
            "stop_rule": "the power analysis at the measured σ needs more confirmation blocks than the budget", "finished": now_iso()}
     _record_step(runner, rec)
@@ -348,10 +351,10 @@ def run_step5(runner: Runner, mixed: Workload, progress: Callable[[str], None]) 
         return done
     runner.baseline(workload=mixed, key="baseline_mixed")
     primary, guards = "p99_ttft_ms:-", ["output_throughput:+:5%"]
-    plan = runner.confirm_plan(primary, guards, key="baseline_mixed")
-    if not plan["fits"] and not any(t["step"] == "5" for t in runner.sf.read()["trials"]):
+    refused = _underpowered(runner, "5", runner.confirm_plan(primary, guards, key="baseline_mixed"), progress)
+    if refused is not None:
         runner.settle()
-        return _underpowered(runner, "5", plan, progress)
+        return refused
     kept = runner.sf.read()["kept"]["config"]
     flips = [("enable_chunked_prefill", not kept.get("enable_chunked_prefill", True)),
              ("enable_prefix_caching", not kept.get("enable_prefix_caching", True)),
