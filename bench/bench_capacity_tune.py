@@ -143,7 +143,7 @@ def tune(name: str, sc: dict, work: str) -> dict:
     slo = [a for k, v in sc["slo"].items() for a in ("--slo", f"{k}={v / SPEED:g}")]  # the SLO in wall ms
     argv = [py, os.path.join(b, "tune"), "--sandbox", "--objective", "capacity", "--input-len", str(sc["isl"]),
             "--output-len", str(sc["osl"]), "--num-prompts", "100", *slo, "--steps", "2,3,4", "--budget", "8",
-            "--baseline-repeats", "3", "--screen-repeats", "1", "--confirm-blocks", "1", "--confirm-front", "1",
+            "--baseline-repeats", "3", "--screen-repeats", "1", "--confirm-front", "1",
             "--point-seconds", "1", "--capacity-start", "8", "--capacity-max-points", "6", "--capacity-repeats", "2",
             "--capacity-noise", "0.03", "--verify-seconds", "10", "--ready-timeout", "60", "--vocab-size", "2000", "--json",
             "--report-dir", os.path.join(work, name, "report")]
