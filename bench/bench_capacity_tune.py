@@ -13,14 +13,17 @@ virtual time):
 - The product run: ``bin/tune --objective capacity --steps 2,3,4`` on a live ``bin/sim_server``
   of the scenario (``--sim-speed 4``, the simulator's default noise: 2 % within a process, 1.5 %
   between starts), started from a conservative configuration, with ``make demo``'s capacity
-  settings but the default step budget (8 trials a step). Measured: server restarts, benchmark-seconds (the summed duration of every load-point
+  settings but the defaults of a field tune: 8 trials a step, a baseline of 4 runs over 3 starts, a
+  confirmation budget of 4 blocks. Measured: server restarts, benchmark-seconds (the summed duration of every load-point
   run), wall seconds, the recommended configuration.
   The tune ends by verifying its promise with one 10-second run on a fresh start (``--verify-seconds
-  10``), stepping down by the tolerance until it holds.
+  10``): it must clearly hold there (its margin beyond twice the margins' noise, as a search's
+  point), else it steps down by the tolerance.
 - Scored: the recommendation's true capacity over the optimum (target >= 0.98); the promise
   (``recommendation.capacity.req_s``, wall req/s / speed) over the recommendation's true
-  capacity; and a fresh measurement on the live server at the promised rate (3 runs, each judged
-  as a capacity point is): the promise breaks when 2 of them fail (target: no scenario breaks).
+  capacity; and a fresh measurement on the live server at the promised rate (3 valid runs, each
+  judged as a capacity point's run is; a run the client could not keep up with is replaced, 9 at
+  most): the promise breaks when 2 of them fail (target: no scenario breaks).
 
 Writes bench/results/capacity_tune.json (the truth is cached in capacity_truth.json, keyed by a
 digest of the scenario and the simulator's source). Run: python3 bench/bench_capacity_tune.py
@@ -143,7 +146,7 @@ def tune(name: str, sc: dict, work: str) -> dict:
     slo = [a for k, v in sc["slo"].items() for a in ("--slo", f"{k}={v / SPEED:g}")]  # the SLO in wall ms
     argv = [py, os.path.join(b, "tune"), "--sandbox", "--objective", "capacity", "--input-len", str(sc["isl"]),
             "--output-len", str(sc["osl"]), "--num-prompts", "100", *slo, "--steps", "2,3,4", "--budget", "8",
-            "--baseline-repeats", "3", "--screen-repeats", "1", "--confirm-front", "1",
+            "--screen-repeats", "1", "--confirm-front", "1",
             "--point-seconds", "1", "--capacity-start", "8", "--capacity-max-points", "6", "--capacity-repeats", "2",
             "--capacity-noise", "0.03", "--verify-seconds", "10", "--ready-timeout", "60", "--vocab-size", "2000", "--json",
             "--report-dir", os.path.join(work, name, "report")]
@@ -165,7 +168,7 @@ def tune(name: str, sc: dict, work: str) -> dict:
 
 
 def _fresh(state: str, rec: dict, sc: dict) -> dict:
-    """3 runs at the promised rate on the server as the tune left it (the kept configuration)."""
+    """3 valid runs at the promised rate on the server as the tune left it (the kept configuration)."""
     from vkit.measure.gauge import BenchOptions, build_config, measure
     from vkit.state import StateFile
     from vkit.tune import capacity as cap
@@ -174,15 +177,19 @@ def _fresh(state: str, rec: dict, sc: dict) -> dict:
     rate = rec["capacity"]["req_s"]
     slo = cap.Slo({k: v / SPEED for k, v in sc["slo"].items()})
     plan = cap.Plan()
-    verdicts = []
-    for k in range(3):
+    verdicts, k = [], 0
+    while sum(v["valid"] for v in verdicts) < 3 and k < 9:
         o = BenchOptions(model=st["service"]["model"], random_input_len=sc["isl"], random_output_len=sc["osl"],
                          num_prompts=max(200, math.ceil(rate * 10)), request_rate=rate, exact_rate=True, seed=90_000 + k,
                          vocab_size=2000)
         out = measure(build_config(o, st["service"]["url"], []))
         j = cap.judge_run(out.summary, slo, plan, rate)
-        verdicts.append({"holds": bool(j["valid"] and j["margin"] > 0), "margin": j["margin"], "why": j["why"]})
-    return {"rate_wall": rate, "runs": verdicts, "breaks": sum(not v["holds"] for v in verdicts) >= 2}
+        # a run the client could not keep up with measured the client, not the promise: run another
+        verdicts.append({"valid": bool(j["valid"]), "holds": bool(j["valid"] and j["margin"] > 0), "margin": j["margin"],
+                         "why": j["why"]})
+        k += 1
+    valid = [v for v in verdicts if v["valid"]]
+    return {"rate_wall": rate, "runs": verdicts, "breaks": sum(not v["holds"] for v in valid) >= 2 or len(valid) < 3}
 
 
 def _stop(state: str) -> None:

@@ -307,3 +307,10 @@ def test_tune_refuses_fewer_baseline_repeats_than_the_policy_asks(svc):
     r = call("tune", *args)
     assert r.code == 2 and "rule R3" in r.err and "at least 3" in r.err
     assert not svc["sf"].read()["trials"]
+
+
+def test_tune_refuses_more_baseline_starts_than_its_repeats_can_fill(svc):
+    init(svc, "max_num_seqs=4")
+    r = call("tune", *FAST, "--baseline-starts", "3")  # FAST: 3 repeats, so at most 2 starts
+    assert r.code == 2 and "--baseline-starts 3: needs at least 4 --baseline-repeats" in r.err
+    assert len(r.err.strip().splitlines()) == 1 and not svc["sf"].read()["trials"]

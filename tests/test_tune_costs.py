@@ -160,3 +160,73 @@ def test_a_promise_run_the_client_could_not_keep_up_with_is_run_again_before_ste
     # 90.9 / 1.1^2 = 75.1 holds
     assert offered[:2] == [100.0, 100.0] and out["runs"][0]["holds"] is False and "fell behind" in out["runs"][0]["why"]
     assert offered[2] == pytest.approx(100 / 1.1, rel=0.01) and out["verified"] == offered[-1] < 90
+
+
+def test_baseline_runs_are_spread_over_three_starts_by_default():
+    from vkit.tune.runner import default_starts, start_sizes
+
+    assert [default_starts(r) for r in (1, 2, 3, 4, 6)] == [1, 1, 2, 3, 3]
+    assert start_sizes(4, 3) == [2, 1, 1] and start_sizes(3, 2) == [2, 1] and start_sizes(6, 3) == [2, 2, 2]
+    assert start_sizes(5, 3) == [2, 2, 1] and start_sizes(3, 1) == [3] and start_sizes(2, 5) == [1, 1]
+
+
+@pytest.mark.parametrize("repeats,starts,groups", [(4, None, [2, 1, 1]), (3, None, [2, 1]), (6, 2, [3, 3]), (4, 1, [4])])
+def test_the_baseline_measures_on_the_starts_it_plans_and_resumes_on_them(state_path, repeats, starts, groups):
+    r = make_runner(state_path, baseline_repeats=repeats, baseline_starts=starts)
+    process = {"n": 1}
+    r.restore_kept = lambda fresh=False: None
+
+    def apply(config, fresh=False):
+        process["n"] += 1
+        return True, {}
+
+    def measure(label, k, w=None):
+        if k == 2 and not process.get("killed"):
+            process["killed"] = True
+            raise KeyboardInterrupt  # killed in the second run: the next call resumes from the first
+        doc = {"output_throughput": 100.0 + k + 3 * process["n"], "p95_ttft_ms": 50.0, "completed": 50}
+        p = os.path.join(r.runs_dir, f"{label}-{k}.json")
+        with open(p, "w") as f:
+            json.dump(doc, f)
+        rel = os.path.relpath(p, r.sf.dir)
+        r.sf.record_run_start(rel, f"start-{process['n']}")
+        return rel, doc, {"code": 0, "verdict": "valid"}
+
+    r.apply, r.measure = apply, measure
+    with pytest.raises(KeyboardInterrupt):
+        r.baseline()
+    assert len(r.sf.read()["baseline"]["runs"]) == 1  # the interrupted run was not recorded
+    b = r.baseline()
+    known = r.sf.read()["run_starts"]
+    per_start = [sum(1 for p in b["runs"] if known[p] == s) for s in r.starts_of(b["runs"])]
+    assert per_start == groups
+    comp = b["components"]["output_throughput"]
+    assert comp["groups"] == len(groups) and (comp["between"] is None) == (len(groups) == 1)
+
+
+def test_a_promise_at_the_boundary_is_not_verified_there(state_path, monkeypatch):
+    """The promise must clearly hold, as a search's point must: a margin inside the margins' noise is
+    measured again, and a load still unclear after the plan's repeats steps down."""
+    from vkit.tune import capacity as cap
+    from vkit.tune.runner import CapacityObjective
+
+    objective = CapacityObjective(slo=cap.Slo({"p95_ttft_ms": 1000.0}), plan=cap.Plan(tolerance=0.1, repeats=3, noise=0.05),
+                                  verify_seconds=10.0)
+    r = make_runner(state_path, capacity=objective)
+    monkeypatch.setattr(r, "apply", lambda config, fresh=False: (True, {}))
+    monkeypatch.setattr(r, "restore_kept", lambda fresh=False: None)
+    offered = []
+
+    def live(opts, url, out_dir, plan, command=None, interrupts=None):
+        def run(load, k):
+            offered.append(load)
+            ttft = 980.0 if load >= 100 else 500.0  # at 100: 2 % inside the SLO, within the noise
+            return {"completed": 1000, "duration": 1000 / (0.99 * load) + 0.4, "p95_ttft_ms": ttft, "mean_e2el_ms": 400.0,
+                    "vkit": {"completion_rate": 0.99 * load, "dispatch_lag_ms": {"p99": 0.3}}}
+        return run
+
+    monkeypatch.setattr(cap, "live_measure", live)
+    out = r.verify_promise({"max_num_seqs": 64}, 100.0)
+    assert offered == [100.0, 100.0, 100.0, pytest.approx(100 / 1.1, rel=0.01)]
+    assert [x["verdict"] for x in out["runs"]] == [None, None, "unclear", "holds"]
+    assert out["verified"] == offered[-1]

@@ -48,14 +48,19 @@ def add_args(p: argparse.ArgumentParser) -> None:
     capacity_cli.add_search_flags(c, "capacity-", max_points=8)
     c.add_argument("--verify-seconds", type=non_negative_float, default=60.0, metavar="S",
                    help="capacity: at the end, the recommendation's promised load run once for S seconds on a fresh start "
-                        "(a short load point cannot show a queue that grows slowly); on a failure the load steps down by "
-                        "the tolerance, then twice and four times it, 5 runs at most; the promise is the load that held "
+                        "(a short load point cannot show a queue that grows slowly), judged as a load point is: it holds when "
+                        "its margin clears twice the noise, is run again while unclear; a failure steps down by the "
+                        "tolerance, then twice and four times it, 6 runs at most; the promise is the load that clearly held "
                         "(0: not verified; default 60)")
     c.add_argument("--accelerators", type=int_at_least(1), default=None, metavar="N",
                    help="capacity: accelerators the server uses, for capacity per accelerator")
     d = p.add_argument_group("decisions")
     d.add_argument("--slo", action="append", default=[], metavar="METRIC=VALUE", help="constraint, e.g. p95_ttft_ms=2000 (default p95_ttft_ms=2000)")
     d.add_argument("--baseline-repeats", type=int, default=4, metavar="N", help="runs of the kept configuration for σ (default 4)")
+    d.add_argument("--baseline-starts", type=int_at_least(1), default=None, metavar="S",
+                   help="server starts the baseline's runs are spread over, as evenly as possible (default 3, or "
+                        "repeats - 1 when fewer: one start keeps two runs, for σ within a process). Two starts give σ's "
+                        "between-restart part one degree of freedom, three give two; 1 measures no between part")
     d.add_argument("--screen-repeats", type=int_at_least(1), default=2, metavar="N", help="runs per screened candidate at most (default 2; fewer when σ's between-restart part dominates)")
     d.add_argument("--confirm-blocks", type=int_at_least(1), default=4, metavar="N",
                    help="B A A B confirmation blocks at most (default 4): the power analysis at the measured σ plans the "
@@ -144,6 +149,10 @@ def settings(args: argparse.Namespace, main: Workload) -> Settings:
     if args.baseline_repeats < need:
         raise UsageError(f"--baseline-repeats {args.baseline_repeats}: the parameter policy asks for at least {need} "
                          "repeats of the kept configuration before any gate (rule R3: σ_baseline is measured, not guessed)")
+    starts = args.baseline_starts
+    if starts is not None and starts > 1 and starts > args.baseline_repeats - 1:
+        raise UsageError(f"--baseline-starts {starts}: needs at least {starts + 1} --baseline-repeats (got "
+                         f"{args.baseline_repeats}): one start measures two runs, for σ within a process")
     slo = parse_slo(args.slo)
     objective = capacity_objective(args, slo)
     if objective is not None:
@@ -153,11 +162,11 @@ def settings(args: argparse.Namespace, main: Workload) -> Settings:
         return Settings(workload=main, baseline_repeats=args.baseline_repeats, screen_repeats=args.screen_repeats,
                         confirm_blocks=args.confirm_blocks, primary="slo_capacity:+", guards=args.guard or [], slo=slo,
                         ready_timeout_s=args.ready_timeout, sandbox=not args.yes, capacity=objective, grant_budget=args.yes,
-                        time_budget_s=args.time_budget)
+                        time_budget_s=args.time_budget, baseline_starts=starts)
     return Settings(workload=main, baseline_repeats=args.baseline_repeats, screen_repeats=args.screen_repeats,
                     confirm_blocks=args.confirm_blocks, guards=args.guard or ["p95_ttft_ms:-:15%"], slo=slo,
                     ready_timeout_s=args.ready_timeout, sandbox=not args.yes, time_budget_s=args.time_budget,
-                    grant_budget=args.yes)
+                    grant_budget=args.yes, baseline_starts=starts)
 
 
 def capacity_objective(args: argparse.Namespace, slo: dict) -> CapacityObjective | None:

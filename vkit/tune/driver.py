@@ -182,7 +182,8 @@ def _open_run(sf: StateFile, settings: Settings, plan: TunePlan, ctx: RunContext
     st = sf.read()
     cfg: dict[str, Any] = {"mode": plan.mode, "steps": list(plan.steps), "budget": plan.budget,
                            "workload": settings.workload.describe(), "slo": settings.slo, "guards": settings.guards,
-                           "baseline_repeats": settings.baseline_repeats, "screen_repeats": settings.screen_repeats,
+                           "baseline_repeats": settings.baseline_repeats, "baseline_starts": settings.starts(),
+                           "screen_repeats": settings.screen_repeats,
                            "objective": settings.objective,
                            "capacity": settings.capacity.describe() if settings.capacity is not None else None}
     prev = st.get("tune") or {}

@@ -11,7 +11,8 @@ Everything is recorded in the state file as it happens (``baseline``, ``trials``
 trial is never repeated or lost, an unfinished one resumes from its last recorded phase.
 
 Measurement design:
-- BASELINE: the kept configuration measured N times (σ_baseline, this machine, now).
+- BASELINE: the kept configuration measured N times over S server starts (``start_sizes``:
+  σ_baseline within a process and between restarts, this machine, now).
 - Screening: each candidate gets the runs the σ components pay for (``screen_size``: on one
   process, more runs shrink only the within part, so no more than within²/between², at most
   ``screen_repeats``); one clearly worse after its first run is eliminated early (a
@@ -28,6 +29,7 @@ Measurement design:
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -109,9 +111,29 @@ class Settings:
     time_budget_s: float | None = None  # --time-budget: no trial is started that cannot finish (with its confirmation) within it
     grant_budget: bool = False  # --yes: a confirmation whose power analysis needs more blocks than confirm_blocks gets them
 
+    baseline_starts: int | None = None  # server starts the baseline's repeats are spread over (None: default_starts)
+
     @property
     def objective(self) -> str:
         return "throughput" if self.capacity is None else "capacity"
+
+    def starts(self) -> int:
+        return self.baseline_starts if self.baseline_starts is not None else default_starts(self.baseline_repeats)
+
+
+def default_starts(repeats: int) -> int:
+    """Server starts for ``repeats`` baseline runs by default: three when one of them can still
+    measure two runs (σ within a process needs a start with two), else as many as allow that.
+    Two starts give the between-restart part one degree of freedom, three give two: its 90 %
+    interval's upper end falls from 16x to 4.4x the estimate."""
+    return max(1, min(3, repeats - 1))
+
+
+def start_sizes(repeats: int, starts: int) -> list[int]:
+    """Runs per server start, as even as possible, the larger first: 4 over 3 is [2, 1, 1]."""
+    s = max(1, min(starts, repeats))
+    q, r = divmod(repeats, s)
+    return [q + 1] * r + [q] * (s - r)
 
 
 def _rel(p: str, base: str) -> str:
@@ -576,13 +598,15 @@ class Runner:
             if not ok:
                 raise VkitError(f"the configuration to measure as {key} does not start: {res.get('message')}", ExitCode.UNAVAILABLE)
         label = f"{key}-g{b['generation']}"
-        split = math.ceil(self.s.baseline_repeats / 2) if self.s.baseline_repeats >= 2 else None
+        sizes = start_sizes(self.s.baseline_repeats, self.s.starts())
+        ends = list(itertools.accumulate(sizes))
         while len(b["runs"]) < self.s.baseline_repeats:
             k = len(b["runs"]) + 1
-            if split is not None and len(b["runs"]) >= split and len(self.starts_of(b["runs"])) < 2:
-                # the rest on a second server start: σ's between-restart part is measured, not assumed zero
-                self.progress(f"{key}: runs {k}-{self.s.baseline_repeats} on a second server start "
-                              "(σ within one process and between restarts)")
+            j = next(i for i, e in enumerate(ends) if len(b["runs"]) < e)  # the start this run belongs to
+            if j > 0 and len(self.starts_of(b["runs"])) < j + 1:
+                # on a new server start: σ's between-restart part is measured, not assumed zero
+                self.progress(f"{key}: run{'s' if sizes[j] > 1 else ''} {k}{f'-{ends[j]}' if sizes[j] > 1 else ''} "
+                              f"on server start {j + 1} of {len(sizes)} (σ within one process and between restarts)")
                 ok, res = self.apply(kept, fresh=True)
                 if not ok:
                     raise VkitError(f"the configuration to measure as {key} does not start again: {res.get('message')}",
@@ -678,12 +702,15 @@ class Runner:
 
     # -- the promise, verified --------------------------------------------------------
     def verify_promise(self, config: dict, rate: float) -> dict:
-        """The capacity promised for ``config`` (the highest clear hold of its short searches) run once
+        """The capacity promised for ``config`` (the highest clear hold of its short searches) run
         for ``verify_seconds`` on a fresh start of it: a short point cannot show a queue that grows
-        slowly, a long run can. When it fails, the load steps down by the search's tolerance, then by
-        twice and four times it, and is run again (5 runs at most); a run that could not measure the
-        server (the client behind its schedule) is run once more at the same load before any step
-        down. The verified load is the one that held. The server is left on the kept configuration."""
+        slowly, a long run can. Each load gets the three-way verdict of any load point
+        (``capacity.verdict_of``): it holds only when its margin clears twice the margins' noise, and
+        it is run again while neither holds nor fails is clear (a margin inside the noise, or a run
+        that could not measure the server: the client behind its schedule). A load that fails, or
+        stays unclear after the search's repeats, steps down by the tolerance, then by twice and four
+        times it (6 runs at most). The verified load is the one that clearly held: a promise at the
+        boundary itself would fail every other fresh run. The server is left on the kept configuration."""
         c = self.s.capacity
         assert c is not None
         plan = replace(c.plan, point_seconds=c.verify_seconds)
@@ -695,28 +722,33 @@ class Runner:
         ok, res = self.apply(dict(config), fresh=True)
         if not ok:
             raise VkitError(f"the recommended configuration does not start: {res.get('message')}", ExitCode.UNAVAILABLE)
-        runs, verified, load, down, again = [], None, plan.snap(rate), 0, False
-        for k in range(5):
+        runs, verified, load, down = [], None, plan.snap(rate), 0
+        point = _cap.Point(load)
+        for k in range(6):
             s = run(load, k)
             j = _cap.judge_run(s, c.slo, plan, load)
-            held = bool(j["valid"] and j["margin"] is not None and j["margin"] > 0)
-            runs.append({"load": load, "holds": held, "margin": j["margin"], "binding": min(j["margins"], key=j["margins"].get)
-                         if j["margins"] else None, "why": j["why"], "metrics": j["metrics"],
+            point.runs.append(j)
+            # the same three-way verdict as any load point: holds only when the margin clears the
+            # margins' noise (2 se, --capacity-noise for one run), measured again while unclear
+            verdict = _cap.verdict_of(point, plan)
+            held = verdict == _cap.HOLDS
+            runs.append({"load": load, "holds": held, "verdict": verdict, "margin": j["margin"],
+                         "binding": min(j["margins"], key=j["margins"].get) if j["margins"] else None, "why": j["why"],
+                         "metrics": j["metrics"],
                          "path": _rel((s.get("vkit") or {}).get("capacity_check", {}).get("path") or out_dir, self.sf.dir)})
-            self.progress(f"promise {load:g}: {'holds' if held else 'fails'} over {c.verify_seconds:g} s"
+            self.progress(f"promise {load:g}: {verdict or 'not yet clear'} over {c.verify_seconds:g} s"
                           + (f" (margin {j['margin']:+.3f}, {runs[-1]['binding']})" if j["margin"] is not None else f" ({j['why']})"))
             if held:
                 verified = load
                 break
-            if not j["valid"] and not again:
-                # the run could not measure the server (the client fell behind, a failed request):
-                # no verdict on the load, which is run once more before any step down
-                again = True
+            if verdict is None:
+                # not yet a verdict (a margin inside the noise, or a run that could not measure the
+                # server: the client behind its schedule, a failed request): the same load again
                 continue
-            again = False
             # stepping down accelerates (the tolerance, then twice it, ...): a promise far above what
             # a long run holds is found in a few runs, one just above it loses one tolerance only
             load = plan.snap(load / (1 + plan.tolerance) ** (2 ** down))
+            point = _cap.Point(load)
             down += 1
         if config != self.sf.read()["kept"]["config"]:
             self.restore_kept()
