@@ -48,9 +48,10 @@ def add_args(p: argparse.ArgumentParser) -> None:
     capacity_cli.add_search_flags(c, "capacity-", max_points=8)
     c.add_argument("--verify-seconds", type=non_negative_float, default=60.0, metavar="S",
                    help="capacity: at the end, the recommendation's promised load run once for S seconds on a fresh start "
-                        "(a short load point cannot show a queue that grows slowly), judged as a load point is: it holds when "
-                        "its margin clears twice the noise, is run again while unclear; a failure steps down by the "
-                        "tolerance, then twice and four times it, 6 runs at most; the promise is the load that clearly held "
+                        "(a short load point cannot show a queue that grows slowly), judged as a load point is: it holds on "
+                        "two runs whose mean margin clears twice its standard error, is run again while unclear; a failure "
+                        "steps down by the tolerance, then twice and four times it, 8 runs at most; the promise is the "
+                        "load that clearly held "
                         "(0: not verified; default 60)")
     c.add_argument("--accelerators", type=int_at_least(1), default=None, metavar="N",
                    help="capacity: accelerators the server uses, for capacity per accelerator")

@@ -705,15 +705,16 @@ class Runner:
         """The capacity promised for ``config`` (the highest clear hold of its short searches) run
         for ``verify_seconds`` on a fresh start of it: a short point cannot show a queue that grows
         slowly, a long run can. Each load gets the three-way verdict of any load point
-        (``capacity.verdict_of``): it holds only when its margin clears twice the margins' noise, and
-        it is run again while neither holds nor fails is clear (a margin inside the noise, or a run
+        (``capacity.verdict_of``, at least 2 repeats): it holds only on two valid runs whose mean
+        margin clears twice its standard error (their own spread, at least the margins' prior noise),
+        and is run again while neither holds nor fails is clear (a margin inside the noise, or a run
         that could not measure the server: the client behind its schedule). A load that fails, or
-        stays unclear after the search's repeats, steps down by the tolerance, then by twice and four
-        times it (6 runs at most). The verified load is the one that clearly held: a promise at the
-        boundary itself would fail every other fresh run. The server is left on the kept configuration."""
+        stays unclear after the repeats, steps down by the tolerance, then by twice and four times it
+        (8 runs at most). The verified load is the one that clearly held: a promise at the boundary
+        itself fails every other fresh run. The server is left on the kept configuration."""
         c = self.s.capacity
         assert c is not None
-        plan = replace(c.plan, point_seconds=c.verify_seconds)
+        plan = replace(c.plan, point_seconds=c.verify_seconds, repeats=max(2, c.plan.repeats))
         w = self.s.workload
         opts = replace(w.options, seed=w.seed + 50_000)
         out_dir = os.path.join(self.runs_dir, "promise")
@@ -724,13 +725,16 @@ class Runner:
             raise VkitError(f"the recommended configuration does not start: {res.get('message')}", ExitCode.UNAVAILABLE)
         runs, verified, load, down = [], None, plan.snap(rate), 0
         point = _cap.Point(load)
-        for k in range(6):
+        for k in range(8):
             s = run(load, k)
             j = _cap.judge_run(s, c.slo, plan, load)
             point.runs.append(j)
             # the same three-way verdict as any load point: holds only when the margin clears the
-            # margins' noise (2 se, --capacity-noise for one run), measured again while unclear
+            # margins' noise (2 se), measured again while unclear; and a hold takes two valid runs,
+            # whose own spread enters se: one run's margin says nothing of how far the next one falls
             verdict = _cap.verdict_of(point, plan)
+            if verdict == _cap.HOLDS and point.margins().size < 2:
+                verdict = None
             held = verdict == _cap.HOLDS
             runs.append({"load": load, "holds": held, "verdict": verdict, "margin": j["margin"],
                          "binding": min(j["margins"], key=j["margins"].get) if j["margins"] else None, "why": j["why"],
