@@ -89,12 +89,14 @@ def test_capacity_tune_keeps_by_capacity_skips_what_cannot_differ_and_reports_th
     rc = doc["recommendation"]["capacity"]
     assert rc["req_s"] > 0 and rc["output_tok_s"] > 0 and doc["recommendation"]["binding_slo"] in (
         "p95_ttft_ms", "mean_tpot_ms", "throughput")
-    # the promise: a 3-second run at the searches' figure on a fresh start, stepping down until one held
+    # the promise: 3-second runs from the searches' figure on a fresh start, stepping down until a load
+    # clearly held on two runs
     runs = rc["verified"]["runs"]
     assert rc["verified"]["seconds"] == 3 and runs[-1]["holds"] and not any(r["holds"] for r in runs[:-1])
     assert runs[0]["load"] == rc["searched_req_s"] and rc["req_s"] == runs[-1]["load"] <= rc["searched_req_s"]
     loads = [r["load"] for r in runs]
-    assert all(b < a for a, b in zip(loads, loads[1:], strict=False))
+    assert all(b <= a for a, b in zip(loads, loads[1:], strict=False))
+    assert sum(1 for r in runs if r["load"] == rc["req_s"] and r["margin"] is not None) >= 2
     html = open(rep / "report.html", encoding="utf-8").read()
     assert "SLO capacity" in html and 'id="plot-capacity"' in html and "capacity-table" in html
     assert "SLO capacity (req/s" in open(rep / "report.md", encoding="utf-8").read() or "SLO capacity" in r.err
