@@ -16,14 +16,15 @@ virtual time):
   settings but the defaults of a field tune: 8 trials a step, a baseline of 4 runs over 3 starts, a
   confirmation budget of 4 blocks. Measured: server restarts, benchmark-seconds (the summed duration of every load-point
   run), wall seconds, the recommended configuration.
-  The tune ends by verifying its promise with one 10-second run on a fresh start (``--verify-seconds
-  10``): it must clearly hold there (its margin beyond twice the margins' noise, as a search's
-  point), else it steps down by the tolerance.
+  The tune ends by verifying its promise with 10-second runs on a fresh start (``--verify-seconds
+  10``): it must clearly hold on two of them (their mean margin beyond twice its standard error,
+  as a search's point), else it steps down by the tolerance.
 - Scored: the recommendation's true capacity over the optimum (target >= 0.98); the promise
   (``recommendation.capacity.req_s``, wall req/s / speed) over the recommendation's true
   capacity; and a fresh measurement on the live server at the promised rate (3 valid runs, each
   judged as a capacity point's run is; a run the client could not keep up with is replaced, 9 at
-  most): the promise breaks when 2 of them fail (target: no scenario breaks).
+  most): the promise breaks when 2 of them fail, or when 9 runs leave fewer than 3 valid (target:
+  no scenario breaks).
 
 Writes bench/results/capacity_tune.json (the truth is cached in capacity_truth.json, keyed by a
 digest of the scenario and the simulator's source). Run: python3 bench/bench_capacity_tune.py

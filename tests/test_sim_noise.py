@@ -81,8 +81,9 @@ def _misses(measured: dict, preds: list[dict], rel: float, allow_ms: float) -> l
 
     ``allow_ms`` is the client's delivery and turnaround per request. E2EL: within ``rel`` and
     ``allow_ms`` of every start's; throughput: within ``rel`` plus one turnaround per E2EL.
-    TTFT: inside the starts' range, widened by ``rel`` and ``allow_ms``. TPOT: within ``rel`` of the starts' TPOT at the measured
-    TTFT (piecewise linear between the starts, clamped at the ends), so the two move together."""
+    TTFT: inside the starts' range, widened by ``rel`` and ``allow_ms``. TPOT: within ``rel`` of
+    the starts' TPOT at the measured TTFT (piecewise linear between the starts, clamped at the
+    ends), so the two move together."""
     bad = [("mean_e2el_ms", measured["mean_e2el_ms"], p["mean_e2el_ms"]) for p in preds
            if abs(measured["mean_e2el_ms"] - p["mean_e2el_ms"]) > rel * p["mean_e2el_ms"] + allow_ms]
     # closed loop: a slot's next request waits for the client's turnaround, once per E2EL

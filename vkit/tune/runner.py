@@ -110,7 +110,6 @@ class Settings:
     capacity: CapacityObjective | None = None  # None: the throughput objective (one load, the primary metric)
     time_budget_s: float | None = None  # --time-budget: no trial is started that cannot finish (with its confirmation) within it
     grant_budget: bool = False  # --yes: a confirmation whose power analysis needs more blocks than confirm_blocks gets them
-
     baseline_starts: int | None = None  # server starts the baseline's repeats are spread over (None: default_starts)
 
     @property
@@ -605,8 +604,9 @@ class Runner:
             j = next(i for i, e in enumerate(ends) if len(b["runs"]) < e)  # the start this run belongs to
             if j > 0 and len(self.starts_of(b["runs"])) < j + 1:
                 # on a new server start: σ's between-restart part is measured, not assumed zero
-                self.progress(f"{key}: run{'s' if sizes[j] > 1 else ''} {k}{f'-{ends[j]}' if sizes[j] > 1 else ''} "
-                              f"on server start {j + 1} of {len(sizes)} (σ within one process and between restarts)")
+                span = f"runs {k}-{ends[j]}" if sizes[j] > 1 else f"run {k}"
+                self.progress(f"{key}: {span} on server start {j + 1} of {len(sizes)} "
+                              "(σ within one process and between restarts)")
                 ok, res = self.apply(kept, fresh=True)
                 if not ok:
                     raise VkitError(f"the configuration to measure as {key} does not start again: {res.get('message')}",
