@@ -188,6 +188,33 @@ def test_kill_9_mid_restart_then_next_command_recovers(env):
     assert verifies(env)
 
 
+def test_kill_9_between_start_and_record_stops_the_unrecorded_server(env):
+    """vkit killed after it started a candidate but before the state recorded its pid: the server
+    holds the port and nothing names it. The next command finds it by its tag and recovers."""
+    assert rwr("--set", "max_num_seqs=48", "--keep").code == 0
+    st = env["sf"].read()
+    launcher.stop(st["service"]["running"], grace_s=3)  # the killed restart had stopped the kept server ...
+    env["sf"].set_running(None)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    env["sf"].begin_candidate({"config": {"max_num_seqs": 64}, "changes": {"max_num_seqs": 64}, "since": "x",
+                               "owner": "restart_with_rollback@gone", "owner_pid": dead.pid})
+    # ... and started the candidate, then died before set_running
+    ghost = launcher.start(st["service"]["launch"], {"max_num_seqs": 64}, str(env["sf"].dir) + "/ghost.log",
+                           tag=launcher.tag_for(env["sf"].dir))
+    deadline = time.time() + 20
+    while time.time() < deadline and not launcher.wait_ready(env["url"], ghost, 0.5).ok:
+        time.sleep(0.1)
+    assert launcher.tagged_pids(launcher.tag_for(env["sf"].dir)) == [ghost.pid]
+    assert launcher.tagged_pids(launcher.tag_for(str(env["sf"].dir) + "-other")) == []
+    r = call("rollback", "--ready-timeout", "20", "--grace", "3")
+    assert r.code == 0, r
+    assert "orphan_detected" in events(env) and "orphan_stopped" in events(env)
+    assert not launcher.alive(ghost.pid, ghost.ticks)
+    assert env["sf"].read()["service"]["running"]["config"] == {"max_num_seqs": 48}
+    assert verifies(env)
+
+
 def test_sigint_during_restart_restores_kept(env):
     assert rwr("--set", "max_num_seqs=48", "--keep").code == 0
     p = subprocess.Popen([sys.executable, "bin/restart_with_rollback", "--sandbox", "--set", "sim_startup_s=30", "--set", "max_num_seqs=64"],

@@ -12,11 +12,17 @@ argvs with the flags in ``$VKIT_SERVE_FLAGS`` (a JSON list) and in the file name
 Stop = SIGTERM to the process group, wait, SIGKILL after a grace period. A recorded pid
 is only signalled when its start time still matches the one recorded (no pid reuse
 accidents); nothing is ever killed by name.
+
+Every server started in argv mode carries ``VKIT_SERVER_TAG`` in its environment: a hash
+of the state directory that launched it. A vkit killed between starting a server and
+recording its pid leaves a server nobody recorded; ``stop_tagged`` finds it (and only
+it: a process of this state's own tag) by reading ``/proc/PID/environ``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -119,11 +125,53 @@ def log_path_for(state_dir: str, label: str) -> str:
     return path
 
 
-def start(launch: dict, config: dict, log_path: str, env_extra: dict | None = None) -> Running:
-    """Start the server for ``config``; returns at once (readiness is ``wait_ready``'s job)."""
+TAG_VAR = "VKIT_SERVER_TAG"
+
+
+def tag_for(state_dir: str) -> str:
+    """The tag of the servers one state directory launches (stable across vkit processes)."""
+    return hashlib.sha256(os.path.realpath(state_dir).encode()).hexdigest()[:24]
+
+
+def tagged_pids(tag: str) -> list[int]:
+    """Live processes whose environment carries ``VKIT_SERVER_TAG=tag`` (own processes only
+    where /proc hides others' environments)."""
+    needle = f"{TAG_VAR}={tag}".encode()
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit() or int(d) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{d}/environ", "rb") as f:
+                items = f.read().split(b"\0")
+        except OSError:
+            continue
+        if needle in items and proc_start_ticks(int(d)) is not None:
+            out.append(int(d))
+    return sorted(out)
+
+
+def stop_tagged(tag: str, grace_s: float = 15.0) -> list[str]:
+    """Stop every process group holding a process of ``tag``: servers a killed vkit started but
+    never recorded. Returns what was done, one line a group."""
+    done, groups = [], {}
+    for pid in tagged_pids(tag):
+        with contextlib.suppress(OSError):
+            groups.setdefault(os.getpgid(pid), pid)
+    for pgid, pid in sorted(groups.items()):
+        leader = pgid if alive(pgid) else pid
+        done.append(stop({"pid": leader, "pgid": pgid, "ticks": proc_start_ticks(leader)}, grace_s=grace_s))
+    return done
+
+
+def start(launch: dict, config: dict, log_path: str, env_extra: dict | None = None, tag: str | None = None) -> Running:
+    """Start the server for ``config``; returns at once (readiness is ``wait_ready``'s job).
+    ``tag`` marks the server's environment (``stop_tagged``)."""
     flags = to_serve_flags(config)
     env = dict(os.environ)
     env.update(env_extra or {})
+    if tag:
+        env[TAG_VAR] = tag
     mode = launch.get("mode", "argv")
     if mode == "hooks":
         hook = launch.get("start_hook")

@@ -96,13 +96,18 @@ class Lifecycle:
         if run and run.get("pid"):
             self.progress(launcher.stop(run, st["service"]["launch"], grace_s=self.grace_s))
             self.sf.set_running(None)
+        # a server this state launched but never recorded (vkit killed between its start and the
+        # state write) still holds the port: stop it too
+        for line in launcher.stop_tagged(launcher.tag_for(self.sf.dir), grace_s=self.grace_s):
+            self.progress(f"an unrecorded server of this state: {line}")
+            self._log("orphan_stopped", what=line)
 
     def _start_and_verify(self, st: dict, config: dict, role: str) -> tuple[bool, dict, Running | None, dict]:
         """Start ``config``; returns (ok, diagnosis-or-{}, running, startup facts)."""
         svc = st["service"]
         log = launcher.log_path_for(self.sf.dir, role)
         self.progress(f"starting the {role} configuration: {' '.join(launcher.to_serve_flags(config)) or '(launch defaults)'}")
-        run = launcher.start(svc["launch"], config, log)
+        run = launcher.start(svc["launch"], config, log, tag=launcher.tag_for(self.sf.dir))
         self.sf.set_running(dict(run.as_state(), config=config, role=role))
         ready = launcher.wait_ready(
             svc["url"], run, self.ready_timeout_s,
