@@ -204,7 +204,7 @@ def _stop(state: str) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--scenarios", default=",".join(SCENARIOS), help=f"comma-separated (default {','.join(SCENARIOS)})")
     ap.add_argument("--work", default=os.path.join(ROOT, "vkit-state", "bench-capacity-tune"), help="state and runs")
     ap.add_argument("--out", default=OUT)

@@ -34,7 +34,7 @@ TARGETS = {"ttft": 15.0, "tpot": 8.0}
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", nargs="+", default=[DEFAULT_RUNS])
     ap.add_argument("--folds", type=int, default=5)
     ap.add_argument("--worst", type=int, default=10)

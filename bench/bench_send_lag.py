@@ -35,7 +35,7 @@ def free_port() -> int:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rates", default="50,100,200,500", help="req/s, comma-separated (default 50,100,200,500)")
     ap.add_argument("--seconds", type=float, default=10.0, help="seconds per rate (default 10)")
     ap.add_argument("--out", default=OUT, help="result file (default bench/results/send_lag.json)")

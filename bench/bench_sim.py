@@ -320,7 +320,7 @@ def noise_part(a) -> int:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--part", choices=["lag", "noise", "all"], default="all", help="what to measure (default: all)")
     ap.add_argument("--seconds", type=float, default=20.0, help="lag: measured seconds per level (default: 20)")
     ap.add_argument("--levels", default="16,64,256", help="lag: concurrent streams per level (default: 16,64,256)")

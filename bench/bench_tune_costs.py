@@ -69,7 +69,7 @@ def run_demo(checkout: str, work: str, port: int) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--old", default=OLD, help=f"the earlier revision to compare with (default {OLD})")
     ap.add_argument("--out", default=OUT)
     a = ap.parse_args(argv)

@@ -113,7 +113,7 @@ def one_tune(i: int, work: str, surface: dict) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tunes", type=int, default=20, help="seeded tunes per surface (default 20)")
     ap.add_argument("--surfaces", default=",".join(SURFACES))
     ap.add_argument("--out", default=OUT)

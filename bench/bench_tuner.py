@@ -400,7 +400,7 @@ def choose_default(per_scenario: dict) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", type=int, default=8, help="replicates per scenario (default 8)")
     ap.add_argument("--budget", type=int, default=BUDGET, help="evaluations per search (default 20)")
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="worker processes (default 2)")
