@@ -3,7 +3,8 @@
 Single-purpose command-line tools (``bin/`` → ``vkit.cli``) over this library, one package per
 stage a measurement passes through: ``measure`` → ``validate`` → ``decide`` → ``apply`` →
 ``tune``, with ``search``, ``sim`` and ``report`` beside them. ``state`` (the state file and
-logs), ``errors``, ``interrupts`` and ``jsonio`` are shared by all. The library never imports
+logs), ``errors``, ``interrupts``, ``jsonio`` and ``environment`` (two environment fingerprints
+compared) are shared by all. The library never imports
 ``vkit.cli``, never prints to stdout and never exits; it raises :class:`vkit.errors.VkitError`.
 """
 

@@ -26,7 +26,7 @@ import time
 import uuid
 from typing import Any, Iterator
 
-from vkit import __version__
+from vkit import __version__, environment
 from vkit.errors import LeaseHeld, StateCorrupt, StateMissing, StateWriteError, UsageError
 from vkit.jsonio import read_json_lines
 
@@ -74,6 +74,13 @@ def new_state(url: str, model: str, launch_argv: list[str], kept_config: dict | 
         "abnormal": {"flag": False, "reason": None, "since": None},
         "lease": None,
     }
+
+
+def launch_argv(st: dict) -> list[str]:
+    """The argv ``state init`` recorded for the service (hook mode: the start hook), as the
+    environment fingerprint reads it."""
+    launch = st["service"]["launch"]
+    return list(launch.get("start_hook") or launch.get("argv") or [])
 
 
 def _add_time(st: dict, kind: str, seconds: float) -> dict:
@@ -337,6 +344,18 @@ class StateFile:
                 if isinstance(t, dict) and str(t.get("id")) == str(trial_id):
                     t["verdict"] = verdict
                     t["gate"] = gate
+
+    def note_fingerprint(self, tool: str, fp: dict, run: str | None = None) -> list[dict]:
+        """A run measured in environment ``fp``: the state's ``fingerprint`` becomes the last seen one;
+        a change in a field that matters (:data:`vkit.environment.COMPARED`) against the one before
+        is logged as ``environment_changed`` and returned (``[{"field", "old", "new"}]``)."""
+        with self.transaction() as st:
+            prev = st.get("fingerprint") or {}
+            found = environment.changes(prev, fp)
+            if found:
+                self.log.append(tool, "environment_changed", run=run, changes=found, fingerprint=fp)
+            st["fingerprint"] = environment.merged(prev, fp)
+            return found
 
     def record_drift(self, result: dict) -> None:
         """drift --record: the result gate reads (``drift.change_date``)."""

@@ -3,7 +3,9 @@
 First in the measurement pipeline: ``bench_stream ... | check_invariants | gate``.
 Writes a summary JSON on stdout whose keys match ``vllm bench serve --save-result``,
 plus vkit's own fields under ``"vkit"``; per-request records as JSON Lines with
-``--records``.
+``--records``. When the state file's service is the URL measured, the run's environment
+fingerprint becomes the state's last seen one; a change since the run before is said on stderr
+and logged (``environment_changed``).
 """
 
 from __future__ import annotations
@@ -13,10 +15,11 @@ import math
 import os
 import sys
 
+from vkit import environment
 from vkit.cli._common import IO, int_at_least, make_parser, positive_float, run
-from vkit.errors import ExitCode, StateMissing, UsageError
+from vkit.errors import ExitCode, StateCorrupt, StateMissing, UsageError
 from vkit.measure.gauge import BenchOptions, build_config, check, measure
-from vkit.state import StateFile
+from vkit.state import StateFile, launch_argv
 
 TOOL = "bench_stream"
 
@@ -134,6 +137,19 @@ def _url(args: argparse.Namespace) -> str:
         raise UsageError("no --url given and no service in the state file") from None
 
 
+def _service_state(args: argparse.Namespace, url: str) -> tuple[StateFile, dict] | None:
+    """The state file whose service this run measures (None when there is none, or it holds
+    another URL), and its document: the run's fingerprint is compared with the last one it saw."""
+    sf = StateFile(args.state)
+    try:
+        st = sf.read() if sf.exists() else None
+    except (StateMissing, StateCorrupt):
+        return None
+    if st is None or str(st["service"].get("url") or "").rstrip("/") != url.rstrip("/"):
+        return None
+    return sf, st
+
+
 def api_key(args: argparse.Namespace) -> str | None:
     """The key from ``--api-key-env VAR`` (never logged); a usage error when VAR is not set."""
     if not args.api_key_env:
@@ -147,8 +163,12 @@ def api_key(args: argparse.Namespace) -> str | None:
 def _run(args: argparse.Namespace, io: IO) -> int:
     opts = options(args)
     check(opts)
-    cfg = build_config(opts, _url(args), args._argv)
+    url = _url(args)
+    cfg = build_config(opts, url, args._argv)
     cfg.api_key = api_key(args)
+    service = _service_state(args, url)
+    if service is not None:
+        cfg.launch_argv = launch_argv(service[1])  # the service's dtype, quantisation and model in the fingerprint
     if not cfg.stream:
         io.warn("streaming is OFF (--no-stream): TTFT will equal E2EL and every TTFT figure is void")
 
@@ -162,6 +182,10 @@ def _run(args: argparse.Namespace, io: IO) -> int:
     out = measure(cfg, records=args.records, output=args.output, label=args.label, progress=progress, interrupts=io.interrupts,
                   on_interrupt=lambda: io.warn("interrupted: no new requests; waiting for in-flight ones (Ctrl-C again to stop waiting)"))
     s = out.summary
+    if service is not None:
+        found = service[0].note_fingerprint(TOOL, s["vkit"]["fingerprint"], run=os.path.abspath(args.output) if args.output else None)
+        if found:
+            io.warn(environment.warning(found, args.output))
     io.emit_json(s)
     io.progress(
         f"done: {s['completed']} ok, {s['failed']} failed in {s['duration']:.1f} s; {s['output_throughput']:.1f} out tok/s; "

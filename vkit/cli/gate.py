@@ -4,7 +4,8 @@ configuration against the kept one, with the numbers behind the decision.
 Sits after the measurements: ``bench_stream … -o B1.json`` repeated for baseline and candidate
 (interleaved ABBA), then ``gate --baseline B*.json --candidate C*.json``; or ``gate --trial ID``
 on the runs a trial recorded in the state file. Every input goes through check_invariants
-first and both sides must share the gauge. Sequential by default: call it after every new
+first and both sides must share the gauge and the environment (driver, accelerator, server
+version, model, dtype, quantisation). Sequential by default: call it after every new
 pair of runs; it stops as soon as the answer is clear with the type-I error held at --alpha.
 JSON on stdout, a table for people on stderr. Exit 0 accept, 1 reject, 6 undecided (with how
 many more runs), 3 invalid input.

@@ -8,7 +8,9 @@ work, each step able to stop with a refusal:
 1. every input valid by check_invariants (invalid → no verdict; anomaly → refused unless
    allowed);
 2. the same gauge on both sides (streaming, endpoint, dataset and its seed, lengths,
-   concurrency or rate, number of prompts, client version), the first difference named;
+   concurrency or rate, number of prompts, client version), the first difference named; and
+   the same environment (accelerator model, count and driver, server version, model hash,
+   dtype, quantisation: ``vkit.environment``), every difference named;
 3. design: interleaved or blocked (from the run dates), the winner of a search confirmed on
    fresh runs only, no baseline run older than a detected change point;
 4. per metric, on logs (relative effects): the effect, its interval, p- or e-value,
@@ -48,6 +50,7 @@ from vkit.decide.runs import (
     Checker,
     Run,
     check_invariants,
+    check_same_environment,
     check_same_gauge,
     check_seeds,
     cross_gauge_differences,
@@ -80,7 +83,7 @@ from vkit.errors import ExitCode, InvalidData, UsageError
 __all__ = [
     "ACCEPT", "CLIENT_NAMES", "DEFAULT_PRIMARY", "EXIT_CODE", "GAUGE_TOP", "GAUGE_VKIT",
     "REJECT", "REPORT_METRICS", "UNDECIDED", "Boundaries", "Checker", "Context", "GateInput", "MetricSpec", "Run",
-    "Settings", "analyze_metric", "check_invariants", "check_same_gauge", "check_seeds",
+    "Settings", "analyze_metric", "check_invariants", "check_same_environment", "check_same_gauge", "check_seeds",
     "cross_gauge_differences", "decide", "detect_layout", "drift_warning", "gauge_of", "has_metric", "infer_direction",
     "load_summary", "metric_logs", "n_needed", "pair_indices", "parse_date", "parse_guards", "parse_metric",
     "parse_sigma", "seed_of", "sigma_from_state", "stale_refusal",
@@ -119,6 +122,7 @@ def decide(inp: GateInput, checker: Checker | None = None) -> dict:
     allruns = base + cand
     warnings = validate(allruns, s.allow_anomaly, checker)
     gauge, w = check_same_gauge(allruns)
+    check_same_environment(allruns)
     warnings += w
     design, screening, evidence, layout = _design(inp, base, cand, warnings)
     n_fresh = design["fresh_runs"]

@@ -1,7 +1,9 @@
 """The runs gate compares: loading summaries (``load_summary``), check_invariants on each
 (``validate``), the gauge (``gauge_of``, ``check_same_gauge``, ``check_seeds``: the same
-measurement on both sides), the design (``detect_layout``, ``pair_indices``, ``drift_warning``)
-and the metric values (``metric_logs``). ``vkit.cli.drift`` and the tune runner use them too."""
+measurement on both sides), the environment (``check_same_environment``: the same driver,
+accelerator, server version, model, dtype and quantisation on both sides), the design
+(``detect_layout``, ``pair_indices``, ``drift_warning``) and the metric values (``metric_logs``).
+``vkit.cli.drift`` and the tune runner use them too."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from typing import Any, Callable
 import numpy as np
 from scipy import stats as _sps
 
+from vkit import environment
 from vkit.errors import InvalidData, UsageError, VkitError
 from vkit.jsonio import load_json_file
 from vkit.validate import invariants
@@ -174,6 +177,31 @@ def check_same_gauge(runs: list[Run]) -> tuple[dict, list[str]]:
             "could be compared only on " + (", ".join(sorted(g0)) or "nothing") + "; prefer bench_stream summaries"
         )
     return {"kind": kind0, "compared": sorted(g0)}, warnings
+
+
+def fingerprint_of(r: Run) -> dict | None:
+    v = r.doc.get("vkit")
+    fp = v.get("fingerprint") if isinstance(v, dict) else None
+    return fp if isinstance(fp, dict) else None
+
+
+def check_same_environment(runs: list[Run]) -> None:
+    """Every run's environment fingerprint against every other's; InvalidData naming the fields of the
+    first pair that differs (a field one side does not record, e.g. a plain vLLM file's, is not compared)."""
+    seen: list[tuple[Run, dict]] = []
+    for r in runs:
+        fp = fingerprint_of(r)
+        if fp is None:
+            continue
+        for ref, fp0 in seen:
+            found = environment.changes(fp0, fp)
+            if found:
+                raise InvalidData(
+                    f"different environment: {environment.describe(found)} from {ref.path} ({ref.arm}) to {r.path} "
+                    f"({r.arm}); re-measure both sides in one environment (an environment change and a real change "
+                    "cannot be told apart)"
+                )
+        seen.append((r, fp))
 
 
 CLIENT_NAMES = {"vkit": "vkit bench_stream", "vllm-bench": "vllm bench serve"}

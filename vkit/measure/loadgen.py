@@ -58,6 +58,7 @@ class BenchConfig:
     scrape_interval_s: float = 1.0
     drain_timeout_s: float = 60.0
     meta: dict = field(default_factory=dict)  # dataset, seed, command line: copied into the summary
+    launch_argv: list[str] | None = None  # how the server was launched (the state's), for the fingerprint; None: unknown
 
 
 @dataclass
@@ -458,7 +459,7 @@ def run_bench(cfg: BenchConfig, progress: Callable[[dict], None] | None = None, 
             "accelerator": accel_stats,
             "client": _client_info(transport, n_workers, cpu_s, wall_s, t0, lag_stats),
             "preflight": {"ok": pre.ok, "ttft_ms": None if pre.ttft is None else pre.ttft * 1000},
-            "fingerprint": fingerprint(model, server_version=(version or {}).get("version")),
+            "fingerprint": fingerprint(model, cfg.launch_argv, server_version=(version or {}).get("version")),
         },
     )
     out_tokens = summary["total_output_tokens"]

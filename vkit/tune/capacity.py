@@ -366,12 +366,13 @@ def search(measure: Measure, slo: Slo, plan: Plan, progress: Callable[[str], Non
 
 
 def live_measure(opts, url: str, out_dir: str, plan: Plan, command: list[str] | None = None, api_key: str | None = None,
-                 interrupts=None) -> Measure:
+                 interrupts=None, launch_argv: list[str] | None = None) -> Measure:
     """``measure(load, k)`` against a server: bench_stream's run at that load (dataset seed + the
     run's number, so no run finds its prompts in the prefix cache; open loop at exactly that mean
     rate (``--exact-rate``: a short run's own rate would otherwise vary by chance), with at least ``load x plan.point_seconds`` requests, closed loop at least
     5 per stream), its summary and records under ``out_dir/<mode>-<load>/rep<k>.json``, checked by
-    check_invariants (an invalid verdict marks the run, which then counts for nothing)."""
+    check_invariants (an invalid verdict marks the run, which then counts for nothing). ``launch_argv``:
+    the server's launch argv for each run's fingerprint (None: unknown)."""
     mode = plan.mode
     runs = [0]
 
@@ -392,6 +393,7 @@ def live_measure(opts, url: str, out_dir: str, plan: Plan, command: list[str] | 
         path, rec = os.path.join(d, f"rep{k}.json"), os.path.join(d, f"rep{k}.jsonl")
         cfg = build_config(o, url, [*(command or []), *o.flags(), "--seed", str(o.seed), "-o", path])
         cfg.api_key = api_key
+        cfg.launch_argv = launch_argv
         out = measure(cfg, records=rec, output=path, interrupts=interrupts)
         s = out.summary
         c = invariants.check_file(path, records=rec)
@@ -478,8 +480,10 @@ def capacity_document(result: Capacity, first: dict | None, opts, seed: int, ref
     dataset = dict(fv.get("dataset") or {})
     dataset.pop("num_prompts", None)  # a point sends load x point_seconds requests: not part of the gauge
     dataset.pop("trace_speedup", None)  # a trace's points differ in it: the load, not the gauge
-    # the gauge, and the server facts (its version, the simulator's profile) of the search's first run
-    doc["vkit"] = {**{k: fv.get(k) for k in (*_GAUGE_VKIT, "model", "server", "lengths") if k in fv}, "dataset": dataset, "seed": seed,
+    # the gauge, the server facts (its version, the simulator's profile) and the environment's
+    # fingerprint of the search's first run
+    kept = (*_GAUGE_VKIT, "model", "server", "lengths", "fingerprint")
+    doc["vkit"] = {**{k: fv.get(k) for k in kept if k in fv}, "dataset": dataset, "seed": seed,
                    "schema": "vkit.capacity/1", "capacity": d,
                    "valid": d["capacity"] is not None or d["upper"] is not None}
     return doc
@@ -488,7 +492,7 @@ def capacity_document(result: Capacity, first: dict | None, opts, seed: int, ref
 def measure_configuration(opts, url: str, out_dir: str, slo: Slo, plan: Plan, reference: float | None,
                           command: list[str] | None = None, api_key: str | None = None, interrupts=None,
                           progress: Callable[[str], None] = lambda s: None, accelerators: int | None = None,
-                          seed: int | None = None, hint: float | None = None) -> dict:
+                          seed: int | None = None, hint: float | None = None, launch_argv: list[str] | None = None) -> dict:
     """One configuration's capacity, searched from the reference load (the neighbouring
     configuration's capacity: the bracket starts where the answer probably is, and the first point
     measures interactivity at that load; ``hint``, the kept configuration's capacity, is where the
@@ -500,7 +504,8 @@ def measure_configuration(opts, url: str, out_dir: str, slo: Slo, plan: Plan, re
     # a cold start brackets from afar (doublings): four more points than a warm one
     p = replace(plan, start=min(plan.hi_limit, max(plan.lo_limit, start)), step=step,
                 max_points=plan.max_points if reference is not None else plan.max_points + 4)
-    inner = live_measure(opts, url, out_dir, p, command=command, api_key=api_key, interrupts=interrupts)
+    inner = live_measure(opts, url, out_dir, p, command=command, api_key=api_key, interrupts=interrupts,
+                         launch_argv=launch_argv)
     first: list[dict] = []
 
     def run(load: float, k: int) -> dict | None:

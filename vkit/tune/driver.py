@@ -129,7 +129,8 @@ def held(sf: StateFile, ctx: RunContext) -> Iterator[StateFile]:
 def make_runner(sf: StateFile, s: Settings, ctx: RunContext, run_id: str | None = None) -> Runner:
     """A runner whose measurements go to runs/<run_id>/ beside the state (when given), its restarts
     under ``ctx.owner``'s lease."""
-    r = Runner(sf, s, ctx.progress, tool_name=ctx.tool, owner=ctx.owner, policy=ctx.policy, interrupts=ctx.interrupts)
+    r = Runner(sf, s, ctx.progress, tool_name=ctx.tool, owner=ctx.owner, policy=ctx.policy, interrupts=ctx.interrupts,
+               warn=ctx.warn)
     if run_id:
         r.runs_dir = os.path.join(sf.dir, "runs", run_id)
         os.makedirs(r.runs_dir, exist_ok=True)
@@ -302,7 +303,8 @@ def _knowledge(sf: StateFile, kb: str, key: dict, work: dict, mode: str, progres
     if matched or ignored:
         progress(f"knowledge base {kb}: {len(matched)} earlier run(s) of this environment"
                  + (" (used to warm-start the Bayesian search)" if mode == "bo" else " (shown; staged mode does not warm-start)")
-                 + (f"; {len(ignored)} ignored because the environment changed: " + "; ".join(ignored[:3]) if ignored else ""))
+                 + (f"; {len(ignored)} ignored, measured in another environment or workload: " + "; ".join(ignored[:3])
+                    if ignored else ""))
     sf.update_tune_run(knowledge={"path": kb, "matched": [e.get("run_id") for e in matched], "ignored": ignored})
     return matched
 

@@ -3,9 +3,11 @@ measured in, so a later run can warm-start from them — only from matching entr
 
 One JSON Lines file (tune takes ``$VKIT_KB``, else ``knowledge.jsonl`` beside the state file), appended
 atomically line by line. An entry matches when its fingerprint key (accelerator model, count
-and driver, server version, model, launch argv hash, simulator profile) and its workload are
-equal to the new run's; every other entry is reported as invalidated, with the first field
-that differs.
+and driver, server version, model, model config hash, dtype, quantisation, launch argv hash,
+simulator profile) and its workload are equal to the new run's; every other entry is ignored
+and reported with each field that differs, old → new. The key is taken from the state's last
+seen fingerprint, which every run updates, so a driver changed since ``state init`` shows. A key
+field an entry does not carry (stored by an older vkit) is not compared.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import os
 
 from vkit.state import DecisionLog, now_iso
 
-KEY_FIELDS = ("accelerator", "server_version", "model", "launch_hash", "simulator")
+KEY_FIELDS = ("accelerator", "server_version", "model", "model_hash", "dtype", "quantization", "launch_hash", "simulator")
 
 
 def default_path(state_dir: str) -> str:
@@ -30,6 +32,9 @@ def fingerprint_key(state: dict, server_info: dict | None) -> dict:
         "accelerator": {k: acc.get(k) for k in ("kind", "model", "count", "driver")},
         "server_version": info.get("version"),
         "model": state["service"]["model"],
+        "model_hash": fp.get("model_hash"),
+        "dtype": fp.get("dtype"),
+        "quantization": fp.get("quantization"),
         "launch_hash": fp.get("launch_hash"),
         "simulator": {k: info.get(k) for k in ("sim_gpu", "sim_model", "sim_tensor_parallel_size")} if info.get("sim") else None,
     }
@@ -40,18 +45,32 @@ def record(path: str, key: dict, workload: dict, observations: list[dict], recom
                              recommendation=recommendation, run_id=run_id, stored=now_iso())
 
 
+def differences(stored: dict, key: dict) -> list[str]:
+    """``field changed (old → new)`` for each key field that differs (the accelerator's by its own fields)."""
+    out = []
+    for f in KEY_FIELDS:
+        if f not in stored or stored.get(f) == key.get(f):
+            continue
+        a, b = stored.get(f), key.get(f)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += [f"{f}.{k} changed ({json.dumps(a.get(k))} → {json.dumps(b.get(k))})" for k in sorted(set(a) | set(b))
+                    if a.get(k) != b.get(k)]
+        else:
+            out.append(f"{f} changed ({json.dumps(a)} → {json.dumps(b)})")
+    return out
+
+
 def match(path: str, key: dict, workload: dict) -> tuple[list[dict], list[str]]:
-    """(matching entries, one line per invalidated entry saying which field changed)."""
+    """(matching entries, one line per ignored entry saying which fields changed)."""
     good, bad = [], []
     for e in DecisionLog(path).read():
         if e.get("event") != "kb_entry":
             continue
-        diff = next((f for f in KEY_FIELDS if (e.get("key") or {}).get(f) != key.get(f)), None)
-        if diff is None and e.get("workload") != workload:
-            diff = "workload"
-        if diff is None:
-            good.append(e)
+        diff = differences(e.get("key") or {}, key)
+        if not diff and e.get("workload") != workload:
+            bad.append(f"{e.get('run_id')}: workload changed (another workload → this one)")
+        elif diff:
+            bad.append(f"{e.get('run_id')}: {', '.join(diff)}")
         else:
-            bad.append(f"{e.get('run_id')}: {diff} changed ({json.dumps((e.get('key') or {}).get(diff)) if diff != 'workload' else 'other workload'}"
-                       f" → {json.dumps(key.get(diff)) if diff != 'workload' else 'this one'})")
+            good.append(e)
     return good, bad

@@ -39,6 +39,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from vkit import environment
 from vkit.apply.lifecycle import Held, Lifecycle, Outcome, run_held
 from vkit.apply.policy import Policy, to_serve_flags
 from vkit.decide import gate as _gate
@@ -46,7 +47,7 @@ from vkit.errors import Abnormal, ExitCode, Rejected, VkitError
 from vkit.interrupts import Interrupts
 from vkit.jsonio import read_json_file
 from vkit.measure.gauge import BenchOptions, build_config, measure
-from vkit.state import StateFile, atomic_write_text, default_owner, now_iso
+from vkit.state import StateFile, atomic_write_text, default_owner, launch_argv, now_iso
 from vkit.tune import capacity as _cap
 from vkit.validate import invariants
 
@@ -205,12 +206,15 @@ def aggregate(docs: list[dict]) -> dict:
 
 class Runner:
     def __init__(self, sf: StateFile, settings: Settings, progress: Callable[[str], None], tool_name: str = "sweep",
-                 owner: str | None = None, policy: Policy | None = None, interrupts: Interrupts | None = None):
+                 owner: str | None = None, policy: Policy | None = None, interrupts: Interrupts | None = None,
+                 warn: Callable[[str], None] | None = None):
         """``owner`` holds the lease the run's restarts work under; ``policy`` the parameter policy
-        (default the packaged one); ``interrupts`` come from the tool's signal handler."""
+        (default the packaged one); ``interrupts`` come from the tool's signal handler; ``warn``
+        says what must be seen even when progress is quiet (default: progress)."""
         self.sf = sf
         self.s = settings
         self.progress = progress
+        self.warn = warn or progress
         self.tool_name = tool_name
         self.runs_dir = os.path.join(sf.dir, "runs")
         os.makedirs(self.runs_dir, exist_ok=True)
@@ -453,7 +457,17 @@ class Runner:
         t0 = time.time()
         path, doc, check = self._measure_checked(label, k, workload)
         self.sf.record_run_start(path, self.start_key(), seconds=time.time() - t0)
+        self.note_environment(path, doc)
         return path, doc, check
+
+    def note_environment(self, path: str, doc: dict) -> None:
+        """The run's environment fingerprint becomes the state's last seen one; a change is said
+        (and logged by the state): gate refuses to compare runs across it."""
+        fp = (doc.get("vkit") or {}).get("fingerprint")
+        if isinstance(fp, dict):
+            found = self.sf.note_fingerprint(self.tool_name, fp, run=path)
+            if found:
+                self.warn(environment.warning(found, path))
 
     def _measure_checked(self, label: str, k: int, workload: Workload | None = None) -> tuple[str, dict, dict]:
         for attempt in (1, 2):
@@ -501,7 +515,9 @@ class Runner:
         # the command that makes the same measurement by hand, recorded in the summary
         command = ["--state", self.sf.path, *w.options.flags(), "--seed", str(seed), "-q", "--records", rec, "-o", path]
         try:
-            cfg = build_config(replace(w.options, seed=seed), self.sf.read()["service"]["url"], command)
+            st = self.sf.read()
+            cfg = build_config(replace(w.options, seed=seed), st["service"]["url"], command)
+            cfg.launch_argv = launch_argv(st)
             out = measure(cfg, records=rec, output=path, interrupts=self.interrupts)
         except VkitError as e:
             raise bench_failed(e) from None
@@ -535,7 +551,8 @@ class Runner:
             doc = _cap.measure_configuration(opts, st["service"]["url"], os.path.join(d, f"rep{k}-points"), c.slo, c.plan,
                                              reference, command=command, interrupts=self.interrupts,
                                              progress=lambda m: self.progress(f"{label} capacity {k}: {m}"),
-                                             accelerators=c.accelerators, seed=w.seed + k, hint=hint)
+                                             accelerators=c.accelerators, seed=w.seed + k, hint=hint,
+                                             launch_argv=launch_argv(st))
         except VkitError as e:
             raise bench_failed(e) from None
         atomic_write_text(path, json.dumps(plain(doc), indent=2) + "\n")
@@ -718,8 +735,9 @@ class Runner:
         w = self.s.workload
         opts = replace(w.options, seed=w.seed + 50_000)
         out_dir = os.path.join(self.runs_dir, "promise")
-        run = _cap.live_measure(opts, self.sf.read()["service"]["url"], out_dir, plan, command=["--state", self.sf.path],
-                                interrupts=self.interrupts)
+        st = self.sf.read()
+        run = _cap.live_measure(opts, st["service"]["url"], out_dir, plan, command=["--state", self.sf.path],
+                                interrupts=self.interrupts, launch_argv=launch_argv(st))
         ok, res = self.apply(dict(config), fresh=True)
         if not ok:
             raise VkitError(f"the recommended configuration does not start: {res.get('message')}", ExitCode.UNAVAILABLE)
@@ -727,6 +745,8 @@ class Runner:
         point = _cap.Point(load)
         for k in range(8):
             s = run(load, k)
+            where = _rel((s.get("vkit") or {}).get("capacity_check", {}).get("path") or out_dir, self.sf.dir)
+            self.note_environment(where, s)
             j = _cap.judge_run(s, c.slo, plan, load)
             point.runs.append(j)
             # the same three-way verdict as any load point: holds only when the margin clears the
@@ -739,7 +759,7 @@ class Runner:
             runs.append({"load": load, "holds": held, "verdict": verdict, "margin": j["margin"],
                          "binding": min(j["margins"], key=j["margins"].get) if j["margins"] else None, "why": j["why"],
                          "metrics": j["metrics"],
-                         "path": _rel((s.get("vkit") or {}).get("capacity_check", {}).get("path") or out_dir, self.sf.dir)})
+                         "path": where})
             self.progress(f"promise {load:g}: {verdict or 'not yet clear'} over {c.verify_seconds:g} s"
                           + (f" (margin {j['margin']:+.3f}, {runs[-1]['binding']})" if j["margin"] is not None else f" ({j['why']})"))
             if held:
