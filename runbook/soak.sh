@@ -203,6 +203,25 @@ if r.get("changed"):
     print(f"soak: level changed at window {r['change_index'] + 1} (alarm at window {r['alarm_index'] + 1}): "
           f"{r['shift']:+.1%}, {r['level_before']:.1f} -> {r['level_after']:.1f}")
 print("soak: windows with anomalies: " + ("; ".join(bad) if bad else "none"))
+# how often to re-measure the baseline, from the drift rate the windows measured (runbook/soak.md, The soak's length)
+from vkit.decide.drift import drift_rate, format_hours, soak_plan
+from vkit.decide.runs import parse_date
+from vkit.decide.specs import Settings
+when = [parse_date(json.loads(x).get("date")) for x in open(f"{d}/soak.jsonl") if x.strip()]
+rate = None
+if r.get("sigma") and all(when):
+    rate = drift_rate([(t - when[0]).total_seconds() / 3600 for t in when], v)
+if rate is None or not rate["interval"][1] - rate["interval"][0] + abs(rate["per_h"]) > 0:
+    print("soak: no drift rate: the windows carry no dates, or show no spread and no slope")
+else:
+    floor = Settings().floor
+    thr = min(max(2 * r["sigma"], floor), 0.99)
+    p = soak_plan(rate, thr, float(w))
+    lo, hi = rate["interval"]
+    print(f"soak: drift rate {rate['per_h']:+.2%}/h ({rate['level']:.0%} interval {lo:+.2%} to {hi:+.2%}/h) over {rate['runs']} "
+          f"windows in {rate['span_h']:.2f} h; at the fastest, {p['fastest_per_h']:.2%}/h, the level moves by the gate's threshold "
+          f"{thr:.1%} (max(2σ, {floor:.0%}), σ {r['sigma']:.2%}) in ln(1 + {thr:.3f}) / {p['fastest_per_h']:.4f} = {p['hours']:.4g} h: "
+          f"re-measure the baseline at least every {format_hours(p['hours'])}")
 print(f"soak: {d}/soak.jsonl (summaries), checks.jsonl, drift.json, windows/")
 PYEOF
 cat "$DIR/drift.json"

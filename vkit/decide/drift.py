@@ -481,3 +481,99 @@ def level_check(reference: list[list[float]], latest: list[float], checks: int =
     res["why"] = (f"level {res['shift']:+.1%} vs the reference of {k} starts: |T| {abs(t):.1f} "
                   f"{'above' if changed else 'within'} {thr:.1f} (calibrated for {alpha:.0%} false alarms over {checks} checks)")
     return res
+
+
+# --------------------------------------------------------------------------- the soak's length
+
+SOAK_WINDOWS = MIN_RUNS  # make soak's windows: drift's minimum for a verdict
+RATE_LEVEL = 0.90
+
+
+def drift_rate(hours: Iterable[float], values: Iterable[float], level: float = RATE_LEVEL) -> dict | None:
+    """The level's linear drift: the least-squares slope of ln(value) on time in hours (a relative
+    change per hour), its standard error and two-sided ``level`` interval (Student t, n − 2 degrees
+    of freedom). None with fewer than 3 runs or no time between them."""
+    t = np.asarray(list(hours), dtype=float)
+    v = np.asarray(list(values), dtype=float)
+    if t.shape != v.shape or t.ndim != 1 or np.any(~np.isfinite(t)) or np.any(~np.isfinite(v)) or np.any(v <= 0):
+        raise ValueError("hours and values must be finite, one per run, and the values positive")
+    if not (0.0 < level < 1.0):
+        raise ValueError("level must be in (0, 1)")
+    n = len(t)
+    tc = t - t.mean() if n else t
+    sxx = float(tc @ tc)
+    if n < 3 or not sxx > 0:
+        return None
+    y = np.log(v)
+    slope = float(tc @ (y - y.mean())) / sxx
+    resid = y - y.mean() - slope * tc
+    se = math.sqrt(float(resid @ resid) / (n - 2) / sxx)
+    half = float(stats.t.ppf(0.5 + level / 2, n - 2)) * se
+    return {"per_h": slope, "se": se, "interval": [slope - half, slope + half], "level": level, "runs": n,
+            "span_h": float(t.max() - t.min())}
+
+
+def soak_plan(rate: dict, threshold: float, run_s: float, windows: int = SOAK_WINDOWS) -> dict:
+    """How long a soak must run to show the drift that the runs behind ``rate`` cannot rule out.
+
+    g = ln(1 + threshold), the gate's threshold on the log scale; r_max = max(|lo|, |hi|) over the
+    rate's interval, the fastest drift (per hour, either way) the runs allow. Drift at r_max moves
+    the level by the threshold in T = g / r_max hours: a soak of T shows it as a change the gate
+    counts, and a baseline older than T may be off by the threshold. The soak: ``windows`` windows
+    of max(T / windows, run_s) seconds (a window no shorter than the runs the rate came from).
+    ``at_rate_h``: g / |slope|, when the level moves by the threshold at the measured rate itself;
+    ``drifting``: the interval excludes 0."""
+    if not (0.0 < threshold < 1.0):
+        raise ValueError("threshold must be a relative change in (0, 1)")
+    if windows < 1 or not run_s > 0:
+        raise ValueError("windows must be at least 1 and run_s positive")
+    g = math.log1p(threshold)
+    lo, hi = rate["interval"]
+    r_max = max(abs(lo), abs(hi))
+    hours = g / r_max if r_max > 0 else math.inf
+    window_s = max(math.ceil(hours * 3600 / windows), math.ceil(run_s)) if math.isfinite(hours) else math.ceil(run_s)
+    return {"threshold": threshold, "log_threshold": g, "fastest_per_h": r_max, "hours": hours,
+            "at_rate_h": g / abs(rate["per_h"]) if rate["per_h"] else math.inf, "drifting": bool(lo > 0 or hi < 0),
+            "windows": windows, "window_s": window_s, "soak_h": windows * window_s / 3600}
+
+
+def format_hours(hours: float) -> str:
+    """A duration for a sentence: seconds below 2 minutes, minutes below an hour, else hours."""
+    if not math.isfinite(hours):
+        return "no finite time"
+    if hours * 3600 < 120:
+        return f"{hours * 3600:.0f} s"
+    return f"{hours * 60:.1f} min" if hours < 1 else f"{hours:.2f} h"
+
+
+def soak_advice(hours: list[float], values: list[float], threshold: float, run_s: float, metric: str = "output_throughput",
+                threshold_rule: str = "max(2σ, 3%)") -> dict:
+    """The soak recommendation from the drift rate measured on one configuration's runs (``hours``:
+    when each ran, ``values``: its ``metric``): ``drift_rate``, ``soak_plan`` and a sentence saying
+    how long to soak, how often to re-measure the baseline, and the numbers behind both."""
+    rate = drift_rate(hours, values)
+    if rate is None:
+        span = (max(hours) - min(hours)) * 3600 if hours else 0.0
+        return {"rate": None, "plan": None,
+                "text": (f"no drift rate measured: {len(values)} dated run(s) of the kept configuration over {span:.0f} s, and a "
+                         f"slope needs 3 at different times; soak before delivery (`make soak`, {SOAK_WINDOWS} windows), which "
+                         "measures the rate over its windows and says how often to re-measure the baseline (runbook/soak.md)")}
+    plan = soak_plan(rate, threshold, run_s)
+    lo, hi = rate["interval"]
+    head = (f"measured drift of the kept configuration: {metric} {rate['per_h']:+.2%}/h ({rate['level']:.0%} interval "
+            f"{lo:+.2%} to {hi:+.2%}/h) over {rate['runs']} runs in {rate['span_h']:.2f} h. ")
+    if not math.isfinite(plan["hours"]):
+        return {"rate": rate, "plan": plan,
+                "text": head + "The runs show no spread and no slope, so no time can be put on the drift: soak before delivery "
+                               f"(`make soak`, {SOAK_WINDOWS} windows), which measures the rate over its windows (runbook/soak.md)"}
+    text = (head + f"Drift at the interval's fastest, {plan['fastest_per_h']:.2%}/h, moves the level by the gate's threshold "
+            f"({threshold:.1%}, {threshold_rule}) in ln(1 + {threshold:.3f}) / {plan['fastest_per_h']:.4f} = {plan['hours']:.4g} h: "
+            f"soak at least that long (`make soak WINDOWS={plan['windows']} WINDOW_S={plan['window_s']}`, "
+            f"{format_hours(plan['soak_h'])}): such drift shows within it as a change the gate counts, and a shorter soak adds "
+            f"nothing to what the tune's runs showed; re-measure the baseline at least every {format_hours(plan['hours'])}. "
+            "The soak ends with the same computation over its own windows: the longer it runs, the narrower the interval "
+            "(and, with no real drift, the longer a baseline holds)")
+    if plan["drifting"]:
+        text += (f". The level is moving (the interval excludes 0): at the measured rate it crosses the threshold in "
+                 f"{format_hours(plan['at_rate_h'])}; find the cause before delivery (runbook/soak.md, When it drifted)")
+    return {"rate": rate, "plan": plan, "text": text}

@@ -398,10 +398,32 @@ def build_result(runner: Runner, settings: Settings, t0: float) -> TuneResult:
         + (["drift sentinel not run under the capacity objective (each check would be a whole capacity search): "
             "check the kept configuration with `drift --kept` or a soak before delivery"] if settings.capacity is not None else []),
         knowledge=tune_run.get("knowledge"),
-        soak="recommended before delivery: a long bench_stream (30 min or more) at the recommended configuration, with "
-             "drift detection over its windows (a short benchmark is not production)",
+        soak=_soak(runner),
         timings=_timings(st, time.time() - t0, restarts),
     )
+
+
+def _soak(runner: Runner) -> str:
+    """The soak recommendation from the drift rate measured on the kept configuration's runs (the
+    series the sentinel judges), against the gate's threshold on output throughput at the σ its
+    confirmations use (``drift.soak_advice``)."""
+    from vkit.decide.drift import soak_advice
+    from vkit.decide.runs import parse_date
+    from vkit.decide.specs import Settings as GateSettings
+
+    rows = []  # (when, output tok/s, seconds) of each dated run
+    for _, doc in runner.kept_series():
+        when, v, s = parse_date(doc.get("date")), doc.get("output_throughput"), doc.get("duration")
+        if when is not None and all(isinstance(x, (int, float)) and x > 0 for x in (v, s)):
+            rows.append((when, float(v), float(s)))
+    t0 = min((w for w, _, _ in rows), default=None)
+    hours = [(w - t0).total_seconds() / 3600 for w, _, _ in rows]
+    run_s = float(np.median([s for _, _, s in rows])) if rows else 1.0
+    floor = GateSettings().floor
+    plan = runner.confirm_plan("output_throughput:+", [])
+    thr = next((m["threshold"] for m in plan.get("metrics") or [] if m["metric"] == "output_throughput"), None)
+    return soak_advice(hours, [v for _, v, _ in rows], thr or floor, run_s,
+                       threshold_rule=f"max(2σ, {floor:.0%})" if thr else f"the {floor:.0%} floor: no σ measured")["text"]
 
 
 def _timings(st: dict, total_s: float, restarts: int) -> dict:
