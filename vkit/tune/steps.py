@@ -111,10 +111,19 @@ def guard_anomalies(runner: Runner) -> None:
         )
 
 
+# Step 1's TTFT stability: P95 / mean TTFT of one run. A wait with an exponential tail (plain
+# queueing) has P95 = mean * ln 20 = 3.0 * mean; a heavier tail than that is the server stalling
+# (preemption, requests waiting for KV room), which a longer max-model-len makes worse.
+STEP1_TTFT_RATIO = math.log(20.0)
+
+
 def run_step1(runner: Runner, candidates: list[int], need_len: int, target_concurrency: int,
               progress: Callable[[str], None]) -> dict:
     """max-model-len: the smallest candidate >= the business length (plus margin) that starts,
-    has room for the target concurrency and a stable TTFT; then frozen."""
+    has room for the target concurrency and a stable TTFT (P95 / mean TTFT at most
+    ``STEP1_TTFT_RATIO`` in both runs); then frozen. When every candidate that starts with room has
+    an unstable TTFT, the instability is the load's, not the length's: the smallest of them is
+    chosen and the record says so."""
     done = _finished(runner, "1")
     if done:
         return done
@@ -128,7 +137,7 @@ def run_step1(runner: Runner, candidates: list[int], need_len: int, target_concu
     cands = sorted(c for c in candidates if c >= need_len)
     if not cands:
         raise VkitError(f"no max-model-len candidate is >= the business length {need_len}", ExitCode.USAGE)
-    chosen, notes = None, []
+    chosen, notes, roomy, checks = None, [], [], []
     for L in cands:
         t = next((x for x in runner.sf.read()["trials"] if x["step"] == "1" and x["config"].get("max_model_len") == L), None)
         if t is None:
@@ -138,36 +147,54 @@ def run_step1(runner: Runner, candidates: list[int], need_len: int, target_concu
             t = runner.run_trial(t["id"], workload=step1_workload(runner), repeats=2)  # two runs: is TTFT stable?
         if t["status"] == "start_failed":
             notes.append(f"{L}: does not start ({(t.get('diagnosis') or {}).get('kind')})")
+            checks.append({"max_model_len": L, "starts": False})
             continue
         su = t.get("startup") or {}
         cap = su.get("kv_cache_tokens")
         conc = (cap / L) if cap else None
         docs = [runner.load(p) for p in t.get("runs") or []]
         stab = max((d["p95_ttft_ms"] / d["mean_ttft_ms"] for d in docs if d.get("mean_ttft_ms")), default=None)
-        ok = t["status"] == "done" and (conc is None or conc >= target_concurrency)
-        notes.append(f"{L}: starts, KV {cap} tokens = {conc:.1f} full-length sequences, P95/mean TTFT {stab:.2f}" if cap and stab
+        room = t["status"] == "done" and (conc is None or conc >= target_concurrency)
+        stable = stab is not None and stab <= STEP1_TTFT_RATIO
+        checks.append({"max_model_len": L, "starts": True, "kv_cache_tokens": cap, "room_sequences": conc,
+                       "ttft_p95_over_mean": stab, "ttft_threshold": STEP1_TTFT_RATIO, "room": room, "stable": stable})
+        notes.append((f"{L}: starts, KV {cap} tokens = {conc:.1f} full-length sequences, P95/mean TTFT {stab:.2f} "
+                      f"({'stable' if stable else 'unstable'}: threshold {STEP1_TTFT_RATIO:.2f})") if cap and stab is not None
                      else f"{L}: {t['status']}")
         runner.update_trial(t["id"], why=notes[-1])
-        if ok:
+        if room:
+            roomy.append(L)
+        if room and stable:
             chosen = L
             break
+    why = f"the smallest candidate >= {need_len} that starts with room for {target_concurrency} sequences and a stable TTFT"
+    if chosen is None and roomy:
+        chosen = roomy[0]
+        why = (f"every candidate that starts with room for {target_concurrency} sequences has P95/mean TTFT above "
+               f"{STEP1_TTFT_RATIO:.2f} (the load's tail, not the length's): the smallest of them")
+        notes.append(f"TTFT unstable at every candidate with room: {chosen} chosen; see the load before trusting later steps")
     if chosen is None:
         raise Rejected("no max-model-len candidate starts with room for the target concurrency: " + "; ".join(notes))
     kept = runner.sf.read()["kept"]["config"]
     if kept.get("max_model_len") != chosen:
         runner.apply(dict(kept, max_model_len=chosen))
         lc = Lifecycle(runner.sf, runner.tool_name, runner.owner, progress=progress, policy=runner.policy)
-        did = lc.keep(reason=f"step 1: max-model-len {chosen} is the smallest candidate >= {need_len} that starts with room "
-                             f"for {target_concurrency} sequences (a business decision, frozen from now on)", decision="step1")
+        did = lc.keep(reason=f"step 1: max-model-len {chosen} is {why} (a business decision, frozen from now on)", decision="step1")
         t1 = next(x for x in runner.sf.read()["trials"] if x["step"] == "1" and x["config"].get("max_model_len") == chosen)
         runner.update_trial(t1["id"], kept=True, decision_id=did)
     runner.sf.freeze("max_model_len", chosen)
-    rec = {"step": "1", "name": STEP_NAMES["1"], "finished": now_iso(), "chosen": chosen, "notes": notes,
-           "stop_rule": f"smallest candidate >= {need_len} tokens that starts with KV room for {target_concurrency} sequences: {chosen}; frozen"}
+    rec = {"step": "1", "name": STEP_NAMES["1"], "finished": now_iso(), "chosen": chosen, "notes": notes, "checks": checks,
+           "ttft_threshold": STEP1_TTFT_RATIO, "stop_rule": f"{why}: {chosen}{_ttft_text(checks, chosen)}; frozen"}
     _record_step(runner, rec)
     runner.log("freeze", param="max_model_len", value=chosen, notes=notes)
     progress(f"step 1: max_model_len {chosen} frozen ({'; '.join(notes)})")
     return rec
+
+
+def _ttft_text(checks: list[dict], chosen: int) -> str:
+    c = next((x for x in checks if x.get("max_model_len") == chosen), {})
+    r = c.get("ttft_p95_over_mean")
+    return "" if r is None else f" (P95/mean TTFT {r:.2f} against the threshold ln 20 = {STEP1_TTFT_RATIO:.2f})"
 
 
 def step1_workload(runner: Runner) -> Workload | None:
@@ -302,9 +329,26 @@ def staged_proposer(runner: Runner, policy: Policy, step: str, candidates: str =
     # open loop there is no client concurrency to stay above: the server's own limit is what is measured
     conc = _concurrency(runner.s.workload) if runner.s.capacity is None else None
     opts = {"tokens_candidates": "octaves", "seqs_candidates": "octaves"} if octaves else {}
-    plan = search.StagedPlan(space, dict(st["kept"]["config"]), objectives(runner), search_slo(runner), steps=(step,),
+    base = dict(st["kept"]["config"])
+    if step == "4":
+        knee = step3_knee(runner, space, base, conc, opts)
+        if knee is not None:
+            base["max_num_seqs"] = knee  # the grid centres on step 3's knee, kept or not
+    plan = search.StagedPlan(space, base, objectives(runner), search_slo(runner), steps=(step,),
                              load_concurrency=conc, **opts)
     return plan.next, plan.stop_reason
+
+
+def step3_knee(runner: Runner, space: list, base: dict, conc: int | None, opts: dict) -> int | None:
+    """Step 3's knee as its finished sweep shows it (the same plan replayed over the measured
+    trials), or None when step 3 has not finished or found no knee."""
+    if _finished(runner, "3") is None:
+        return None
+    plan = search.StagedPlan(space, base, objectives(runner), search_slo(runner), steps=("3",), load_concurrency=conc, **opts)
+    st = plan.state(observations(runner, ("3",)))
+    if st["next"] is not None or not st.get("knee"):
+        return None
+    return st["knee"]["x"]
 
 
 def prior_observations(entries: list[dict]) -> list[search.Observation]:
@@ -343,43 +387,98 @@ def bo_proposer(runner: Runner, policy: Policy, budget: int, seed: int,
     return nxt, lambda hist: f"Bayesian optimisation finished after {len(hist)} evaluations"
 
 
+# Seed 000's step 5 adds the production flags and validates them; vLLM V1 has chunked prefill and
+# prefix caching on unless told otherwise, so only a configuration that turned one off has a flip.
+PRODUCTION_FLAGS = ("enable_chunked_prefill", "enable_prefix_caching")
+
+
+def workload_priorities(w: Workload) -> list[int]:
+    """The distinct ``priority`` values of the workload's own prompt file (none for synthetic prompts)."""
+    o = w.options
+    if o.dataset_name not in ("jsonl", "trace") or not o.dataset_path:
+        return []
+    from vkit.measure.datasets import jsonl_requests
+    reqs = jsonl_requests(o.dataset_path, None, o.random_output_len, False)
+    return sorted({r.extra["priority"] for r in reqs if "priority" in (r.extra or {})})
+
+
+def step5_flips(kept: dict, priorities: list[int]) -> tuple[list[tuple[str, Any]], list[str]]:
+    """What step 5 validates: each production flag turned on where the kept configuration has it off,
+    and ``scheduling_policy priority`` only when the workload carries two or more priority classes
+    (on any other workload it cannot differ from fcfs). Returns (flips, why each other one is not run)."""
+    flips, not_run = [], []
+    for f in PRODUCTION_FLAGS:
+        if kept.get(f, True) is False:
+            flips.append((f, True))
+        else:
+            not_run.append(f"{f} is already on")
+    if kept.get("scheduling_policy", "fcfs") == "priority":
+        not_run.append("scheduling_policy is already priority")
+    elif len(priorities) >= 2:
+        flips.append(("scheduling_policy", "priority"))
+    else:
+        not_run.append("scheduling_policy priority: the workload has "
+                       + (f"one priority class ({priorities[0]})" if priorities else "no priority classes"))
+    return flips, not_run
+
+
 def run_step5(runner: Runner, mixed: Workload, progress: Callable[[str], None]) -> dict:
-    """Behaviour flags as a validation on a mixed long/short workload: flipping each production flag
-    must not buy P99 TTFT with a throughput loss; a flip is kept only if the gate accepts it."""
+    """Behaviour flags as a validation (seed 000, step 5): each production flag the kept configuration
+    has off is turned on and measured on a mixed long/short workload; the priority policy is measured
+    on the business's own prompts, and only when they carry priority classes. A flip must not buy
+    P99 TTFT with a throughput loss; it is kept only if the gate accepts it. Nothing to validate:
+    no baseline, no restart."""
     done = _finished(runner, "5")
     if done:
         return done
-    runner.baseline(workload=mixed, key="baseline_mixed")
-    primary, guards = "p99_ttft_ms:-", ["output_throughput:+:5%"]
-    refused = _underpowered(runner, "5", runner.confirm_plan(primary, guards, key="baseline_mixed"), progress)
-    if refused is not None:
-        runner.settle()
-        return refused
     kept = runner.sf.read()["kept"]["config"]
-    flips = [("enable_chunked_prefill", not kept.get("enable_chunked_prefill", True)),
-             ("enable_prefix_caching", not kept.get("enable_prefix_caching", True)),
-             ("scheduling_policy", "priority" if kept.get("scheduling_policy", "fcfs") == "fcfs" else "fcfs")]
-    for name, value in flips:
-        cfg = dict(runner.sf.read()["kept"]["config"], **{name: value})
-        t = next((x for x in runner.sf.read()["trials"] if x["step"] == "5" and x["config"] == cfg), None)
-        if t is None:
-            t = runner.new_trial("5", cfg, f"validate {name}={value} on the mixed workload: P99 TTFT, throughput loss <= 5%")
-        runner.run_trial(t["id"], baseline_key="baseline_mixed", workload=mixed, primary=primary, guards=guards)
-    trials = [t for t in runner.sf.read()["trials"] if t["step"] == "5"]
-    best = None
-    for t in trials:
-        if t["status"] == "done" and t.get("valid") and t.get("verdict") == "accept":
-            if best is None or t["metrics"].get("p99_ttft_ms", math.inf) < best["metrics"].get("p99_ttft_ms", math.inf):
-                best = t
-    rec: dict[str, Any] = {"step": "5", "name": STEP_NAMES["5"], "trials": [t["id"] for t in trials],
-                           "stop_rule": f"all {len(flips)} behaviour flags validated on the mixed workload"}
-    if best is not None:
-        conf = runner.confirm_and_keep(best["id"], selected_from=len(trials), workload=mixed, primary=primary, guards=guards,
-                                       key="baseline_mixed")
-        rec["confirmed"] = {"trial_id": best["id"], "decision": conf.get("decision"), "why": conf.get("why")}
-        rec["result"] = f"{best['id']} {conf.get('decision')}"
-    else:
-        rec["result"] = "the production defaults hold: no flip improved P99 TTFT without costing throughput"
+    prios = workload_priorities(runner.s.workload)
+    flips, not_run = step5_flips(kept, prios)
+    rec: dict[str, Any] = {"step": "5", "name": STEP_NAMES["5"], "not_run": not_run}
+    if not flips:
+        rec.update(trials=[], result="nothing to validate: " + "; ".join(not_run),
+                   stop_rule="the production flags are on and the workload has no priority classes", finished=now_iso())
+        _record_step(runner, rec)
+        progress(f"step 5: {rec['result']}")
+        return rec
+    primary, guards = "p99_ttft_ms:-", ["output_throughput:+:5%"]
+    prio_w = step1_workload(runner) or runner.s.workload  # the business prompts, closed loop
+    arms = {"mixed": (mixed, "baseline_mixed"), "priority": (prio_w, "baseline_priority")}
+    by_arm = {"priority" if n == "scheduling_policy" else "mixed": [] for n, _ in flips}
+    for n, v in flips:
+        by_arm["priority" if n == "scheduling_policy" else "mixed"].append((n, v))
+    results, trials = [], []
+    for arm, arm_flips in by_arm.items():
+        w, key = arms[arm]
+        runner.baseline(workload=w, key=key)
+        refused = _underpowered(runner, "5", runner.confirm_plan(primary, guards, key=key), progress)
+        if refused is not None:
+            runner.settle()
+            return refused
+        ids = []
+        for name, value in arm_flips:
+            cfg = dict(runner.sf.read()["kept"]["config"], **{name: value})
+            t = next((x for x in runner.sf.read()["trials"] if x["step"] == "5" and x["config"] == cfg), None)
+            if t is None:
+                t = runner.new_trial("5", cfg, f"validate {name}={value} on the {w.name} workload: P99 TTFT, throughput loss <= 5%")
+            runner.run_trial(t["id"], baseline_key=key, workload=w, primary=primary, guards=guards)
+            ids.append(t["id"])
+        arm_trials = [t for t in runner.sf.read()["trials"] if t["id"] in ids]
+        trials += arm_trials
+        best = None
+        for t in arm_trials:
+            if t["status"] == "done" and t.get("valid") and t.get("verdict") == "accept":
+                if best is None or t["metrics"].get("p99_ttft_ms", math.inf) < best["metrics"].get("p99_ttft_ms", math.inf):
+                    best = t
+        if best is not None:
+            conf = runner.confirm_and_keep(best["id"], selected_from=len(arm_trials), workload=w, primary=primary,
+                                           guards=guards, key=key)
+            rec.setdefault("confirmed", []).append({"trial_id": best["id"], "decision": conf.get("decision"), "why": conf.get("why")})
+            results.append(f"{best['id']} {conf.get('decision')}")
+        else:
+            results.append(f"{', '.join(f'{n}={v}' for n, v in arm_flips)}: no flip improved P99 TTFT without costing throughput")
+    rec.update(trials=[t["id"] for t in trials], result="; ".join(results),
+               stop_rule=f"{len(flips)} flag flip(s) validated ({', '.join(f'{n}={v}' for n, v in flips)}); not run: {'; '.join(not_run) or 'none'}")
     runner.settle()
     rec["finished"] = now_iso()
     _record_step(runner, rec)
