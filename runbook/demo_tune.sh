@@ -44,9 +44,12 @@ echo "Every figure below is simulated; throughputs and latencies are in wall tim
 # <= 1 s and mean TPOT <= 50 ms (open loop), and which flags get the most of it. Each configuration's
 # measurement is a capacity search, bracketed from the reference load (the first baseline search's
 # capacity); short load points (POINT_S wall seconds), the sequential stop per point, no drift sentinel.
+# ABLATION=off by default here: step 2 keeps the token budget and max_num_seqs together, and the attribution
+# (each alone against the configuration before; `sweep --ablate` afterwards) adds about nine capacity
+# searches, past the demo's 5 minutes. A field tune runs it by itself (tune --ablation auto, the default).
 "$PY" $B/tune --sandbox --objective capacity --concurrency "${CONCURRENCY:-32}" --input-len 512 --output-len 128 \
     --num-prompts "${PROMPTS:-100}" --slo p95_ttft_ms="${SLO_MS:-1000}" --slo mean_tpot_ms="${TPOT_MS:-50}" \
     --steps "${STEPS:-1,2,3}" --budget "${BUDGET:-3}" --baseline-repeats 3 --screen-repeats 1 \
     --confirm-front "${CONFIRM_FRONT:-1}" --point-seconds "${POINT_S:-1}" --capacity-start "${START_RPS:-32}" \
     --capacity-max-points 6 --capacity-repeats 2 --capacity-noise 0.03 --verify-seconds "${VERIFY_S:-8}" \
-    --ready-timeout 60 "$@"
+    --ablation "${ABLATION:-off}" --ready-timeout 60 "$@"

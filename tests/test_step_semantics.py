@@ -126,3 +126,30 @@ def test_step5_measures_each_flip_on_its_own_workload_and_nothing_when_none(tmp_
     monkeypatch.setattr(r2, "baseline", lambda **kw: calls.append("baseline"))
     rec2 = steps.run_step5(r2, mixed, lambda m: None)
     assert calls == [] and rec2["trials"] == [] and rec2["result"].startswith("nothing to validate")
+
+
+def test_auto_ablation_runs_once_per_multi_parameter_keep_and_only_after_a_keep(tmp_path, monkeypatch):
+    r = _runner(tmp_path, {"max_num_batched_tokens": 2048, "max_num_seqs": 4})
+    new = {"max_num_batched_tokens": 4096, "max_num_seqs": 32}
+    kid = r.sf.log.append("tune", "keep", config=new, previous={"config": {"max_num_batched_tokens": 2048, "max_num_seqs": 4}})
+    with r.sf.transaction() as st:
+        st["kept"] = {"config": dict(new), "decision_id": kid, "since": now_iso(), "decision": "gate"}
+    ran = []
+
+    def fake(runner, progress):
+        ran.append(1)
+        out = {"decision_id": kid, "previous": {}, "kept": new, "attribution": ["max_num_seqs"],
+               "switches": [{"param": "max_num_seqs", "from": 4, "to": 32, "metric": "output_throughput", "change": 0.9, "verdict": "accept"},
+                            {"param": "max_num_batched_tokens", "from": 2048, "to": 4096, "metric": "output_throughput",
+                             "change": 0.01, "verdict": "reject"}]}
+        runner.sf.record_ablation(out)
+        return out
+
+    monkeypatch.setattr(steps, "run_ablation", fake)
+    r.sf.record_step({"step": "2", "finished": now_iso(), "stop_rule": "budget spent", "confirmed": {"decision": "reject"}})
+    assert steps.auto_ablate(r, "2", lambda m: None) is None and ran == []  # the step kept nothing
+    r.sf.record_step({"step": "2", "finished": now_iso(), "stop_rule": "budget spent", "confirmed": {"decision": "kept"}})
+    assert steps.auto_ablate(r, "2", lambda m: None)["attribution"] == ["max_num_seqs"] and ran == [1]
+    rec = next(s for s in r.sf.read()["steps"] if s["step"] == "2")
+    assert rec["stop_rule"].startswith("budget spent; attribution: max_num_seqs paid (max_num_seqs 4→32 alone +90.0%")
+    assert steps.auto_ablate(r, "2", lambda m: None) is None and ran == [1]  # once per keep

@@ -209,7 +209,7 @@ def test_ablate_names_the_switch_that_paid(svc):
     rows = {x["param"]: x for x in out["switches"]}
     assert set(rows) == {"max_num_seqs", "max_num_batched_tokens"}
     # 4 -> 32 running sequences at 16 in flight is the gain; the token budget alone is not
-    assert rows["max_num_seqs"]["throughput_change"] > 0.5 and rows["max_num_seqs"]["verdict"] == "accept"
+    assert rows["max_num_seqs"]["change"] > 0.5 and rows["max_num_seqs"]["metric"] == "output_throughput" and rows["max_num_seqs"]["verdict"] == "accept"
     assert "max_num_seqs" in out["attribution"] and "max_num_batched_tokens" not in out["attribution"]
     st = svc["sf"].read()
     assert st["service"]["running"]["config"] == st["kept"]["config"] == {"max_num_seqs": 32, "max_num_batched_tokens": 4096}
@@ -314,3 +314,21 @@ def test_tune_refuses_more_baseline_starts_than_its_repeats_can_fill(svc):
     r = call("tune", *FAST, "--baseline-starts", "3")  # FAST: 3 repeats, so at most 2 starts
     assert r.code == 2 and "--baseline-starts 3: needs at least 4 --baseline-repeats" in r.err
     assert len(r.err.strip().splitlines()) == 1 and not svc["sf"].read()["trials"]
+
+
+def test_a_step_that_keeps_several_parameters_attributes_the_gain_by_itself(svc):
+    # step 2 moves the token budget and, from 4 to a safe value above the 16 streams, max_num_seqs: one keep,
+    # two parameters; the tune then measures each alone against the configuration before, unasked
+    init(svc, "max_num_seqs=4", "max_num_batched_tokens=2048")
+    r = call("tune", *FAST, "--steps", "2", "--budget", "2", "--confirm-front", "0", "--json")
+    assert r.code == 0, r.err[-3000:]
+    st = svc["sf"].read()
+    step2 = next(s for s in st["steps"] if s["step"] == "2")
+    assert step2["confirmed"]["decision"] == "kept", step2
+    abl = st["ablations"][-1]
+    assert abl["decision_id"] == st["kept"]["decision_id"]
+    rows = {x["param"]: x for x in abl["switches"]}
+    assert set(rows) == {"max_num_seqs", "max_num_batched_tokens"}
+    assert "max_num_seqs" in abl["attribution"] and rows["max_num_seqs"]["change"] > 0.5
+    assert step2["ablation"]["attribution"] == abl["attribution"] and "attribution: " in step2["stop_rule"]
+    assert st["service"]["running"]["config"] == st["kept"]["config"]

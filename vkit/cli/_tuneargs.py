@@ -75,6 +75,11 @@ def add_args(p: argparse.ArgumentParser) -> None:
     d.add_argument("--confirm-front", type=int_at_least(0), default=4, metavar="N",
                    help="delivered Pareto configurations (other than the kept one) re-confirmed on fresh interleaved runs "
                         "against the kept one before delivery; 0 = none, they are then marked screening-only (default 4)")
+    d.add_argument("--ablation", choices=["auto", "off"], default="auto",
+                   help="auto (default): after a step keeps a change of several parameters at once (step 2 keeps the "
+                        "token budget and the safe max_num_seqs together), each parameter is measured alone against the "
+                        "configuration it replaced, so the report says which one paid (seed 000's one-switch control; "
+                        "about one baseline and 3 runs a parameter); off: only by hand (sweep --ablate)")
     d.add_argument("--guard", action="append", default=None, metavar="SPEC", help="gate guard, e.g. p95_ttft_ms:-:15%% (default that one)")
     d.add_argument("--time-budget", type=duration_arg, default=None, metavar="T",
                    help="wall time for the whole run, e.g. 8h, 90m, 600s: a step starts no candidate that cannot finish, "
@@ -206,5 +211,5 @@ def tune_plan(args: argparse.Namespace) -> TunePlan:
         raise UsageError(f"unknown step(s) {', '.join(bad)}: steps are 1 to 5")
     return TunePlan(mode=args.mode, steps=steps, budget=args.budget, seed=args.seed, staged_candidates=args.staged_candidates,
                     business_len=args.business_len, max_model_len_candidates=cands, confirm_front=args.confirm_front,
-                    restart=args.restart, report_dir=args.report_dir,
+                    ablate=getattr(args, "ablation", "auto") == "auto", restart=args.restart, report_dir=args.report_dir,
                     kb_path=kb_path(os.path.dirname(os.path.abspath(args.state))))

@@ -62,6 +62,7 @@ class TunePlan:
     business_len: int | None = None  # step 1: None = (longest prompt + output) x 1.25
     max_model_len_candidates: list[int] = field(default_factory=lambda: [1024, 2048, 4096, 8192])
     confirm_front: int = 4  # delivered configurations re-confirmed before delivery
+    ablate: bool = True  # attribution after a keep that changed several parameters (steps.auto_ablate)
     restart: bool = False  # a new run even if the state holds an unfinished one
     report_dir: str | None = None  # None: reports/<run id> beside the state
     kb_path: str | None = None  # the knowledge base; None: knowledge.jsonl beside the state
@@ -235,6 +236,8 @@ def _drive(runner: Runner, settings: Settings, mixed: Workload, plan: TunePlan, 
             sf.set_machine_state("PROPOSE")
             nxt, stop = tuning.staged_proposer(runner, ctx.policy, step, plan.staged_candidates)
             tuning.run_screening_step(runner, step, nxt, ctx.progress, plan.budget, stop)
+            if plan.ablate:
+                tuning.auto_ablate(runner, step, ctx.progress)
             check_drift(runner, ctx.warn)
     if "5" in steps:
         tuning.run_step5(runner, mixed, ctx.progress)
