@@ -14,7 +14,8 @@ virtual time):
   of the scenario (``--sim-speed 4``, the simulator's default noise: 2 % within a process, 1.5 %
   between starts), started from a conservative configuration, with ``make demo``'s capacity
   settings but the defaults of a field tune: 8 trials a step, a baseline of 4 runs over 3 starts, a
-  confirmation budget of 4 blocks. Measured: server restarts, benchmark-seconds (the summed duration of every load-point
+  confirmation budget of 4 blocks, no attribution run (``--ablation off``: it measures which
+  parameter of a keep paid, not where the tune lands; the earlier rows predate it). Measured: server restarts, benchmark-seconds (the summed duration of every load-point
   run), wall seconds, the recommended configuration.
   The tune ends by verifying its promise with 10-second runs on a fresh start (``--verify-seconds
   10``): it must clearly hold on two of them (their mean margin beyond twice its standard error,
@@ -147,7 +148,7 @@ def tune(name: str, sc: dict, work: str) -> dict:
     slo = [a for k, v in sc["slo"].items() for a in ("--slo", f"{k}={v / SPEED:g}")]  # the SLO in wall ms
     argv = [py, os.path.join(b, "tune"), "--sandbox", "--objective", "capacity", "--input-len", str(sc["isl"]),
             "--output-len", str(sc["osl"]), "--num-prompts", "100", *slo, "--steps", "2,3,4", "--budget", "8",
-            "--screen-repeats", "1", "--confirm-front", "1",
+            "--screen-repeats", "1", "--confirm-front", "1", "--ablation", "off",
             "--point-seconds", "1", "--capacity-start", "8", "--capacity-max-points", "6", "--capacity-repeats", "2",
             "--capacity-noise", "0.03", "--verify-seconds", "10", "--ready-timeout", "60", "--vocab-size", "2000", "--json",
             "--report-dir", os.path.join(work, name, "report")]

@@ -12,7 +12,7 @@ run to run on one process, 1.5 % more between server starts).
   +6.1 % output throughput in the noise-free predictor.
 
 Each tune is ``bin/tune --sandbox --objective throughput --steps 2 --budget 3`` with the default
-statistics (4 baseline repeats over two server starts; screening runs sized from σ's two parts, at
+statistics (4 baseline repeats over three server starts; screening runs sized from σ's two parts, at
 most 2; B A A B blocks planned by the sequential rule's power analysis at the measured σ, at most 4),
 ``--sim-seed`` = 1000 + i. A keep is a tune whose step 2 kept a candidate. Targets: on flat, at
 most 5 % of tunes keep (the one-sided 95 % Clopper-Pearson upper bound is reported beside the
@@ -42,6 +42,7 @@ sys.path.insert(0, ROOT)
 OUT = os.path.join(ROOT, "bench", "results", "tune_false_keep.json")
 PY, B = sys.executable, os.path.join(ROOT, "bin")
 SURFACES = {"flat": {"concurrency": 8, "kept_seqs": 16}, "plus6": {"concurrency": 10, "kept_seqs": 9}}
+GUARD = "p95_ttft_ms:-:50%"
 TUNE = ["--sandbox", "--objective", "throughput", "--steps", "2", "--budget", "3",
         "--input-len", "128", "--output-len", "32", "--num-prompts", "100", "--confirm-front", "0",
         "--ready-timeout", "30", "--slo", "p95_ttft_ms=2000", "--json"]
@@ -67,7 +68,7 @@ def true_gains(surface: dict) -> list[float]:
     return [tp(t, 64) / base - 1 for t in (4096, 8192, 16384)]
 
 
-def one_tune(i: int, work: str, surface: dict) -> dict:
+def one_tune(i: int, work: str, surface: dict, guard: list[str]) -> dict:
     d = os.path.join(work, f"tune-{i:02d}")
     shutil.rmtree(d, ignore_errors=True)
     os.makedirs(d)
@@ -81,7 +82,7 @@ def one_tune(i: int, work: str, surface: dict) -> dict:
     init += ["--set", "max_num_batched_tokens=2048", "--set", f"max_num_seqs={surface['kept_seqs']}"]
     subprocess.run([*init, "--", *sim], env=env, check=True, capture_output=True)
     t0 = time.time()
-    p = subprocess.run([PY, os.path.join(B, "tune"), *TUNE, "--concurrency", str(surface["concurrency"])], env=env,
+    p = subprocess.run([PY, os.path.join(B, "tune"), *TUNE, *guard, "--concurrency", str(surface["concurrency"])], env=env,
                        capture_output=True, text=True)
     wall = time.time() - t0
     st = json.load(open(state))
@@ -117,7 +118,12 @@ def main(argv=None) -> int:
     ap.add_argument("--tunes", type=int, default=20, help="seeded tunes per surface (default 20)")
     ap.add_argument("--surfaces", default=",".join(SURFACES))
     ap.add_argument("--out", default=OUT)
+    ap.add_argument("--guard", default=GUARD,
+                    help=f"tune's --guard (default {GUARD.replace('%', '%%')}: at these unqueued streams P95 TTFT is timing jitter and tune's own "
+                         "default 15 %% guard makes the step rightly refused up front, which measures no verdict); "
+                         "'default' passes none")
     a = ap.parse_args(argv)
+    guard = [] if a.guard == "default" else ["--guard", a.guard]
     work = tempfile.mkdtemp(prefix="vkit-false-keep-")
     # surfaces measured earlier (the file this writes) are kept; the ones run now replace theirs
     out = (json.load(open(a.out)).get("surfaces") or {}) if os.path.exists(a.out) else {}
@@ -127,12 +133,18 @@ def main(argv=None) -> int:
             gains = true_gains(surface)
             rows = []
             for i in range(a.tunes):
-                r = one_tune(i, work, surface)
+                r = one_tune(i, work, surface, guard)
                 rows.append(r)
                 print(f"{name} tune {i + 1}/{a.tunes}: {json.dumps(r)[:300]}", file=sys.stderr)
             done = [r for r in rows if "error" not in r]
             k, n = sum(r["keep"] for r in done), len(done)
+            dec = [r for r in done if not r.get("refused")]
+            kd, nd = sum(r["keep"] for r in dec), len(dec)
             out[name] = {
+                "guard": a.guard, "refused_up_front": n - nd, "decided": nd, "keeps_decided": kd,
+                "keep_rate_decided": kd / nd if nd else None,
+                "keep_rate_decided_upper95": float(stats.beta.ppf(0.95, kd + 1, nd - kd)) if nd and kd < nd else 1.0,
+                "keep_rate_decided_lower95": float(stats.beta.ppf(0.05, kd, nd - kd + 1)) if nd and kd > 0 else 0.0,
                 "surface": surface, "true_gains": gains, "tunes": n, "errors": len(rows) - n, "keeps": k,
                 "keep_rate": k / n if n else None,
                 # Clopper-Pearson, one-sided 95 %: the upper bound on flat, the lower one on plus6
@@ -142,7 +154,7 @@ def main(argv=None) -> int:
                 "median_restarts": sorted(r["restarts"] for r in done)[n // 2] if done else None,
                 "median_wall_s": sorted(r["wall_s"] for r in done)[n // 2] if done else None,
                 "median_measurements": sorted(r["measurements"] for r in done)[n // 2] if done else None,
-                "rows": rows, "command": f"python3 bench/bench_tune_false_keep.py --tunes {a.tunes} --surfaces {name}",
+                "rows": rows, "command": f"python3 bench/bench_tune_false_keep.py --tunes {a.tunes} --surfaces {name} --guard {a.guard}",
                 "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             }
     finally:
@@ -154,7 +166,8 @@ def main(argv=None) -> int:
         json.dump(doc, f, indent=2)
         f.write("\n")
     for name, r in out.items():
-        print(f"{name}: {r['keeps']}/{r['tunes']} kept (95 % bounds {r['keep_rate_lower95']:.2f}-{r['keep_rate_upper95']:.2f}), "
+        print(f"{name}: {r['keeps']}/{r['tunes']} kept (95 % bounds {r['keep_rate_lower95']:.2f}-{r['keep_rate_upper95']:.2f}; "
+              f"{r.get('refused_up_front')} refused up front, guard {r.get('guard')}), "
               f"true gains {', '.join(f'{g:+.1%}' for g in r['true_gains'])}", file=sys.stderr)
     return 0
 

@@ -153,3 +153,12 @@ def test_auto_ablation_runs_once_per_multi_parameter_keep_and_only_after_a_keep(
     rec = next(s for s in r.sf.read()["steps"] if s["step"] == "2")
     assert rec["stop_rule"].startswith("budget spent; attribution: max_num_seqs paid (max_num_seqs 4→32 alone +90.0%")
     assert steps.auto_ablate(r, "2", lambda m: None) is None and ran == [1]  # once per keep
+
+
+def test_ablation_refuses_a_keep_that_set_a_parameter_left_at_the_server_default(tmp_path):
+    # before the keep, max_num_batched_tokens was the server's own default: no candidate can set it back
+    r = _runner(tmp_path, {"max_num_seqs": 8, "max_num_batched_tokens": 16384})
+    r.sf.log.append("tune", "keep", config={"max_num_seqs": 8, "max_num_batched_tokens": 16384}, previous={"config": {"max_num_seqs": 2}})
+    with pytest.raises(steps.Rejected, match="max_num_batched_tokens at the server's own default"):
+        steps.run_ablation(r, lambda m: None)
+    assert r.sf.read()["trials"] == []

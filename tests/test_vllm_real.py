@@ -383,6 +383,10 @@ def test_tune_end_to_end_on_real_vllm(server, tmp_path):
     r = call("tune", "--sandbox", "--objective", "throughput", "--steps", "3", "--budget", "2", "--baseline-repeats", "3", "--screen-repeats", "1",
              "--confirm-front", "1", "--input-len", "128", "--output-len", "64",
              "--num-prompts", "100", "--concurrency", "8", "--vocab-size", "2000", "--slo", "p95_ttft_ms=2000",
+             # real vLLM on 2 shared cores: σ between starts measured 8-18 % per run (throughput and P95 TTFT);
+             # the default 15 % P95 TTFT guard and 4 blocks then make step 3 rightly refused up front (CI: 10
+             # pairs needed at the low end of σ), and this test is about the tune's mechanics on a real server
+             "--guard", "p95_ttft_ms:-:50%", "--confirm-blocks", "8",
              "--ready-timeout", READY, "--json", "--report-dir", str(tmp_path / "rep"))
     assert r.code == 0, r.err[-3000:]
     res = json.loads(r.out)

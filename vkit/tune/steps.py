@@ -723,7 +723,13 @@ def auto_ablate(runner: Runner, step: str, progress: Callable[[str], None]) -> d
     if any(a.get("decision_id") == found[0]["id"] for a in runner.sf.read().get("ablations") or []):
         return None
     progress(f"step {step} kept {len(found[3])} parameters changed at once: measuring each alone (attribution)")
-    out = run_ablation(runner, progress)
+    try:
+        out = run_ablation(runner, progress)
+    except Rejected as ex:
+        progress(f"step {step}: no attribution: {ex}")
+        runner.log("ablation_skipped", decision_id=found[0]["id"], why=str(ex))
+        _record_step(runner, dict(rec, ablation={"decision_id": found[0]["id"], "skipped": str(ex)}))
+        return None
     parts = [f"{r['param']} {r['from']}→{r['to']} alone " + (f"{r['change']:+.1%} {r['metric']}, " if r["change"] is not None else "")
              + f"gate {r['verdict']}" for r in out["switches"]]
     text = ("attribution: " + ", ".join(out["attribution"]) + " paid" if out["attribution"] else
@@ -743,6 +749,11 @@ def run_ablation(runner: Runner, progress: Callable[[str], None]) -> dict:
     e, prev, new, variants = found
     if runner.sf.read()["kept"]["config"] != new:
         raise Rejected("the configuration kept by that decision is no longer the kept one: ablate right after the keep")
+    unset = sorted(k for k in new if k not in prev)
+    if unset:
+        raise Rejected(f"the configuration before {e['id']} left {', '.join(unset)} at the server's own default, which a "
+                       "candidate cannot set back (vkit only knows values it set): set it explicitly in the kept "
+                       "configuration first (restart_with_rollback --set ... --keep) to attribute such a change")
     pm = primary_metric(runner)
     key = f"ablate-{e['id']}"
     runner.baseline(key=key, config=prev)
