@@ -162,3 +162,17 @@ def test_ablation_refuses_a_keep_that_set_a_parameter_left_at_the_server_default
     with pytest.raises(steps.Rejected, match="max_num_batched_tokens at the server's own default"):
         steps.run_ablation(r, lambda m: None)
     assert r.sf.read()["trials"] == []
+
+
+def test_a_baseline_the_client_could_not_keep_up_with_is_invalid_not_a_serving_anomaly(tmp_path):
+    r = _runner(tmp_path, {})
+    with r.sf.transaction() as st:
+        st["baseline"] = {"checks": [{"code": 1, "findings": ["client_saturation", "littles_law"]}]}
+    with pytest.raises(steps.VkitError, match="the client fell behind") as ex:
+        steps.guard_anomalies(r)
+    assert ex.value.code == 3 and "--restart" in str(ex.value)
+    with r.sf.transaction() as st:  # a server-side anomaly is still the serving path's, and blocks steps 2-4
+        st["baseline"] = {"checks": [{"code": 1, "findings": ["client_saturation", "phase_order", "prefill_slower_than_decode"]}]}
+    with pytest.raises(steps.Rejected, match="fix the serving path") as ex:
+        steps.guard_anomalies(r)
+    assert ex.value.code == 1

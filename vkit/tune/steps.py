@@ -105,6 +105,12 @@ def guard_anomalies(runner: Runner) -> None:
     bad = [c for c in b.get("checks", []) if c.get("code") not in (0, None)]
     if bad:
         f = sorted({x for c in bad for x in (c.get("findings") or [])})
+        if "client_saturation" in f and set(f) <= Runner.TRANSIENT | Runner.SATURATION_EFFECTS:
+            # the load generator fell behind (a busy machine): the serving path is not at fault, the baseline is
+            raise VkitError(
+                f"the baseline could not be measured: the client fell behind its schedule ({', '.join(f)}) even when "
+                "measured again: the machine running vkit is busy; when it is quiet, rerun with --restart (a new baseline) "
+                "(steps 2–4 are not started on such a baseline)", ExitCode.INVALID)
         raise Rejected(
             f"the baseline has invariant anomalies ({', '.join(f)}): fix the serving path before tuning throughput "
             "(steps 2–4 are blocked; run check_invariants on the baseline runs for the explanation)"
