@@ -340,9 +340,12 @@ def staged_proposer(runner: Runner, policy: Policy, step: str, candidates: str =
         knee = step3_knee(runner, space, base, conc, opts)
         if knee is not None:
             base["max_num_seqs"] = knee  # the grid centres on step 3's knee, kept or not
-    plan = search.StagedPlan(space, base, objectives(runner), search_slo(runner), steps=(step,),
-                             load_concurrency=conc, **opts)
+    plan = _staged_plan(runner, space, base, step, conc, opts)
     return plan.next, plan.stop_reason
+
+
+def _staged_plan(runner: Runner, space: list, base: dict, step: str, conc: int | None, opts: dict) -> search.StagedPlan:
+    return search.StagedPlan(space, base, objectives(runner), search_slo(runner), steps=(step,), load_concurrency=conc, **opts)
 
 
 def step3_knee(runner: Runner, space: list, base: dict, conc: int | None, opts: dict) -> int | None:
@@ -350,8 +353,7 @@ def step3_knee(runner: Runner, space: list, base: dict, conc: int | None, opts: 
     trials), or None when step 3 has not finished or found no knee."""
     if _finished(runner, "3") is None:
         return None
-    plan = search.StagedPlan(space, base, objectives(runner), search_slo(runner), steps=("3",), load_concurrency=conc, **opts)
-    st = plan.state(observations(runner, ("3",)))
+    st = _staged_plan(runner, space, base, "3", conc, opts).state(observations(runner, ("3",)))
     if st["next"] is not None or not st.get("knee"):
         return None
     return st["knee"]["x"]
@@ -449,13 +451,13 @@ def run_step5(runner: Runner, mixed: Workload, progress: Callable[[str], None]) 
         return rec
     primary, guards = "p99_ttft_ms:-", ["output_throughput:+:5%"]
     prio_w = step1_workload(runner) or runner.s.workload  # the business prompts, closed loop
-    arms = {"mixed": (mixed, "baseline_mixed"), "priority": (prio_w, "baseline_priority")}
-    by_arm = {"priority" if n == "scheduling_policy" else "mixed": [] for n, _ in flips}
+    workloads = {"baseline_mixed": mixed, "baseline_priority": prio_w}  # each flip's workload, by its baseline key
+    arms: dict[str, list] = {}
     for n, v in flips:
-        by_arm["priority" if n == "scheduling_policy" else "mixed"].append((n, v))
+        arms.setdefault("baseline_priority" if n == "scheduling_policy" else "baseline_mixed", []).append((n, v))
     results, trials = [], []
-    for arm, arm_flips in by_arm.items():
-        w, key = arms[arm]
+    for key, arm_flips in arms.items():
+        w = workloads[key]
         runner.baseline(workload=w, key=key)
         refused = _underpowered(runner, "5", runner.confirm_plan(primary, guards, key=key), progress)
         if refused is not None:
@@ -726,8 +728,9 @@ def auto_ablate(runner: Runner, step: str, progress: Callable[[str], None]) -> d
     found = _last_multi_keep(runner)
     if found is None or found[2] != runner.sf.read()["kept"]["config"]:
         return None
-    if any(a.get("decision_id") == found[0]["id"] for a in runner.sf.read().get("ablations") or []):
-        return None
+    if (rec.get("ablation") or {}).get("decision_id") == found[0]["id"] or any(
+            a.get("decision_id") == found[0]["id"] for a in runner.sf.read().get("ablations") or []):
+        return None  # attributed, or refused, already (a resumed run)
     progress(f"step {step} kept {len(found[3])} parameters changed at once: measuring each alone (attribution)")
     try:
         out = run_ablation(runner, progress)
