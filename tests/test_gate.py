@@ -368,3 +368,18 @@ def test_one_percentage_parser():
     assert parse_fraction("0", "--floor", open_unit=False) == 0.0
     assert fraction_arg(open_unit=False)("0.7") == 0.7
     assert vg.parse_metric("p95_ttft_ms:-:5%", "guard").tolerance == parse_fraction("5%", "t")
+
+
+def test_the_threshold_takes_the_sigma_of_one_run_and_the_test_the_clustered_sigma():
+    # a tune's evidence clusters runs on server processes: the sequential test runs at the clustered
+    # σ (sigma_pool), the practical bar max(2σ, floor) at the σ of one run (sigma_threshold)
+    base = dict(baseline=runs("aa_b", 6), candidate=runs("gain_c", 6), check_drift=False)
+    pooled = vg.decide(vg.GateInput(**base, sigma_pool={"output_throughput": 0.04}))["primary"]
+    split = vg.decide(vg.GateInput(**base, sigma_pool={"output_throughput": 0.04},
+                                   sigma_threshold={"output_throughput": 0.025}))["primary"]
+    assert pooled["threshold"] == pytest.approx(0.08) and split["threshold"] == pytest.approx(0.05)
+    assert split["sigma"] == pooled["sigma"] == pytest.approx(0.04)  # the test's σ is unchanged
+    assert split["threshold_sigma"] == pytest.approx(0.025) and "threshold_sigma" not in pooled
+    # without a pooled σ the test estimates σ from the runs, and the threshold follows it
+    alone = vg.decide(vg.GateInput(**base, sigma_threshold={"output_throughput": 0.001}))["primary"]
+    assert alone["threshold"] == pytest.approx(max(2 * alone["sigma"], 0.03))

@@ -35,6 +35,10 @@ class Context:
     pairs: list[tuple[int, int]]
     layout: str
     sigma_pool: dict = field(default_factory=dict)
+    # σ of one run for the threshold max(2σ, floor) where it differs from the test's σ (a tune's
+    # evidence clusters runs on server processes: the test needs the clustered σ, the practical bar
+    # the noise of one measurement of a configuration); absent, the test's σ
+    sigma_threshold: dict = field(default_factory=dict)
 
 
 def _pct(x: float | None, signed: bool = True) -> str:
@@ -111,7 +115,12 @@ def analyze_metric(ctx: Context, spec: MetricSpec) -> dict:
         "sigma_baseline_runs": _finite(sigma_now) if nb >= 2 else None,
         "n_had": {"baseline": nb, "candidate": nc, "pairs": len(ctx.pairs)},
     }
-    t, target = _threshold(spec, sigma_t, s, res)
+    sigma_thr = ctx.sigma_threshold.get(spec.name) if known else None
+    if isinstance(sigma_thr, (int, float)) and 0 < sigma_thr < 1:
+        res["threshold_sigma"] = _finite(sigma_thr)
+    else:
+        sigma_thr = sigma_t
+    t, target = _threshold(spec, sigma_thr, s, res)
     sb = b * spec.direction
     sc = c * spec.direction
     paired_fixed = ctx.layout == "interleaved" and nb == nc

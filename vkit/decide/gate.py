@@ -108,6 +108,7 @@ class GateInput:
     layout: str | None = None  # interleaved | blocked | None (from the dates)
     selected_from: int = 1
     sigma_pool: dict = field(default_factory=dict)
+    sigma_threshold: dict = field(default_factory=dict)  # σ of one run, for max(2σ, floor) (default: sigma_pool's)
     changed_at: _dt.datetime | None = None
     check_drift: bool = True
     policy: Policy | None = None  # None: the packaged parameter policy (the CLI passes $VKIT_POLICY's)
@@ -131,7 +132,7 @@ def decide(inp: GateInput, checker: Checker | None = None) -> dict:
     min_reps, few = _must_run(inp, base)
     pairs = pair_indices(base, evidence)
     design["pairs"] = len(pairs)
-    ctx = Context(s, Boundaries.build(s), base, evidence, pairs, layout, dict(inp.sigma_pool))
+    ctx = Context(s, Boundaries.build(s), base, evidence, pairs, layout, dict(inp.sigma_pool), dict(inp.sigma_threshold))
     dw = drift_warning(base, evidence, inp.primary.name, layout)
     if dw:
         warnings.append(dw)

@@ -348,8 +348,8 @@ class Runner:
     def confirm_plan(self, primary: str | None = None, guards: list[str] | None = None, key: str = "baseline") -> dict:
         """B A A B blocks for a confirmation, from the gate's own sequential power analysis
         (``rule.pairs_to_decide``) at the σ a confirmation's runs carry (two runs to a process:
-        ``comparison_sigma(…, 2)``), for the primary at its threshold max(2σ, floor) and each guard at
-        its tolerance. ``fits``: within ``confirm_blocks``, or granted (``--yes``); otherwise
+        ``comparison_sigma(…, 2)``), for the primary at its threshold max(2σ, floor) (σ of one run on a
+        fresh start, ``comparison_sigma(…, 1)``) and each guard at its tolerance. ``fits``: within ``confirm_blocks``, or granted (``--yes``); otherwise
         ``why`` says what it would take, and nothing is measured."""
         from vkit.decide.analysis import threshold_of
         from vkit.decide.rule import Boundaries, pairs_to_decide
@@ -370,12 +370,15 @@ class Runner:
                 continue
             sigma = min(float(sigma), 0.99)
             low = min(sigma, comparison_sigma_low(comp, 2) or sigma) if comp else sigma
-            # the gate's own threshold (or tolerance) at this σ, as the log-scale gap the pairs must resolve
-            t, gap = threshold_of(sp, sigma, gs)
+            # the gate's own threshold (or tolerance) from the σ of one run on a fresh start, as the
+            # log-scale gap the pairs (at the clustered σ) must resolve
+            one = min(sigma, comparison_sigma(comp, 1) or sigma) if comp else sigma
+            one_low = min(low, comparison_sigma_low(comp, 1) or low) if comp else low
+            t, gap = threshold_of(sp, one, gs)
             n = pairs_to_decide(sigma, abs(gap), gs, futility=sp.role == "primary", bnd=bnd)
             # the σ of a few runs is itself uncertain: at its favourable end, with the threshold it would then have
-            low = max(low, 1e-6)
-            n_low = pairs_to_decide(low, abs(threshold_of(sp, low, gs)[1]), gs, futility=sp.role == "primary", bnd=bnd)
+            low, one_low = max(low, 1e-6), max(one_low, 1e-6)
+            n_low = pairs_to_decide(low, abs(threshold_of(sp, one_low, gs)[1]), gs, futility=sp.role == "primary", bnd=bnd)
             rows.append({"metric": sp.name, "role": sp.role, "sigma": round(sigma, 5), "sigma_low": round(low, 5),
                          "threshold": round(t, 4), "pairs": n, "pairs_low": n_low})
             pairs = None if n is None or pairs is None else max(pairs, n)
@@ -576,16 +579,20 @@ class Runner:
         # runs per server start on the evidence side: screening runs share one process (its level
         # does not average out over them); a confirmation's arms change process every one or two runs
         per_start = 2 if fresh else max(1, len(candidate))
-        pool = {}
+        pool, thr = {}, {}
         for spec in [primary, *guards]:
             m = spec.split(":")[0]
             v = comparison_sigma(comps.get(m), per_start) if comps.get(m) else sig.get(m)
             if isinstance(v, (int, float)) and 0 < v < 1:
                 pool[m] = float(v)
+                # the practical bar max(2σ, floor) is twice the noise of one run on a fresh start
+                # (σ_baseline as the seeds define it), not the clustered σ the test must use
+                one = comparison_sigma(comps[m], 1) if comps.get(m) else v
+                thr[m] = float(min(one, v)) if isinstance(one, (int, float)) and one > 0 else float(v)
         runs = {"fresh" if fresh else "candidate": [self._abs(p) for p in candidate]}
         try:
             inp = _gate.GateInput(baseline=[self._abs(p) for p in baseline], primary=_gate.parse_metric(primary, "primary"),
-                                  guards=_gate.parse_guards(guards), selected_from=selected_from, sigma_pool=pool,
+                                  guards=_gate.parse_guards(guards), selected_from=selected_from, sigma_pool=pool, sigma_threshold=thr,
                                   policy=self.policy, **runs)
             res = plain(_gate.decide(inp, checker=capacity_checker if self.s.capacity is not None else None))
         except VkitError as e:
