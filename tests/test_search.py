@@ -393,3 +393,65 @@ def test_space_from_policy():
         space_from_policy(pol, bounds={"max_num_seqs": (1, 10**6)})
     with pytest.raises(UsageError):
         space_from_policy(pol, ["model"])
+
+
+# -- acquisitions beyond constrained EI (seed 004 §8) ------------------------------------------
+def _hvi_exact(front: np.ndarray, ys: np.ndarray, ref: np.ndarray) -> np.ndarray:
+    """Hypervolume improvement of each y (all minimised) by inclusion-exclusion: the volume of
+    [y, ref] less its part dominated by the front, Σ_{S ⊆ front} (−1)^|S| vol([max(y, max S), ref]).
+    An independent answer for small fronts in any dimension."""
+    import itertools
+
+    out = np.zeros(len(ys))
+    for r in range(len(front) + 1):
+        for sub in itertools.combinations(front, r):
+            corner = np.maximum(ys, np.max(sub, axis=0)) if sub else ys
+            out += (-1) ** r * np.prod(np.clip(ref - corner, 0, None), axis=1)
+    return out
+
+
+def test_ehvi_in_any_dimension_matches_the_closed_form_and_monte_carlo():
+    from vkit.search.gp import ehvi
+
+    rng = np.random.default_rng(5)
+    front2 = np.array([[1.0, 4.0], [2.0, 2.5], [3.5, 1.0]])
+    mu2, sd2 = rng.random((40, 2)) * 5, rng.random((40, 2)) + 0.05
+    np.testing.assert_allclose(ehvi(front2, np.array([5.0, 5.0]), mu2, sd2), ehvi_2d(front2, np.array([5.0, 5.0]), mu2, sd2),
+                               rtol=1e-9, atol=1e-12)
+    front3 = np.array([[0.1, 0.8, 0.5], [0.5, 0.3, 0.6], [0.7, 0.6, 0.1]])
+    ref3 = np.array([1.0, 1.0, 1.0])
+    mu3 = np.array([[0.4, 0.4, 0.4], [0.2, 0.9, 0.3], [0.95, 0.95, 0.95]])
+    sd3 = np.array([[0.2, 0.1, 0.3], [0.1, 0.2, 0.1], [0.05, 0.05, 0.05]])
+    exact = ehvi(front3, ref3, mu3, sd3)
+    for j in range(len(mu3)):
+        hvi = _hvi_exact(front3, mu3[j] + sd3[j] * rng.standard_normal((40000, 3)), ref3)
+        se = hvi.std() / math.sqrt(len(hvi))
+        assert abs(exact[j] - hvi.mean()) < 4 * se + 1e-9, (j, exact[j], hvi.mean(), se)
+    assert exact[0] > exact[2]  # a likely improvement beats a point near the reference
+
+
+def test_auto_takes_ehvi_for_two_and_three_objectives_even_under_an_slo():
+    p = run_mode("bo", budget=8, seed=3, slo={"p95_ttft_ms": 1500})[1][-1]
+    assert p.audit["phase"] == "acquisition" and p.audit["acquisition"]["name"] == "ehvi+log_pof"
+    three = [*OBJ, Objective("mean_tpot_ms", "min")]
+    rng = np.random.default_rng(2)
+    hist = []
+    for cfg in ({"max_num_batched_tokens": t, "max_num_seqs": s} for t, s in ((2048, 8), (4096, 32), (8192, 64), (16384, 128), (2048, 128))):
+        m = measured(cfg, "bo", rng)
+        m.objectives["mean_tpot_ms"] = 20.0 + cfg["max_num_seqs"] / 8
+        hist.append(m)
+    q = propose("bo", SPACE, hist, BASE, three, None, 12, 3, n_init=4, random_every=0)
+    assert q.audit["acquisition"]["name"] == "ehvi" and q.audit["acquisition"]["objectives"] == 3
+
+
+def test_ucb_and_ei_are_options_and_six_objectives_are_refused():
+    _, props = run_mode("bo", budget=7, seed=3, acquisition="ucb", random_every=0)
+    acq = props[-1].audit["acquisition"]
+    assert acq["name"] == "ucb" and acq["target"] == "goodput"
+    # β = 2 log(|C| t² π² / 6δ), δ = 0.1, t = the observations before the proposal
+    assert acq["beta"] == pytest.approx(2 * math.log(acq["n_candidates"] * 6 ** 2 * math.pi ** 2 / 0.6))
+    _, props = run_mode("bo", budget=7, seed=3, acquisition="ei", random_every=0)
+    assert props[-1].audit["acquisition"]["name"] == "log_ei" and "f_star" in props[-1].audit["acquisition"]
+    six = [Objective(f"m{i}", "max") for i in range(6)]
+    with pytest.raises(UsageError, match="at most 5"):
+        propose("bo", SPACE, [], BASE, six, None, 10, 1)

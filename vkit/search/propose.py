@@ -13,16 +13,17 @@ already in the history; each returns None when it has nothing left or the budget
 
   * GPs (:class:`vkit.search.gp.GP`) model the **log** of every objective and SLO metric on
     [0, 1]-encoded, log-scaled parameters (the noise becomes roughly homoscedastic);
-  * one objective, or an SLO with a maximised first objective (``acquisition="auto"``):
-    constrained log-EI, log EI(target; f* = best posterior mean among the configs that meet
+  * one objective, or four or five (``acquisition="auto"``; at most five, seed 004 §10):
+    constrained log-EI on the first maximised one, log EI(target; f* = best posterior mean among the configs that meet
     the SLO at the recommendation's one-sided confidence, i.e. the incumbent ``recommend``
     would keep) + Σ log Φ((log SLO − μ_c)/σ_c) (Gardner et al. 2014; Gelbart et al. 2014);
     before any config meets the SLO, the probability of meeting it alone;
-  * two objectives and no SLO (or ``acquisition="ehvi"``): exact 2-D EHVI on the
-    (sign-adjusted) log objectives, front = posterior means of the measured non-dominated
-    configs, reference = their nadir + 10% of the range; SLOs multiply in as above;
-  * more than two objectives: constrained log-EI on the first maximised one (the others are
-    measured and delivered, not searched for);
+  * two or three objectives (``acquisition="auto"`` or ``"ehvi"``): exact EHVI on the
+    (sign-adjusted) log objectives (closed form for two, the grid decomposition for three),
+    front = posterior means of the measured non-dominated configs, reference = their nadir +
+    10% of the range; SLOs and start-up failures multiply in as P(feasible), as above;
+  * ``"ucb"``: GP-UCB on the first maximised objective, ``"ei"``: plain log-EI on it (the
+    incumbent the best measured posterior mean, SLO or not), each + log P(feasible);
   * failures (start-up, invalid measurement) are learned by a least-squares GP classifier
     (Rasmussen & Williams 2006, §6.5) on labels 0 (started) / −2 (failed) with a zero prior
     mean: log Φ((m + 1)/s) is added to the acquisition, so the neighbourhood of a failure is
@@ -50,7 +51,7 @@ from scipy.stats import qmc
 
 from vkit.errors import UsageError
 from vkit.search.front import DEFAULT_CONFIDENCE, slo_status
-from vkit.search.gp import GP, Prior, ehvi_2d, log_ei
+from vkit.search.gp import GP, Prior, ehvi, ehvi_2d, log_ei
 from vkit.search.space import (
     MAX_ENUMERATE,
     Param,
@@ -66,7 +67,9 @@ from vkit.search.staged import StagedPlan
 from vkit.search.types import Objective, Observation, Proposal, digest, history_from, jsonable, objectives_from
 
 MODES = ("bo", "random", "grid", "staged")
-ACQUISITIONS = ("auto", "cei", "ehvi")
+ACQUISITIONS = ("auto", "cei", "ehvi", "ei", "ucb")
+MAX_OBJECTIVES = 5  # seed 004 §10: beyond five the front is mostly ties and no one can read it
+UCB_DELTA = 0.1  # GP-UCB's confidence parameter (Srinivas et al. 2010, theorem 1)
 VERSION = "vkit.search/1"
 RANDOM_EVERY = 5
 
@@ -81,7 +84,7 @@ def propose(mode: str, space: list[Param], history: list[Observation], base_conf
     """The next configuration to evaluate (module docstring), or None when there is none.
 
     ``options``: ``n_init`` (bo; default :func:`n_initial`), ``random_every`` (bo; default 5, 0
-    for never), ``acquisition`` (bo: ``"auto"``, ``"cei"`` or ``"ehvi"``), and for staged the
+    for never), ``acquisition`` (bo: one of :data:`ACQUISITIONS`), and for staged the
     :class:`StagedPlan` keywords (``gain_threshold``, ``steps``, ``safe_seqs``)."""
     t0 = time.perf_counter()
     if mode not in MODES:
@@ -91,6 +94,9 @@ def propose(mode: str, space: list[Param], history: list[Observation], base_conf
     objectives = objectives_from(objectives)
     if not space:
         raise UsageError("the search space is empty: every parameter is frozen or none was named")
+    if len(objectives) > MAX_OBJECTIVES:
+        raise UsageError(f"{len(objectives)} objectives: at most {MAX_OBJECTIVES} (seed 004 §10); "
+                         f"measure the others as guards or in the report")
     inputs = {"version": VERSION, "mode": mode, "space": [p.to_dict() for p in space],
               "history": [o.to_dict() for o in history], "base_config": base_config,
               "objectives": [o.to_dict() for o in objectives], "slo": slo, "budget": budget, "seed": seed,
@@ -284,12 +290,16 @@ def _acquire(space, usable, evaluated, base, objectives, slo, seed, n_hist, acqu
         return None, {}
     C = encode([config_of(v, space, base) for v in cands], space)
     log_pof, pof_parts = _log_pof(C, slo, slo_gps, clf)
-    use_ehvi = acquisition == "ehvi" or (acquisition == "auto" and len(objectives) == 2 and not slo)
-    if use_ehvi and len(objectives) != 2:
-        raise UsageError("EHVI needs exactly two objectives; use acquisition 'cei' for one or more than two")
+    use_ehvi = acquisition == "ehvi" or (acquisition == "auto" and len(objectives) in (2, 3))
+    if use_ehvi and len(objectives) not in (2, 3):
+        raise UsageError("EHVI needs two or three objectives; use acquisition 'cei', 'ei' or 'ucb' for one or more than three")
     suffix = "+log_pof" if slo or clf is not None else ""
     if use_ehvi:
         acq, name, info = _ehvi_acquisition(gps, objectives, C, X, log_pof, suffix)
+    elif acquisition == "ucb":
+        acq, name, info = _ucb_acquisition(gps, objectives, C, log_pof, len(usable), suffix)
+    elif acquisition == "ei":
+        acq, name, info = _ei_acquisition(gps, objectives, C, X, log_pof, suffix)
     else:
         acq, name, info = _cei_acquisition(gps, objectives, ok, C, X, log_pof, slo, confidence, suffix)
     order = np.argsort(-acq, kind="stable")
@@ -378,9 +388,36 @@ def _ehvi_acquisition(gps, objectives, C, X, log_pof, suffix) -> tuple[np.ndarra
     nd = _nondominated(F)
     span = np.maximum(F.max(0) - F.min(0), 1e-3)
     ref = F.max(0) + 0.1 * span
-    val = ehvi_2d(F[nd], ref, MU, SD)
+    val = ehvi_2d(F[nd], ref, MU, SD) if len(objectives) == 2 else ehvi(F[nd], ref, MU, SD)
     acq = np.log(np.maximum(val, 1e-300)) + log_pof
-    return acq, "ehvi" + suffix, {"ref": ref.tolist(), "front_size": int(nd.sum())}
+    return acq, "ehvi" + suffix, {"ref": ref.tolist(), "front_size": int(nd.sum()), "objectives": len(objectives)}
+
+
+def _target(gps, objectives, C) -> tuple[Objective, np.ndarray, np.ndarray]:
+    """The first maximised objective (else the first), and its sign-adjusted log posterior at ``C``."""
+    target = next((ob for ob in objectives if ob.direction == "max"), objectives[0])
+    sgn = 1.0 if target.direction == "max" else -1.0
+    mu, var = gps[target.name].predict(C)
+    return target, sgn * mu, np.sqrt(var)
+
+
+def _ucb_acquisition(gps, objectives, C, log_pof, t, suffix) -> tuple[np.ndarray, str, dict]:
+    """GP-UCB on the first maximised objective's log, μ + √β·σ with β = 2 log(|C| t² π² / 6δ)
+    (Srinivas et al. 2010; t the observations so far, δ = 0.1), + log P(feasible): the bound's
+    objective times the probability that the point starts and meets the SLO."""
+    target, mu, sd = _target(gps, objectives, C)
+    beta = 2.0 * math.log(max(len(C), 1) * max(t, 1) ** 2 * math.pi ** 2 / (6.0 * UCB_DELTA))
+    acq = mu + math.sqrt(beta) * sd + log_pof
+    return acq, "ucb" + suffix, {"beta": beta, "target": target.name}
+
+
+def _ei_acquisition(gps, objectives, C, X, log_pof, suffix) -> tuple[np.ndarray, str, dict]:
+    """Plain log-EI on the first maximised objective over the best posterior mean measured (the
+    SLO does not choose the incumbent, unlike ``cei``), + log P(feasible)."""
+    target, mu, sd = _target(gps, objectives, C)
+    sgn = 1.0 if target.direction == "max" else -1.0
+    f_star = float((sgn * gps[target.name].predict(X)[0]).max())
+    return log_ei(mu, sd, f_star) + log_pof, "log_ei" + suffix, {"f_star": f_star, "target": target.name}
 
 
 def _cei_acquisition(gps, objectives, ok, C, X, log_pof, slo, confidence, suffix) -> tuple[np.ndarray, str, dict]:
