@@ -88,4 +88,4 @@ say "8. where things stand"
 "$PY" $B/state show
 echo >&2
 echo "Results and logs: $DIR   (decision log: $DIR/decisions.jsonl)" >&2
-echo "Not in this build yet: the staged search (bin/sweep) and the tune driver (bin/tune) that chain these steps into a full tuning run." >&2
+echo "These steps chained into a whole tuning run: make demo (bin/tune; one step at a time: bin/sweep)." >&2
