@@ -404,3 +404,29 @@ def test_tune_end_to_end_on_real_vllm(server, tmp_path):
     assert "--max-num-seqs" in res["recommendation"]["serve_command"]
     assert os.path.exists(tmp_path / "rep" / "report.html")
     assert call("post_start_verify", "--url", server["url"], "--model", MODEL).code == 0
+
+
+def test_the_served_tiny_model_as_advisor_is_refused_with_a_logged_reason(server, monkeypatch):
+    """sweep --advise with the served model as the advisor (the air-gapped case): the tiny model with
+    random weights answers nonsense, which must be refused as unparsable, logged with the model, its
+    version and the prompt's sha256, and replayed from the log without calling it."""
+    r = call("sweep", "--advise", "--objective", "throughput", "--concurrency", "8", "--input-len", "128", "--output-len", "64",
+             "--advisor", server["url"], "--advisor-max-tokens", "64")
+    assert r.code == 0, r.err[-3000:]
+    out = json.loads(r.out)
+    assert out["proposal"] is None and out["call"]["outcome"] == "refused", out
+    assert out["call"]["reason"].startswith("unparsable: "), out
+    log = os.path.join(os.path.dirname(server["state"]), "decisions.jsonl")
+    rec = [json.loads(x) for x in open(log) if '"advisor_call"' in x][-1]
+    assert rec["id"] == out["call"]["id"] and rec["model"] == MODEL and rec["model_version"] == "0.32.0"
+    assert rec["endpoint"] == "/v1/chat/completions" and rec["temperature"] == 0 and rec["latency_ms"] > 0
+    assert rec["answer"] and rec["reason"] == out["call"]["reason"]
+    import requests
+
+    def refuse(*a, **k):
+        raise AssertionError("the replay made an HTTP request")
+    monkeypatch.setattr(requests.Session, "request", refuse)
+    r = call("sweep", "--replay", log)
+    assert r.code == 0, r
+    rep = json.loads(r.out)
+    assert rep["advisor"]["model_called"] is False and rep["advisor"]["identical"] == rep["advisor"]["calls"] >= 1

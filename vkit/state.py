@@ -31,6 +31,7 @@ from vkit.errors import LeaseHeld, StateCorrupt, StateMissing, StateWriteError, 
 from vkit.jsonio import read_json_lines
 
 SCHEMA_VERSION = 1
+ENOSPC_HOOK = "VKIT_TEST_ENOSPC_FILE"  # test hook: see _test_hook_enospc
 
 # Run-level states (seed 004 §6); ABNORMAL is a flag on top of them.
 MACHINE_STATES = ("INIT", "LEASE", "BASELINE", "PROPOSE", "APPLY", "VERIFY", "VALIDATE", "GATE", "KEEP", "REVERT", "CONVERGE")
@@ -125,6 +126,7 @@ def atomic_write_text(path: str, text: str) -> None:
     base = os.path.basename(path)
     tmp = None
     try:
+        _test_hook_enospc()
         fd, tmp = _mkstemp(d, base)
         os.fchmod(fd, 0o644)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
@@ -141,6 +143,14 @@ def atomic_write_text(path: str, text: str) -> None:
         if tmp is not None:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
+
+
+def _test_hook_enospc() -> None:
+    """A test hook for the chaos benchmark (bench/bench_chaos.py): while the file named by
+    ``$VKIT_TEST_ENOSPC_FILE`` exists, every atomic write fails as on a full disk (ENOSPC)."""
+    flag = os.environ.get(ENOSPC_HOOK)
+    if flag and os.path.exists(flag):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
 
 def _mkstemp(d: str, base: str) -> tuple[int, str]:
@@ -415,6 +425,12 @@ class StateFile:
             st["start_failures"] = int(st.get("start_failures", 0)) + 1
             st["candidate"].update(status="failed", diagnosis=diagnosis)
             return st["start_failures"]
+
+    def forgive_start_failure(self) -> None:
+        """The last start failure was the answer sought (a memory probe of step 4m), not a fault:
+        it does not count toward the two-failures-in-a-row rule."""
+        with self.transaction() as st:
+            st["start_failures"] = 0
 
     def rolled_back(self, startup: dict) -> None:
         """The kept configuration runs again (machine state REVERT); an unfinished candidate is rolled back."""

@@ -32,6 +32,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     w.add_argument("--stall-timeout", type=float, default=60.0, metavar="S",
                    help="a stream silent for S seconds is a failed request (bench_stream's flag; default 60)")
     w.add_argument("--mixed-long-len", type=int, default=None, metavar="N", help="long prompts of the step-5 mixed workload (default 4x --input-len)")
+    w.add_argument("--api-key-env", default=None, metavar="VAR",
+                   help="read the server's API key from environment variable VAR; sent as a bearer token, never logged or stored (default: none)")
     w.add_argument("--dataset-path", default=None, metavar="FILE",
                    help="the business's own prompts instead of random tokens: JSON Lines or a JSON array (prompt or messages, "
                         "optional output length per request) or ShareGPT conversations; its sha256 is part of the gauge")
@@ -128,7 +130,11 @@ def parse_slo(items: list[str]) -> dict:
 def workloads(args: argparse.Namespace, model: str) -> tuple[Workload, Workload]:
     if args.num_prompts < 1 or args.concurrency < 1 or args.input_len < 1 or args.output_len < 1:
         raise UsageError("--num-prompts, --concurrency, --input-len and --output-len must be >= 1")
+    key_env = getattr(args, "api_key_env", None)
+    if key_env is not None and not os.environ.get(key_env):
+        raise UsageError(f"--api-key-env {key_env}: that environment variable is not set")
     common = dict(model=model, random_input_len=args.input_len, random_output_len=args.output_len, num_prompts=args.num_prompts,
+                  api_key_env=key_env,
                   max_concurrency=args.concurrency, vocab_size=args.vocab_size, stall_timeout=args.stall_timeout)
     path, trace = getattr(args, "dataset_path", None), getattr(args, "trace", None)
     if path is not None and trace is not None:
@@ -206,9 +212,9 @@ def tune_plan(args: argparse.Namespace) -> TunePlan:
         cands = [int(x) for x in args.max_model_len_candidates.split(",") if x.strip()]
     except ValueError:
         raise UsageError("--steps and --max-model-len-candidates take comma-separated numbers") from None
-    bad = [x for x in steps if x not in ("1", "2", "3", "4", "5")]
+    bad = [x for x in steps if x not in ("1", "2", "3", "4m", "4", "5")]
     if bad:
-        raise UsageError(f"unknown step(s) {', '.join(bad)}: steps are 1 to 5")
+        raise UsageError(f"unknown step(s) {', '.join(bad)}: steps are 1 to 5, and 4m (gpu_memory_utilization)")
     return TunePlan(mode=args.mode, steps=steps, budget=args.budget, seed=args.seed, staged_candidates=args.staged_candidates,
                     business_len=args.business_len, max_model_len_candidates=cands, confirm_front=args.confirm_front,
                     ablate=getattr(args, "ablation", "auto") == "auto", restart=args.restart, report_dir=args.report_dir,

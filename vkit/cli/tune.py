@@ -36,7 +36,11 @@ def build_parser() -> argparse.ArgumentParser:
     ta.add_args(p)
     s = p.add_argument_group("search")
     s.add_argument("--mode", choices=["staged", "bo"], default="staged", help=ta.MODE_HELP)
-    s.add_argument("--steps", default="1,2,3,4,5", help="steps to run, comma-separated (default 1,2,3,4,5)")
+    s.add_argument("--steps", default="1,2,3,4m,4,5",
+                   help="steps to run, comma-separated (default 1,2,3,4m,4,5). 4m: the highest gpu_memory_utilization "
+                        "that starts, by bisection between the kept value and the policy's max (0.98) on real starts and "
+                        "vLLM's logged KV cache size, then validated under the load (a value that starts but fails under it "
+                        "is rejected with the evidence, and the search steps down); runs before step 4's grid")
     s.add_argument("--budget", type=int, default=8, metavar="N", help="trials per step (staged) or in all (bo) at most (default 8)")
     s.add_argument("--business-len", type=int, default=None, metavar="N",
                    help="step 1: the context the business needs (default (longest prompt + output) x 1.25)")

@@ -113,7 +113,11 @@ def check(o: BenchOptions) -> None:
 
 
 def build_config(o: BenchOptions, url: str, command: list[str], api_key: str | None = None) -> BenchConfig:
-    """The request set, arrivals and client settings of one run; ``command`` is recorded in the summary."""
+    """The request set, arrivals and client settings of one run; ``command`` is recorded in the summary.
+    Without ``api_key``, the key is read from ``o.api_key_env`` here, at the last moment: only the
+    variable's name is ever part of the options, the command or a record."""
+    if api_key is None and o.api_key_env:
+        api_key = os.environ.get(o.api_key_env) or None
     chat = o.endpoint == "chat"
     n = o.num_prompts
     w = o.num_warmups

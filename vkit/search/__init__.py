@@ -9,7 +9,8 @@ default mode.
 
 Modules: ``space`` (parameters, lattices, encoding), ``gp`` (Gaussian process, log-EI,
 EHVI), ``front`` (Pareto, hypervolume, knee, dominance rate, recommendation, delivery),
-``staged`` (seed 000's order), ``propose`` (the modes, audit and replay).
+``staged`` (seed 000's order), ``propose`` (the modes, audit and replay), ``advisor`` (an
+advisor model's prompt and the parse of its answer; imported as ``vkit.search.advisor``).
 """
 
 from vkit.search.front import (

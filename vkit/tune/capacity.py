@@ -392,7 +392,8 @@ def live_measure(opts, url: str, out_dir: str, plan: Plan, command: list[str] | 
         os.makedirs(d, exist_ok=True)
         path, rec = os.path.join(d, f"rep{k}.json"), os.path.join(d, f"rep{k}.jsonl")
         cfg = build_config(o, url, [*(command or []), *o.flags(), "--seed", str(o.seed), "-o", path])
-        cfg.api_key = api_key
+        if api_key is not None:
+            cfg.api_key = api_key
         cfg.launch_argv = launch_argv
         out = measure(cfg, records=rec, output=path, interrupts=interrupts)
         s = out.summary

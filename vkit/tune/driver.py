@@ -55,7 +55,7 @@ class TunePlan:
     """What a tuning run does: its mode, steps and budgets (tune's search flags)."""
 
     mode: str = "staged"  # staged | bo
-    steps: list[str] = field(default_factory=lambda: ["1", "2", "3", "4", "5"])
+    steps: list[str] = field(default_factory=lambda: ["1", "2", "3", "4m", "4", "5"])  # 4m: gpu_memory_utilization
     budget: int = 8  # trials per step (staged) or in all (bo)
     seed: int = 1  # the Bayesian search's seed
     staged_candidates: str = "policy"  # policy | octaves
@@ -219,7 +219,7 @@ def _drive(runner: Runner, settings: Settings, mixed: Workload, plan: TunePlan, 
                                           if k in shown))
     comp = (b.get("components") or {}).get(shown[0]) or {}
     ctx.progress(f"baseline σ of {shown[0]}: {sigma_text(comp)}")
-    staged = [x for x in steps if x in ("2", "3", "4")]
+    staged = [x for x in steps if x in ("2", "3", "4m", "4")]
     if staged:
         tuning.guard_anomalies(runner)
     kb = plan.kb_path or knowledge.default_path(sf.dir)
@@ -231,9 +231,16 @@ def _drive(runner: Runner, settings: Settings, mixed: Workload, plan: TunePlan, 
         nxt, stop = tuning.bo_proposer(runner, ctx.policy, plan.budget, plan.seed, prior=tuning.prior_observations(matched))
         tuning.run_screening_step(runner, "bo", nxt, ctx.progress, plan.budget, stop)
         check_drift(runner, ctx.warn)
+        if "4m" in staged:  # gpu_memory_utilization is not in the Bayesian search's space: its own step after it
+            tuning.run_gpu_memory_step(runner, ctx.policy, ctx.progress, plan.budget)
+            check_drift(runner, ctx.warn)
     else:
         for step in staged:
             sf.set_machine_state("PROPOSE")
+            if step == "4m":  # its own search (bisection on starts, then validation under the load)
+                tuning.run_gpu_memory_step(runner, ctx.policy, ctx.progress, plan.budget)
+                check_drift(runner, ctx.warn)
+                continue
             nxt, stop = tuning.staged_proposer(runner, ctx.policy, step, plan.staged_candidates)
             tuning.run_screening_step(runner, step, nxt, ctx.progress, plan.budget, stop)
             if plan.ablate:
@@ -387,8 +394,8 @@ def build_result(runner: Runner, settings: Settings, t0: float) -> TuneResult:
                   "metrics": {k: {"mean": v, "sigma_rel": (b.get("sigma") or {}).get(k)} for k, v in (b.get("metrics") or {}).items()},
                   "sigma_components": b.get("components") or {}},
         trials=trials,
-        steps=[{"step": s["step"], "name": s.get("name"), "stop_rule": s.get("stop_rule"), "result": s.get("result")}
-               for s in st.get("steps", [])],
+        steps=[{"step": s["step"], "name": s.get("name"), "stop_rule": s.get("stop_rule"), "result": s.get("result"),
+                **({"kv_cache": s["kv_cache"]} if s.get("kv_cache") else {})} for s in st.get("steps", [])],
         knee=delivered.get("knee"),
         pareto=delivered.get("pareto"),
         not_confirmed=delivered.get("not_confirmed") or [],
@@ -484,9 +491,11 @@ def capacity_of(runner: Runner, runs: list[str]) -> dict:
 
 # -- sweep ----------------------------------------------------------------------------------------
 def sweep_step(sf: StateFile, settings: Settings, ctx: RunContext, step: str | None, mode: str = "staged",
-               budget: int = 8, seed: int = 1, staged_candidates: str = "policy") -> StepRun:
+               budget: int = 8, seed: int = 1, staged_candidates: str = "policy",
+               advise: Callable[[Runner, Callable], Callable] | None = None) -> StepRun:
     """One staged step (``step`` 2, 3 or 4) or, with ``mode`` bo, the Bayesian search, under the
-    lease: the baseline first (resumed when measured), then screening, confirmation, KEEP or REVERT."""
+    lease: the baseline first (resumed when measured), then screening, confirmation, KEEP or REVERT.
+    ``advise(runner, proposer)`` wraps the Bayesian search's proposer (``vkit.tune.advisor``)."""
     if mode != "bo" and step is None:
         raise UsageError("a staged sweep needs its step (2, 3 or 4)")
     with held(sf, ctx):
@@ -496,6 +505,8 @@ def sweep_step(sf: StateFile, settings: Settings, ctx: RunContext, step: str | N
         tuning.guard_anomalies(runner)
         if mode == "bo":
             nxt, stop = tuning.bo_proposer(runner, ctx.policy, budget, seed)
+            if advise is not None:
+                nxt = advise(runner, nxt)
             rec = tuning.run_screening_step(runner, "bo", nxt, ctx.progress, budget, stop)
         else:
             nxt, stop = tuning.staged_proposer(runner, ctx.policy, step, staged_candidates)
