@@ -32,7 +32,7 @@ FORBIDDEN = '{"quantization": "fp8", "max_num_seqs": 64}'
 
 def inputs(history=()):
     policy = Policy.load()
-    space = search.space_from_policy(policy, advisor.NAMES, frozen={"max_model_len": 4096})
+    space = search.space_from_policy(policy, ["max_num_batched_tokens", "max_num_seqs"], frozen={"max_model_len": 4096})
     return advice.proposal_inputs(space, list(history), BASE, {"output_throughput": 900.0, "p95_ttft_ms": 210.0}, OBJ,
                                   {"p95_ttft_ms": 5000}, advice.rules_from_policy(policy, {"max_model_len": 4096}))
 
@@ -318,3 +318,23 @@ def svc(tmp_path, monkeypatch):
     yield {"state": st, "port": port, "sf": StateFile(st), "dir": tmp_path}
     if os.path.exists(st):
         launcher.stop(StateFile(st).read()["service"].get("running"), grace_s=3)
+
+
+@pytest.mark.e2e
+def test_tune_takes_the_advisor_in_its_bayesian_search(svc):
+    """tune --mode bo --advisor: the advisor's valid answer is the search's first trial, measured and
+    gated like any other; the staged steps refuse the flag."""
+    init(svc, "max_num_seqs=4", "max_num_batched_tokens=2048")
+    r = call("tune", *FAST, "--steps", "2", "--advisor", "http://127.0.0.1:9")
+    assert r.code == 2 and "--mode bo" in r.err
+    with FakeAdvisor([VALID, NONSENSE]) as srv:
+        r = call("tune", *FAST, "--steps", "2", "--mode", "bo", "--budget", "2", "--json", "--advisor", srv.url,
+                 "--advisor-every", "1", "--report-dir", str(svc["dir"] / "rep"))
+    assert r.code == 0, r.err[-3000:]
+    bo = [t for t in svc["sf"].read()["trials"] if t["step"] == "bo"]
+    assert len(bo) == 2 and bo[0]["config"]["max_num_batched_tokens"] == 8192 and bo[0]["config"]["max_num_seqs"] == 96
+    assert bo[0]["proposal"]["source"] == "advisor" and bo[0].get("verdict")
+    assert bo[1]["proposal"].get("replay")  # the unparsable answer: the search's own proposal took its place
+    log = os.path.join(os.path.dirname(svc["state"]), "decisions.jsonl")
+    calls = [x for x in DecisionLog(log).read() if x["event"] == "advisor_call"]
+    assert [c["outcome"] for c in calls] == ["accepted", "refused"] and calls[0]["tool"] == "tune"

@@ -101,6 +101,45 @@ MODE_HELP = ("staged (default: seed 000's steps; see --staged-candidates) or bo 
              "random 13.25, grid 15.5")
 
 
+def add_bo_args(s: argparse._ArgumentGroup) -> None:
+    """--mode bo's acquisition and early stop (tune and sweep)."""
+    s.add_argument("--acquisition", choices=["auto", "cei", "ehvi", "ei", "ucb"], default="auto",
+                   help="--mode bo: what the next proposal maximises. auto: EHVI for two or three objectives (the SLO and "
+                        "start failures as P(feasible)), constrained EI for one or four to five; cei, ei (plain EI), ucb "
+                        "(GP-UCB) on the first maximised objective. Measured on the simulator (bench/results/tuner.json) "
+                        "(default auto)")
+    s.add_argument("--bo-patience", type=int_at_least(0), default=4, metavar="K",
+                   help="--mode bo: stop after K evaluations in a row whose screening found no gain over the kept "
+                        "configuration, once the Sobol start is done; 0 never stops early (default 4)")
+
+
+def add_advisor_args(p: argparse.ArgumentParser) -> None:
+    """The advisor's flags (tune and sweep): an OpenAI-compatible model asked for proposals."""
+    a = p.add_argument_group("advisor (an OpenAI-compatible model; its answers are proposals like any other)")
+    a.add_argument("--advisor", metavar="URL", default=None,
+                   help="base URL of an OpenAI-compatible endpoint (e.g. the served model itself) asked for proposals of --mode bo "
+                        "and an explanation of the result, at temperature 0 with --seed; every call is in the decision log (default: none)")
+    a.add_argument("--advisor-model", metavar="ID", default=None, help="the model to ask (default: the first of the endpoint's /v1/models)")
+    a.add_argument("--advisor-key-env", metavar="VAR", default=None,
+                   help="read the advisor's API key from environment variable VAR; sent as a bearer token, never logged (default: none)")
+    a.add_argument("--advisor-every", type=int_at_least(0), default=2, metavar="N",
+                   help="every N-th proposal is asked of the advisor first; a refused or failed answer falls back to the search's "
+                        "own (0: explanations only; default 2)")
+    a.add_argument("--advisor-timeout", type=positive_float, default=60.0, metavar="S", help="seconds to wait for one answer (default 60)")
+    a.add_argument("--advisor-max-tokens", type=int_at_least(16), default=256, metavar="N", help="tokens one answer may take (default 256)")
+
+
+def advisor_of(args: argparse.Namespace, sf, io: IO, tool: str):
+    """The advisor the flags describe (``vkit.tune.advisor.Advisor``, logging to ``sf``'s decision log), or None."""
+    if not args.advisor:
+        return None
+    from vkit.tune import advisor
+
+    s = advisor.AdvisorSettings(url=args.advisor, model=args.advisor_model, key_env=args.advisor_key_env, seed=args.seed,
+                                every=args.advisor_every, timeout_s=args.advisor_timeout, max_tokens=args.advisor_max_tokens)
+    return advisor.Advisor(s, log=lambda event, **kw: sf.log.append(tool, event, **kw), warn=io.warn)
+
+
 def duration_arg(text: str) -> float:
     """``8h``, ``90m``, ``600s`` or a number of seconds, as seconds (> 0)."""
     t = text.strip().lower()
@@ -218,4 +257,5 @@ def tune_plan(args: argparse.Namespace) -> TunePlan:
     return TunePlan(mode=args.mode, steps=steps, budget=args.budget, seed=args.seed, staged_candidates=args.staged_candidates,
                     business_len=args.business_len, max_model_len_candidates=cands, confirm_front=args.confirm_front,
                     ablate=getattr(args, "ablation", "auto") == "auto", restart=args.restart, report_dir=args.report_dir,
+                    acquisition=args.acquisition, patience=args.bo_patience,
                     kb_path=kb_path(os.path.dirname(os.path.abspath(args.state))))

@@ -14,7 +14,7 @@ import argparse
 import os
 
 from vkit.cli import _tuneargs as ta
-from vkit.cli._common import IO, int_at_least, make_parser, positive_float, run
+from vkit.cli._common import IO, make_parser, run
 from vkit.errors import ExitCode, UsageError
 from vkit.jsonio import load_json_lines
 from vkit.state import StateFile
@@ -53,25 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="ask the --advisor once for the next configuration from the trials so far: logged and printed, nothing run")
     s.add_argument("--mode", choices=["staged", "bo"], default="staged", help=ta.MODE_HELP)
     s.add_argument("--budget", type=int, default=8, metavar="N", help="trials at most (default 8)")
-    a = p.add_argument_group("advisor (an OpenAI-compatible model; its answers are proposals like any other)")
-    a.add_argument("--advisor", metavar="URL", default=None,
-                   help="base URL of an OpenAI-compatible endpoint (e.g. the served model itself) asked for proposals of --mode bo "
-                        "and an explanation of the result, at temperature 0 with --seed; every call is in the decision log (default: none)")
-    a.add_argument("--advisor-model", metavar="ID", default=None, help="the model to ask (default: the first of the endpoint's /v1/models)")
-    a.add_argument("--advisor-key-env", metavar="VAR", default=None,
-                   help="read the advisor's API key from environment variable VAR; sent as a bearer token, never logged (default: none)")
-    a.add_argument("--advisor-every", type=int_at_least(0), default=2, metavar="N",
-                   help="every N-th proposal is asked of the advisor first; a refused or failed answer falls back to the search's "
-                        "own (0: explanations only; default 2)")
-    a.add_argument("--advisor-timeout", type=positive_float, default=60.0, metavar="S", help="seconds to wait for one answer (default 60)")
-    a.add_argument("--advisor-max-tokens", type=int_at_least(16), default=256, metavar="N", help="tokens one answer may take (default 256)")
+    ta.add_bo_args(s)
+    ta.add_advisor_args(p)
     return p
-
-
-def _advisor(args: argparse.Namespace, sf: StateFile, io: IO) -> advisor.Advisor:
-    s = advisor.AdvisorSettings(url=args.advisor, model=args.advisor_model, key_env=args.advisor_key_env, seed=args.seed,
-                                every=args.advisor_every, timeout_s=args.advisor_timeout, max_tokens=args.advisor_max_tokens)
-    return advisor.Advisor(s, log=lambda event, **kw: sf.log.append(TOOL, event, **kw), warn=io.warn)
 
 
 def _replay(path: str, io: IO) -> int:
@@ -108,7 +92,7 @@ def _run(args: argparse.Namespace, io: IO) -> int:
     main, _ = ta.workloads(args, sf.read()["service"]["model"])
     settings = ta.settings(args, main)
     ctx = ta.context(args, io, TOOL)
-    adv = _advisor(args, sf, io) if args.advisor else None
+    adv = ta.advisor_of(args, sf, io, TOOL)
     if args.advise:
         io.emit_json(advisor.advise_once(driver.make_runner(sf, settings, ctx), adv))
     elif args.deliver:
@@ -118,7 +102,7 @@ def _run(args: argparse.Namespace, io: IO) -> int:
         io.emit_json(driver.ablate(sf, settings, ctx))
     else:
         step = driver.sweep_step(sf, settings, ctx, args.step, mode=args.mode, budget=args.budget, seed=args.seed,
-                                 staged_candidates=args.staged_candidates,
+                                 staged_candidates=args.staged_candidates, acquisition=args.acquisition, patience=args.bo_patience,
                                  advise=advisor.advised_proposer(adv) if adv is not None else None)
         out = step.to_dict()
         if adv is not None:

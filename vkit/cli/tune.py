@@ -13,9 +13,9 @@ import os
 
 from vkit.cli import _tuneargs as ta
 from vkit.cli._common import IO, make_parser, run
-from vkit.errors import ExitCode
+from vkit.errors import ExitCode, UsageError
 from vkit.state import StateFile
-from vkit.tune import driver
+from vkit.tune import advisor, driver
 
 TOOL = "tune"
 
@@ -30,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
             "tune --yes --concurrency 32 --input-len 1024 --output-len 256 --slo p95_ttft_ms=1500",
             "tune --sandbox --steps 2,3 --report-dir reports/today",
             "tune --sandbox --mode bo --budget 12",
+            "tune --sandbox --mode bo --budget 12 --advisor http://127.0.0.1:8000   # every 2nd proposal asked of the served model",
             "tune --yes --time-budget 8h                      # production: back on the kept config between trials",
         ],
     )
@@ -42,6 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "vLLM's logged KV cache size, then validated under the load (a value that starts but fails under it "
                         "is rejected with the evidence, and the search steps down); runs before step 4's grid")
     s.add_argument("--budget", type=int, default=8, metavar="N", help="trials per step (staged) or in all (bo) at most (default 8)")
+    ta.add_bo_args(s)
+    ta.add_advisor_args(p)
     s.add_argument("--business-len", type=int, default=None, metavar="N",
                    help="step 1: the context the business needs (default (longest prompt + output) x 1.25)")
     s.add_argument("--max-model-len-candidates", default="1024,2048,4096,8192", metavar="L,L",
@@ -64,7 +67,11 @@ def _run(args: argparse.Namespace, io: IO) -> int:
         io.err.write(f"{TOOL}: ABNORMAL: {reason}\n{TOOL}: what to do: read the server log in {os.path.join(sf.dir, 'logs')}, "
                      "fix the cause, then `state --clear-abnormal --reason ...` and rerun the same command to continue\n")
 
-    tuned = driver.tune(sf, settings, mixed, plan, ta.context(args, io, TOOL), write_report=report.write_report, on_abnormal=abnormal)
+    if args.advisor and args.mode != "bo":
+        raise UsageError("--advisor joins the Bayesian search (--mode bo): the staged steps' fixed order has no slot for its proposals")
+    adv = ta.advisor_of(args, sf, io, TOOL)
+    tuned = driver.tune(sf, settings, mixed, plan, ta.context(args, io, TOOL), write_report=report.write_report, on_abnormal=abnormal,
+                        advise=advisor.advised_proposer(adv) if adv is not None else None)
     if args.json:
         io.emit_json(tuned.result.to_dict())
     else:

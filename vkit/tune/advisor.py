@@ -35,7 +35,6 @@ from vkit.state import StateFile
 from vkit.tune import steps as tuning
 from vkit.tune.runner import Runner
 
-NAMES = ["max_num_batched_tokens", "max_num_seqs"]  # the Bayesian search's space (steps.bo_proposer)
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 
 
@@ -176,7 +175,7 @@ def proposal_inputs(runner: Runner, hist: list[search.Observation]) -> dict:
     configuration and its baseline, every measured trial, the objectives, the SLO, the fixed premises."""
     st = runner.sf.read()
     frozen = st.get("frozen") or {}
-    space = search.space_from_policy(runner.policy, NAMES, frozen=frozen)
+    space = tuning.bo_space(runner, runner.policy)
     base = dict(st["kept"]["config"])
     kept_metrics = (st.get("baseline") or {}).get("metrics") or {}
     return advice.proposal_inputs(space, hist, base, kept_metrics, tuning.objectives(runner), tuning.search_slo(runner),

@@ -66,6 +66,8 @@ class TunePlan:
     restart: bool = False  # a new run even if the state holds an unfinished one
     report_dir: str | None = None  # None: reports/<run id> beside the state
     kb_path: str | None = None  # the knowledge base; None: knowledge.jsonl beside the state
+    acquisition: str = "auto"  # --mode bo: vkit.search.propose's acquisition
+    patience: int = 4  # --mode bo: early stop after this many evaluations in a row without a screened gain (0: never)
 
 
 @dataclass
@@ -153,19 +155,21 @@ def check_drift(runner: Runner, warn: Callable[[str], None]) -> dict:
 # -- tune -----------------------------------------------------------------------------------------
 def tune(sf: StateFile, settings: Settings, mixed: Workload, plan: TunePlan, ctx: RunContext,
          write_report: Callable[[TuneResult, str], dict] | None = None,
-         on_abnormal: Callable[[str | None], None] | None = None) -> Tuned:
+         on_abnormal: Callable[[str | None], None] | None = None,
+         advise: Callable[[Runner, Callable], Callable] | None = None) -> Tuned:
     """The whole tuning run under the lease — LEASE → (step 1) → BASELINE → the staged steps or the
     Bayesian search, with a drift check after each → (step 5) → CONVERGE — resumed when the state
     holds an unfinished run with the same settings. ``mixed`` is step 5's workload. The result goes
     to ``write_report(result, out_dir)`` (vkit.report's, which this stage does not import), then the
     run is recorded as finished. ``on_abnormal(reason)`` is told when the run stops on an
-    environment that turned ABNORMAL."""
+    environment that turned ABNORMAL. ``advise(runner, proposer)`` wraps the Bayesian search's
+    proposer (``vkit.tune.advisor``, tune --advisor)."""
     t0 = time.time()
     with held(sf, ctx):
         run_id = _open_run(sf, settings, plan, ctx)
         runner = make_runner(sf, settings, ctx, run_id=run_id)
         try:
-            result = _drive(runner, settings, mixed, plan, ctx, run_id, t0)
+            result = _drive(runner, settings, mixed, plan, ctx, run_id, t0, advise)
         except VkitError as e:
             ab = (sf.read().get("abnormal") or {}) if e.code == ExitCode.UNAVAILABLE else {}
             if ab.get("flag") and on_abnormal is not None:
@@ -204,7 +208,7 @@ def _open_run(sf: StateFile, settings: Settings, plan: TunePlan, ctx: RunContext
 
 
 def _drive(runner: Runner, settings: Settings, mixed: Workload, plan: TunePlan, ctx: RunContext, run_id: str,
-           t0: float) -> TuneResult:
+           t0: float, advise: Callable[[Runner, Callable], Callable] | None = None) -> TuneResult:
     """The run's machine states, from LEASE to CONVERGE, and its knowledge-base entry."""
     sf, steps, main = runner.sf, plan.steps, settings.workload
     sf.set_machine_state("LEASE")
@@ -228,10 +232,13 @@ def _drive(runner: Runner, settings: Settings, mixed: Workload, plan: TunePlan, 
     matched = _knowledge(sf, kb, kb_key, kb_work, plan.mode, ctx.progress)
     if plan.mode == "bo" and staged:
         sf.set_machine_state("PROPOSE")
-        nxt, stop = tuning.bo_proposer(runner, ctx.policy, plan.budget, plan.seed, prior=tuning.prior_observations(matched))
+        nxt, stop = tuning.bo_proposer(runner, ctx.policy, plan.budget, plan.seed, prior=tuning.prior_observations(matched),
+                                       acquisition=plan.acquisition, patience=plan.patience)
+        if advise is not None:
+            nxt = advise(runner, nxt)
         tuning.run_screening_step(runner, "bo", nxt, ctx.progress, plan.budget, stop)
         check_drift(runner, ctx.warn)
-        if "4m" in staged:  # gpu_memory_utilization is not in the Bayesian search's space: its own step after it
+        if "4m" in staged:  # the search tried memory fractions on a lattice; 4m finds the highest that starts
             tuning.run_gpu_memory_step(runner, ctx.policy, ctx.progress, plan.budget)
             check_drift(runner, ctx.warn)
     else:
@@ -492,7 +499,8 @@ def capacity_of(runner: Runner, runs: list[str]) -> dict:
 # -- sweep ----------------------------------------------------------------------------------------
 def sweep_step(sf: StateFile, settings: Settings, ctx: RunContext, step: str | None, mode: str = "staged",
                budget: int = 8, seed: int = 1, staged_candidates: str = "policy",
-               advise: Callable[[Runner, Callable], Callable] | None = None) -> StepRun:
+               advise: Callable[[Runner, Callable], Callable] | None = None, acquisition: str = "auto",
+               patience: int = tuning.BO_PATIENCE) -> StepRun:
     """One staged step (``step`` 2, 3 or 4) or, with ``mode`` bo, the Bayesian search, under the
     lease: the baseline first (resumed when measured), then screening, confirmation, KEEP or REVERT.
     ``advise(runner, proposer)`` wraps the Bayesian search's proposer (``vkit.tune.advisor``)."""
@@ -504,7 +512,7 @@ def sweep_step(sf: StateFile, settings: Settings, ctx: RunContext, step: str | N
         runner.baseline()
         tuning.guard_anomalies(runner)
         if mode == "bo":
-            nxt, stop = tuning.bo_proposer(runner, ctx.policy, budget, seed)
+            nxt, stop = tuning.bo_proposer(runner, ctx.policy, budget, seed, acquisition=acquisition, patience=patience)
             if advise is not None:
                 nxt = advise(runner, nxt)
             rec = tuning.run_screening_step(runner, "bo", nxt, ctx.progress, budget, stop)

@@ -664,24 +664,69 @@ def kb_observations(runner: Runner) -> list[dict]:
             for h in observations(runner) if h.step in ("2", "3", "4", "bo")]
 
 
+# The Bayesian search's space (seed 004 §8: every situational parameter): steps 2-4's two, the memory
+# fraction (from 0.85: below vLLM's default it only gives KV cache away) and step 5's production
+# flags as categories; the scheduling policy only on a workload with two or more priority classes.
+BO_NAMES = ("max_num_batched_tokens", "max_num_seqs", "gpu_memory_utilization", *("enable_chunked_prefill", "enable_prefix_caching"))
+BO_BOUNDS = {"gpu_memory_utilization": (0.85, 0.98)}
+BO_PATIENCE = 4  # early stop: this many evaluations in a row without a screened gain over the kept configuration
+
+
+def bo_space(runner: Runner, policy: Policy) -> list:
+    """The Bayesian search's space for this run (``BO_NAMES``, frozen parameters left out)."""
+    names = list(BO_NAMES) + (["scheduling_policy"] if len(workload_priorities(runner.s.workload)) >= 2 else [])
+    rows = {r["param"] for r in (policy.data if hasattr(policy, "data") else policy).get("situational", [])}
+    names = [n for n in names if n in rows]
+    return search.space_from_policy(policy, names, frozen=runner.sf.read().get("frozen") or {},
+                                    bounds={k: v for k, v in BO_BOUNDS.items() if k in names})
+
+
+def bo_stalled(runner: Runner, patience: int = BO_PATIENCE) -> int | None:
+    """The evaluations in a row, at the end of this run's Bayesian search, whose screening gate did
+    not accept a gain over the kept configuration, when there are at least ``patience`` of them."""
+    trials = [t for t in runner.sf.read()["trials"] if t["step"] == "bo" and t["status"] not in ("skipped",) and t.get("finished")]
+    run = 0
+    for t in reversed(trials):
+        if t.get("verdict") == "accept":
+            break
+        run += 1
+    return run if patience and run >= patience else None
+
+
 def bo_proposer(runner: Runner, policy: Policy, budget: int, seed: int,
-                prior: list[search.Observation] | None = None) -> tuple[Callable, Callable]:
+                prior: list[search.Observation] | None = None, acquisition: str = "auto",
+                patience: int = BO_PATIENCE) -> tuple[Callable, Callable]:
     st = runner.sf.read()
-    space = search.space_from_policy(policy, ["max_num_batched_tokens", "max_num_seqs"], frozen=st.get("frozen") or {})
+    space = bo_space(runner, policy)
     base = dict(st["kept"]["config"])
     prior = list(prior or [])
+    opts = {} if acquisition == "auto" else {"acquisition": acquisition}
+    n0 = search.n_initial(budget + len(prior))
+    stalled: dict[str, int] = {}
 
     def nxt(hist):
         # warm start: earlier runs of this environment count as evaluated points (never re-proposed)
         mine = prior + [h for h in hist if h.step == "bo"]
         total = budget + len(prior)  # the budget counts this run's evaluations; prior ones come on top
+        if len(mine) >= n0:  # the Sobol start runs whole; after it, k in a row without a gain stop the search
+            run = bo_stalled(runner, patience)
+            if run is not None:
+                stalled["run"] = run
+                return None
         objs, slo = objectives(runner), search_slo(runner)
-        prop = search.propose("bo", space, mine, base, objs, slo, total, seed)
+        prop = search.propose("bo", space, mine, base, objs, slo, total, seed, **opts)
         if prop is not None:  # the inputs go into the decision log, so `sweep --replay` can re-derive the proposal
-            prop.audit["replay"] = search.log_record("bo", space, mine, base, objs, slo, total, seed, prop)
+            prop.audit["replay"] = search.log_record("bo", space, mine, base, objs, slo, total, seed, prop, **opts)
         return prop
 
-    return nxt, lambda hist: f"Bayesian optimisation finished after {len(hist)} evaluations"
+    def stop(hist):
+        if stalled:
+            return (f"Bayesian optimisation stopped early after {len(hist)} evaluations: the last {stalled['run']} "
+                    f"screened no gain over the kept configuration (early stop at {patience} in a row, after the "
+                    f"{n0}-point Sobol start)")
+        return f"Bayesian optimisation finished after {len(hist)} evaluations"
+
+    return nxt, stop
 
 
 # Seed 000's step 5 adds the production flags and validates them; vLLM V1 has chunked prefill and
