@@ -79,9 +79,9 @@ def test_state_init_with_slots_writes_one_state_file_per_slot(tmp_path):
 
 @pytest.mark.unit
 def test_a_state_without_slots_is_one_slot(tmp_path):
+    from vkit.measure.gauge import BenchOptions
     from vkit.state import new_state
     from vkit.tune.runner import Runner, Settings, Workload
-    from vkit.measure.gauge import BenchOptions
 
     sf = StateFile(str(tmp_path / "vkit.json"))
     sf.create(new_state("http://127.0.0.1:9", "m", ["serve"], {}))

@@ -31,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
             "tune --sandbox --steps 2,3 --report-dir reports/today",
             "tune --sandbox --mode bo --budget 12",
             "tune --yes --time-budget 8h                      # production: back on the kept config between trials",
+            "state init --slots 4 ... && tune --sandbox       # screening 4 candidates at a time, one per slot",
         ],
     )
     ta.add_args(p)
