@@ -42,12 +42,24 @@ class Interrupts:
 
     def __init__(self) -> None:
         self._open: list[Deferred] = []
+        self._fan_out = 0
 
     def notify(self, reason: str = "") -> None:
         """An interrupt arrived (called from the CLI's signal handler, on the main thread)."""
         if not self._open:
             raise KeyboardInterrupt(reason) if reason else KeyboardInterrupt()
-        self._open[-1].hit()
+        for d in list(self._open) if self._fan_out else self._open[-1:]:
+            d.hit()
+
+    @contextlib.contextmanager
+    def every_section(self) -> Iterator[None]:
+        """While trials run side by side on several threads (slots), an interrupt reaches every open
+        section, not only the innermost: each thread's restart rolls back, each measurement drains."""
+        self._fan_out += 1
+        try:
+            yield
+        finally:
+            self._fan_out -= 1
 
     @contextlib.contextmanager
     def deferred(self, on_first: Callable[[], None] | None = None, again_raises: bool = False) -> Iterator[Deferred]:

@@ -51,10 +51,13 @@ def upsert(items: list, item: dict, key: str) -> None:
 
 
 def new_state(url: str, model: str, launch_argv: list[str], kept_config: dict | None = None, *,
-              launch: dict | None = None, fingerprint: dict | None = None, decision_id: str | None = None) -> dict:
+              launch: dict | None = None, fingerprint: dict | None = None, decision_id: str | None = None,
+              slots: list[dict] | None = None) -> dict:
     """A fresh state document for one service; ``launch`` replaces the argv launch (hook mode),
-    ``decision_id`` is the decision that set the kept configuration (its ``since`` is now)."""
-    return {
+    ``decision_id`` is the decision that set the kept configuration (its ``since`` is now);
+    ``slots`` the accelerator groups that serve copies of it (``vkit.apply.slots``; none: one slot,
+    the service itself)."""
+    doc = {
         "schema_version": SCHEMA_VERSION,
         "created": now_iso(),
         "service": {
@@ -75,6 +78,9 @@ def new_state(url: str, model: str, launch_argv: list[str], kept_config: dict | 
         "abnormal": {"flag": False, "reason": None, "since": None},
         "lease": None,
     }
+    if slots:
+        doc["slots"] = [dict(x, failures=0, out=None) for x in slots]
+    return doc
 
 
 def launch_argv(st: dict) -> list[str]:
@@ -454,6 +460,45 @@ class StateFile:
         with self.transaction() as st:
             st["abnormal"] = {"flag": True, "reason": reason, "since": now_iso(), "decision_id": decision_id}
 
+    def mirror_kept(self, config: dict, decision_id: str | None, decision: str | None, frozen: dict | None = None) -> bool:
+        """The kept configuration decided elsewhere (on a slot, or by the tune for its slots) recorded
+        here without a candidate of this file's own; ``frozen`` replaces the frozen parameters. True when
+        something changed."""
+        with self.transaction() as st:
+            before = (st["kept"].get("config"), st["kept"].get("decision_id"), st.get("frozen"))
+            if st["kept"].get("config") != config or st["kept"].get("decision_id") != decision_id:
+                st["kept"] = {"config": dict(config), "decision_id": decision_id, "since": now_iso(), "decision": decision}
+            if frozen is not None:
+                st["frozen"] = dict(frozen)
+            return before != (st["kept"].get("config"), st["kept"].get("decision_id"), st.get("frozen"))
+
+    # -- slots (vkit.apply.slots): their failures and their removal -------------------------------
+    def slot_failed(self, name: str, reason: str) -> int:
+        """A trial on slot ``name`` failed for the slot's sake (its server died, it went ABNORMAL):
+        returns the slot's consecutive failures."""
+        with self.transaction() as st:
+            s = _slot(st, name)
+            s["failures"] = int(s.get("failures") or 0) + 1
+            s["last_failure"] = {"reason": reason, "at": now_iso()}
+            return s["failures"]
+
+    def slot_ok(self, name: str) -> None:
+        """A trial finished on slot ``name``: its consecutive failures reset."""
+        with self.transaction() as st:
+            _slot(st, name)["failures"] = 0
+
+    def take_slot_out(self, name: str, reason: str, decision_id: str) -> None:
+        """Slot ``name`` serves no more trials of this state (a human puts it back with ``state --slot-in``)."""
+        with self.transaction() as st:
+            _slot(st, name)["out"] = {"reason": reason, "since": now_iso(), "decision_id": decision_id}
+
+    def put_slot_in(self, name: str) -> dict | None:
+        """Slot ``name`` serves trials again (its failures reset); returns why it was out (None: it was in)."""
+        with self.transaction() as st:
+            s = _slot(st, name)
+            was, s["out"], s["failures"] = s.get("out"), None, 0
+            return was
+
     # -- a tuning run's records (vkit.tune) ------------------------------------------------------
     def add_trial(self, step: str, config: dict, reason: str, proposal: dict) -> dict:
         """A proposed trial, numbered after the trials recorded (``t001``, ...); returns it."""
@@ -536,6 +581,13 @@ class StateFile:
         """An ablation's result (which switch of a multi-parameter change paid)."""
         with self.transaction() as st:
             st.setdefault("ablations", []).append(rec)
+
+
+def _slot(st: dict, name: str) -> dict:
+    for s in st.get("slots") or []:
+        if s["name"] == name:
+            return s
+    raise UsageError(f"this state has no slot {name!r}; its slots: {', '.join(x['name'] for x in st.get('slots') or []) or 'none'}")
 
 
 def make_lease(owner: str, ttl_s: float) -> dict:

@@ -166,9 +166,11 @@ def stop_tagged(tag: str, grace_s: float = 15.0) -> list[str]:
 
 def start(launch: dict, config: dict, log_path: str, env_extra: dict | None = None, tag: str | None = None) -> Running:
     """Start the server for ``config``; returns at once (readiness is ``wait_ready``'s job).
-    ``tag`` marks the server's environment (``stop_tagged``)."""
+    ``tag`` marks the server's environment (``stop_tagged``); ``launch["env"]`` (a slot's visible
+    devices, ``vkit.apply.slots``) and ``env_extra`` are added to it."""
     flags = to_serve_flags(config)
     env = dict(os.environ)
+    env.update({str(k): str(v) for k, v in (launch.get("env") or {}).items()})
     env.update(env_extra or {})
     if tag:
         env[TAG_VAR] = tag

@@ -231,6 +231,13 @@ class Lifecycle:
         did = self.mark_abnormal(f"rollback to the kept configuration failed: {why} (after: {reason})")
         return Outcome(False, ExitCode.UNAVAILABLE, "abnormal", f"rollback failed: {why}", diag, kept=kept, decision_id=did)
 
+    def stop(self, reason: str = "the run is over") -> None:
+        """Stop the server this state file started (a slot's, at the end of a tune); logged."""
+        st = self.sf.read()
+        if (st["service"].get("running") or {}).get("pid"):
+            self._log("stopped", reason=reason, running=st["service"]["running"])
+        self._stop_running(st)
+
     def keep(self, reason: str, decision: str = "manual") -> str:
         """Make the applied candidate the kept configuration (the rollback target)."""
         st = self.sf.read()

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import time
 
+from vkit.apply import slots
 from vkit.apply.launcher import serve_argv
 from vkit.apply.policy import parse_assignments, render_table, to_serve_flags
 from vkit.cli._common import IO, add_subcommand, load_policy, make_parser, run
-from vkit.errors import ExitCode, UsageError
+from vkit.errors import ExitCode, UsageError, VkitError
 from vkit.measure.fingerprint import fingerprint
 from vkit.state import StateFile, lease_staleness, new_state
 
@@ -35,11 +37,14 @@ def build_parser() -> argparse.ArgumentParser:
             "state history -n 20",
             "state --clear-abnormal --reason 'driver reloaded, server healthy again'",
             "state --break-lease   # only when the run holding it is dead",
+            "state init --slots 4 --url http://127.0.0.1:8000 --model m -- vllm serve m --port 8000 -tp 2   # 4 slots of 2 devices",
+            "state --slot-in s1 --reason 'GPU 2 reseated'   # a slot taken out serves trials again",
         ],
         exit_notes={1: "state init refused by the parameter policy", 4: "no state file (run state init)"},
     )
     p.add_argument("--clear-abnormal", action="store_true", help="clear the ABNORMAL flag after a human fixed the cause (logged)")
     p.add_argument("--break-lease", action="store_true", help="remove the lease of a dead run (logged)")
+    p.add_argument("--slot-in", metavar="NAME", help="put a slot that was taken out back into service (logged)")
     p.add_argument("--reason", default="", help="why, for the decision log (used with --clear-abnormal / --break-lease)")
     sub = p.add_subparsers(dest="cmd", metavar="COMMAND")
     s = add_subcommand(sub, "show", "show the state (default command)")
@@ -57,6 +62,17 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--allow", action="append", default=[], metavar="PARAM", help="override the policy's refusal for PARAM (logged), repeatable")
     i.add_argument("--stop-hook", metavar="JSON", help="hook mode (systemd, docker): a JSON list, the argv that stops the server; "
                    "the argv after -- is then the start hook, which receives the flags in $VKIT_SERVE_FLAGS(_FILE)")
+    g = i.add_argument_group("slots (several accelerator groups of one machine, one server each: runbook/state.md#slots)")
+    g.add_argument("--slots", type=int, default=None, metavar="N",
+                   help="N slots, each its own server on its own devices and port (default: none, the service alone)")
+    g.add_argument("--devices-per-slot", type=int, default=None, metavar="G",
+                   help="accelerators a slot holds, consecutive ids from 0 (default: the launch argv's tensor x pipeline parallel size)")
+    g.add_argument("--slots-file", metavar="FILE",
+                   help='the slots as JSON: [{"name": "s0", "devices": [0, 1], "port": 8000}, ...] (an "argv_extra" list '
+                        "adds launch arguments for that slot only)")
+    g.add_argument("--visible-devices-var", default=None, metavar="VAR",
+                   help="the variable that gives a server its devices (default from the accelerator found: "
+                        "CUDA_VISIBLE_DEVICES, ASCEND_RT_VISIBLE_DEVICES or HIP_VISIBLE_DEVICES)")
     i.add_argument("launch", nargs="*", metavar="-- SERVE ARGV", help="command that starts the server, e.g. -- vllm serve /models/x --port 8000")
     h = add_subcommand(sub, "history", "list the decision log")
     add_subcommand(
@@ -71,9 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _run(args: argparse.Namespace, io: IO) -> int:
     sf = StateFile(args.state)
-    if args.clear_abnormal or args.break_lease:
+    if args.clear_abnormal or args.break_lease or args.slot_in:
         if args.cmd not in (None, "show"):
-            raise UsageError("--clear-abnormal and --break-lease cannot be combined with a command")
+            raise UsageError("--clear-abnormal, --break-lease and --slot-in cannot be combined with a command")
         return _human_writes(sf, args, io)
     cmd = args.cmd or "show"
     if cmd == "init":
@@ -105,6 +121,14 @@ def _human_writes(sf: StateFile, args: argparse.Namespace, io: IO) -> int:
             io.warn(f"the lease of {lease.get('owner')} looked live (pid {lease.get('pid')}); broken anyway ({did})")
         else:
             io.progress(f"lease of {lease.get('owner')} broken ({stale}; {did})")
+    if args.slot_in:
+        was = sf.put_slot_in(args.slot_in)
+        did = sf.log.append(TOOL, "slot_in", slot=args.slot_in, was=was, reason=args.reason, by="human")
+        slot = next(s for s in sf.read()["slots"] if s["name"] == args.slot_in)
+        ab, _ = StateFile(os.path.join(sf.dir, slot["state"])).clear_abnormal(TOOL, args.reason or f"slot back in service ({did})")
+        if ab is not None:
+            io.progress(f"slot {args.slot_in}: its ABNORMAL cleared; was: {ab.get('reason')}")
+        io.progress(f"slot {args.slot_in} " + (f"back in service ({did}); was out: {was.get('reason')}" if was else "was in service"))
     return ExitCode.OK
 
 
@@ -128,13 +152,43 @@ def _init(sf: StateFile, args: argparse.Namespace, io: IO) -> int:
     fp = fingerprint(args.model, args.launch)
     did = sf.log.new_id()
     url = args.url.rstrip("/")
-    doc = new_state(url, args.model, args.launch, kept, launch=launch, fingerprint=fp, decision_id=did)
+    slot_list = _slot_list(args, url, fp)
+    doc = new_state(url, args.model, args.launch, kept, launch=launch, fingerprint=fp, decision_id=did, slots=slot_list)
     sf.create(doc, force=args.force)
-    sf.log.append(TOOL, "init", decision_id=did, url=url, model=args.model, launch_argv=args.launch, kept=kept, overrides=overrides)
-    io.progress(f"state written to {sf.path} ({did})")
+    for s in slot_list or []:
+        sub = StateFile(os.path.join(sf.dir, s["state"]))
+        sub.create(new_state(s["url"], args.model, [], kept, launch=s["launch"], fingerprint=fp, decision_id=did), force=args.force)
+        sub.log.append(TOOL, "init", decision_id=did, url=s["url"], model=args.model, slot=s["name"], launch=s["launch"], kept=kept)
+    sf.log.append(TOOL, "init", decision_id=did, url=url, model=args.model, launch_argv=args.launch, kept=kept, overrides=overrides,
+                  slots=slot_list)
+    io.progress(f"state written to {sf.path} ({did})"
+                + (f"; {len(slot_list)} slots: " + ", ".join(f"{s['name']} devices {','.join(map(str, s['devices']))} "
+                                                              f"port {s['port']}" for s in slot_list) if slot_list else ""))
     if args.json:
         io.emit_json(sf.read())
     return ExitCode.OK
+
+
+def _slot_list(args: argparse.Namespace, url: str, fp: dict) -> list[dict] | None:
+    """The slots of ``state init`` (--slots N or --slots-file), each with its URL, launch and state file."""
+    if args.slots is None and not args.slots_file:
+        if args.devices_per_slot is not None:
+            raise UsageError("--devices-per-slot needs --slots N")
+        return None
+    if args.slots is not None and args.slots_file:
+        raise UsageError("give the slots either as --slots N or as --slots-file FILE, not both")
+    listed = slots.load_file(args.slots_file) if args.slots_file else slots.plan(args.slots, args.launch, url, args.devices_per_slot)
+    slots.check(listed)
+    var = args.visible_devices_var or slots.visible_var((fp.get("accelerator") or {}).get("kind"))
+    base = {"mode": "argv", "argv": list(args.launch)}
+    if args.stop_hook:
+        base = {"mode": "hooks", "start_hook": list(args.launch), "stop_hook": json.loads(args.stop_hook), "argv": []}
+    out = []
+    for s in listed:
+        rel = os.path.relpath(slots.state_path(".", s["name"]), ".")
+        out.append(dict(s, devices=list(s["devices"]), url=slots.url_with_port(url, s["port"]), visible_devices_var=var,
+                        state=rel, launch=slots.launch_for(base, s, var)))
+    return out
 
 
 def _history(sf: StateFile, args: argparse.Namespace, io: IO) -> int:
@@ -183,6 +237,12 @@ def _show(sf: StateFile, args: argparse.Namespace, io: IO) -> int:
     frozen = st.get("frozen") or {}
     if frozen:
         w(f"frozen       {' '.join(f'{k}={v}' for k, v in sorted(frozen.items()))}\n")
+    for s in st.get("slots") or []:
+        sub = _slot_view(sf, s)
+        w(f"slot {s['name']:<7} devices {','.join(map(str, s['devices']))} port {s['port']}: "
+          + (f"OUT since {s['out'].get('since')}: {s['out'].get('reason')}" if s.get("out") else "in service")
+          + (f"; ABNORMAL: {sub['abnormal']}" if sub.get("abnormal") else "")
+          + (f"; pid {sub['pid']} ({sub['role']} config)" if sub.get("pid") else "") + "\n")
     w(f"machine      {st.get('machine_state')}; consecutive start failures {st.get('start_failures', 0)}\n")
     lease = st.get("lease")
     if lease:
@@ -215,6 +275,16 @@ def _show(sf: StateFile, args: argparse.Namespace, io: IO) -> int:
         cfg = " ".join(f"{k}={v}" for k, v in sorted((t.get("config") or {}).items()))
         w(f"  {t.get('id', '?'):<10} {cfg:<48} valid={t.get('valid')} verdict={t.get('verdict')}\n")
     return ExitCode.OK
+
+
+def _slot_view(sf: StateFile, slot: dict) -> dict:
+    try:
+        sub = StateFile(os.path.join(sf.dir, slot["state"])).read()
+    except VkitError:  # a slot's file that cannot be read is shown as such, never fails `state show`
+        return {"abnormal": "its state file cannot be read"}
+    run_ = sub["service"].get("running") or {}
+    ab = sub.get("abnormal") or {}
+    return {"abnormal": ab.get("reason") if ab.get("flag") else None, "pid": run_.get("pid"), "role": run_.get("role")}
 
 
 def main(argv: list[str] | None = None, stdin=None, stdout=None, stderr=None) -> int:

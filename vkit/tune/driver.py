@@ -131,13 +131,63 @@ def held(sf: StateFile, ctx: RunContext) -> Iterator[StateFile]:
 
 def make_runner(sf: StateFile, s: Settings, ctx: RunContext, run_id: str | None = None) -> Runner:
     """A runner whose measurements go to runs/<run_id>/ beside the state (when given), its restarts
-    under ``ctx.owner``'s lease."""
+    under ``ctx.owner``'s lease; with slots, on the first slot in service (``on_first_slot``)."""
     r = Runner(sf, s, ctx.progress, tool_name=ctx.tool, owner=ctx.owner, policy=ctx.policy, interrupts=ctx.interrupts,
                warn=ctx.warn)
     if run_id:
         r.runs_dir = os.path.join(sf.dir, "runs", run_id)
         os.makedirs(r.runs_dir, exist_ok=True)
-    return r
+    return on_first_slot(r)
+
+
+def on_first_slot(runner: Runner) -> Runner:
+    """The runner of the serial phases (baseline, confirmations, steps 1, 4m, 5, delivery): on the first
+    slot in service when the state has slots, else on the service itself."""
+    if not runner.use_first_slot():
+        raise Abnormal("every slot of this state has been taken out (see `state show`): fix them, then "
+                       "`state --slot-in NAME` and rerun the same command to continue")
+    return runner
+
+
+@contextlib.contextmanager
+def slot_leases(sf: StateFile, ctx: RunContext) -> Iterator[None]:
+    """One lease per slot under the run's own: a slot's restarts are refused to any other run."""
+    with contextlib.ExitStack() as stack:
+        for s in sf.read().get("slots") or []:
+            if not s.get("out"):
+                stack.enter_context(StateFile(os.path.join(sf.dir, s["state"])).lease(ctx.owner, ttl_s=ctx.lease_ttl_s, tool=ctx.tool))
+        yield
+
+
+def take_out_failed_slot(runner: Runner, e: VkitError) -> Runner | None:
+    """The serial phases' slot went ABNORMAL (``e``): taken out, and the runner of the next slot in
+    service returned (the phase resumes from the state there); None when it is not a slot's failure or
+    no slot is left."""
+    if e.code != ExitCode.UNAVAILABLE or runner.slot is None:
+        return None
+    ab = runner.svc.read().get("abnormal") or {}
+    if not ab.get("flag"):
+        return None
+    reason = f"ABNORMAL: {ab.get('reason')}"
+    did = runner.log("slot_out", slot=runner.slot, reason=reason)
+    runner.sf.take_slot_out(runner.slot, reason, did)
+    runner.warn(f"slot {runner.slot} taken out: {reason}; the tune goes on with the other slots ({did})")
+    try:
+        return on_first_slot(runner)
+    except Abnormal:
+        return None
+
+
+def stop_other_slots(runner: Runner) -> None:
+    """At the end of a run, the slots other than the serial phases' stop their servers (they served
+    the run's trials, nothing else); the first slot stays on the kept configuration."""
+    from vkit.apply.lifecycle import Lifecycle
+
+    for s in runner.slots(live=False):
+        if s["name"] != runner.slot:
+            other = runner.for_slot(s)
+            with contextlib.suppress(VkitError):
+                Lifecycle(other.svc, runner.tool_name, runner.owner, progress=runner.progress, policy=runner.policy).stop()
 
 
 def check_drift(runner: Runner, warn: Callable[[str], None]) -> dict:
@@ -165,16 +215,23 @@ def tune(sf: StateFile, settings: Settings, mixed: Workload, plan: TunePlan, ctx
     environment that turned ABNORMAL. ``advise(runner, proposer)`` wraps the Bayesian search's
     proposer (``vkit.tune.advisor``, tune --advisor)."""
     t0 = time.time()
-    with held(sf, ctx):
+    with held(sf, ctx), slot_leases(sf, ctx):
         run_id = _open_run(sf, settings, plan, ctx)
         runner = make_runner(sf, settings, ctx, run_id=run_id)
-        try:
-            result = _drive(runner, settings, mixed, plan, ctx, run_id, t0, advise)
-        except VkitError as e:
-            ab = (sf.read().get("abnormal") or {}) if e.code == ExitCode.UNAVAILABLE else {}
-            if ab.get("flag") and on_abnormal is not None:
-                on_abnormal(ab.get("reason"))
-            raise
+        while True:
+            try:
+                result = _drive(runner, settings, mixed, plan, ctx, run_id, t0, advise)
+                break
+            except VkitError as e:
+                nxt = take_out_failed_slot(runner, e)
+                if nxt is not None:
+                    runner = nxt
+                    continue
+                ab = ((runner.svc.read().get("abnormal") or {}) if e.code == ExitCode.UNAVAILABLE else {})
+                if ab.get("flag") and on_abnormal is not None:
+                    on_abnormal(ab.get("reason") if runner.slot is None else f"slot {runner.slot}: {ab.get('reason')}")
+                raise
+        stop_other_slots(runner)
     out_dir = plan.report_dir or os.path.join(sf.dir, "reports", run_id)
     paths = write_report(result, out_dir) if write_report is not None else {}
     sf.update_tune_run(finished=now_iso(), report=paths)
@@ -344,7 +401,7 @@ def build_result(runner: Runner, settings: Settings, t0: float) -> TuneResult:
     b = st.get("baseline") or {}
     version = server_info(runner)
     opts = settings.workload.options
-    restarts = sum(1 for e in runner.sf.log.read() if e.get("event") in ("applied", "rolled_back", "start_failed"))
+    restarts = sum(1 for log in runner.service_logs() for e in log.read() if e.get("event") in ("applied", "rolled_back", "start_failed"))
     trials = []
     for t in st["trials"]:
         row = {k: t.get(k) for k in ("id", "step", "config", "changes", "status", "verdict", "why", "valid", "metrics",
@@ -506,7 +563,7 @@ def sweep_step(sf: StateFile, settings: Settings, ctx: RunContext, step: str | N
     ``advise(runner, proposer)`` wraps the Bayesian search's proposer (``vkit.tune.advisor``)."""
     if mode != "bo" and step is None:
         raise UsageError("a staged sweep needs its step (2, 3 or 4)")
-    with held(sf, ctx):
+    with held(sf, ctx), slot_leases(sf, ctx):
         st = sf.read()
         runner = make_runner(sf, settings, ctx, run_id=(st.get("tune") or {}).get("run_id") or "sweep")
         runner.baseline()

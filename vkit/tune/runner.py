@@ -29,6 +29,7 @@ Measurement design:
 
 from __future__ import annotations
 
+import copy
 import itertools
 import json
 import math
@@ -221,6 +222,49 @@ class Runner:
         self.owner = owner or default_owner(tool_name)
         self.policy = policy or Policy.load()
         self.interrupts = interrupts or Interrupts()
+        # the server this runner restarts and measures: the service's own state file, or a slot's
+        # (``for_slot``); trials, baselines and decisions always go to ``sf``
+        self.svc = sf
+        self.slot: str | None = None
+
+    # -- slots (vkit.apply.slots) ---------------------------------------------
+    def slots(self, live: bool = True) -> list[dict]:
+        """The state's slots in order (``live``: those not taken out); [] for a state without slots."""
+        return [s for s in self.sf.read().get("slots") or [] if not (live and s.get("out"))]
+
+    def for_slot(self, slot: dict) -> Runner:
+        """A runner of the same run whose restarts and measurements go to ``slot``'s server (its own
+        state file: lifecycle, rollback, ABNORMAL and lease per slot)."""
+        r = copy.copy(self)
+        r.svc = StateFile(os.path.join(self.sf.dir, slot["state"]))
+        r.slot = slot["name"]
+        base = os.path.dirname(self.runs_dir) if self.slot else self.runs_dir
+        r.runs_dir = os.path.join(base, slot["name"])  # each slot's runs apart: a trial retried elsewhere keeps its evidence
+        os.makedirs(r.runs_dir, exist_ok=True)
+        return r
+
+    def use_first_slot(self) -> bool:
+        """Bind this runner (the serial phases': baseline, confirmations, steps 1, 4m, 5, delivery) to the
+        first slot in service; False when the state has slots and every one was taken out."""
+        live = self.slots()
+        if not self.slots(live=False) or (live and live[0]["name"] == self.slot):
+            return True
+        if not live:
+            return False
+        r = self.for_slot(live[0])
+        self.svc, self.slot, self.runs_dir = r.svc, r.slot, r.runs_dir
+        return True
+
+    def service_logs(self) -> list:
+        """The decision logs that hold restarts: the service's, and each slot's."""
+        return [self.sf.log] + [StateFile(os.path.join(self.sf.dir, s["state"])).log for s in self.slots(live=False)]
+
+    def _mirror_kept(self) -> None:
+        """A slot's rollback target and frozen parameters are the tune's: copied before each restart."""
+        if self.svc is not self.sf:
+            st = self.sf.read()
+            k = st["kept"]
+            self.svc.mirror_kept(k["config"], k.get("decision_id"), k.get("decision"), frozen=st.get("frozen") or {})
 
     # -- state helpers ----------------------------------------------------
     def _abs(self, rel: str) -> str:
@@ -244,14 +288,15 @@ class Runner:
 
     # -- the tools ----------------------------------------------------------
     def running_config(self) -> dict | None:
-        run = self.sf.read()["service"].get("running") or {}
+        run = self.svc.read()["service"].get("running") or {}
         return run.get("config") if run.get("pid") else None
 
     def apply(self, config: dict, fresh: bool = False) -> tuple[bool, dict]:
         """restart_with_rollback to ``config`` (a full configuration); no-op if it already runs,
         unless ``fresh``: a new measurement series starts on a freshly started server, so that no
         request set finds its prompts in the prefix cache from an earlier series on the same process."""
-        st = self.sf.read()
+        self._mirror_kept()
+        st = self.svc.read()
         run = st["service"].get("running") or {}
         from vkit.apply.launcher import alive
 
@@ -282,7 +327,7 @@ class Runner:
         how = Held(owner=self.owner, ready_timeout_s=self.s.ready_timeout_s, interrupts=self.interrupts, policy=self.policy)
         t0 = time.time()
         try:
-            code, out = run_held(self.sf, tool, how, body)
+            code, out = run_held(self.svc, tool, how, body)
         except VkitError as e:
             return int(e.code), {}, f"{tool}: error: {' '.join(str(e).split())}"
         finally:
@@ -450,7 +495,7 @@ class Runner:
 
     def start_key(self) -> str | None:
         """The server process running now, as ``pid:ticks`` (None when none is recorded)."""
-        run = self.sf.read()["service"].get("running") or {}
+        run = self.svc.read()["service"].get("running") or {}
         return f"{run['pid']}:{run.get('ticks')}" if run.get("pid") else None
 
     def measure(self, label: str, k: int, workload: Workload | None = None) -> tuple[str, dict, dict]:
@@ -475,7 +520,7 @@ class Runner:
     def _measure_checked(self, label: str, k: int, workload: Workload | None = None) -> tuple[str, dict, dict]:
         for attempt in (1, 2):
             path, doc, check = self._measure_once(label, k, workload)
-            if doc.get("failed") and not self._healthy(self.sf.read()["service"]["url"]):
+            if doc.get("failed") and not self._healthy(self.svc.read()["service"]["url"]):
                 path, doc, check = self._server_died(label, k, workload, doc)
             findings = set(check.get("findings") or [])
             if check["code"] != ExitCode.REJECTED or not self.transient(findings) or attempt == 2:
@@ -488,7 +533,7 @@ class Runner:
         """The server died during a measurement: that run is not a measurement of the configuration.
         Restart the same configuration and measure again; if it dies again, a candidate's trial is
         invalid, and the kept configuration's death marks the environment ABNORMAL."""
-        st = self.sf.read()
+        st = self.svc.read()
         cfg = dict((st["service"].get("running") or {}).get("config") or st["kept"]["config"])
         errs = "; ".join(f"{n}x {m}" for m, n in sorted((doc.get("vkit") or {}).get("errors", {}).items(), key=lambda kv: -kv[1])[:2])
         self.progress(f"{label} run {k}: the server died during the measurement ({errs}); restarting it and measuring again")
@@ -501,7 +546,7 @@ class Runner:
         if cfg == st["kept"]["config"]:
             reason = (f"the server of the kept configuration died during measurements twice ({errs}); "
                       "read the server log in the logs/ folder beside the state file")
-            Lifecycle(self.sf, self.tool_name, self.owner, progress=self.progress, policy=self.policy).mark_abnormal(reason)
+            Lifecycle(self.svc, self.tool_name, self.owner, progress=self.progress, policy=self.policy).mark_abnormal(reason)
             raise Abnormal(reason)
         path = _rel(os.path.join(self.runs_dir, label, f"rep{k}.json"), self.sf.dir)
         return path, doc, {"code": ExitCode.INVALID, "verdict": "invalid", "findings": ["server_died"]}
@@ -519,7 +564,7 @@ class Runner:
         command = ["--state", self.sf.path, *w.options.flags(), "--seed", str(seed), "-q", "--records", rec, "-o", path]
         try:
             st = self.sf.read()
-            cfg = build_config(replace(w.options, seed=seed), st["service"]["url"], command)
+            cfg = build_config(replace(w.options, seed=seed), self.svc.read()["service"]["url"], command)
             cfg.launch_argv = launch_argv(st)
             out = measure(cfg, records=rec, output=path, interrupts=self.interrupts)
         except VkitError as e:
@@ -551,7 +596,7 @@ class Runner:
         opts = replace(w.options, seed=w.seed + 1000 * k)
         command = ["--state", self.sf.path]
         try:
-            doc = _cap.measure_configuration(opts, st["service"]["url"], os.path.join(d, f"rep{k}-points"), c.slo, c.plan,
+            doc = _cap.measure_configuration(opts, self.svc.read()["service"]["url"], os.path.join(d, f"rep{k}-points"), c.slo, c.plan,
                                              reference, command=command, interrupts=self.interrupts,
                                              progress=lambda m: self.progress(f"{label} capacity {k}: {m}"),
                                              accelerators=c.accelerators, seed=w.seed + k, hint=hint,
@@ -659,7 +704,7 @@ class Runner:
         choice is a business rule, not a selection on performance, so no winner's curse rides on its
         process either."""
         st = self.sf.read()
-        key, run = self.start_key(), st["service"].get("running") or {}
+        key, run = self.start_key(), self.svc.read()["service"].get("running") or {}
         if self.s.capacity is None or key is None or run.get("config") != st["kept"]["config"]:
             return False
         step1 = {p for t in st["trials"] if t["step"] == "1" for p in t.get("runs") or []}
@@ -743,7 +788,7 @@ class Runner:
         opts = replace(w.options, seed=w.seed + 50_000)
         out_dir = os.path.join(self.runs_dir, "promise")
         st = self.sf.read()
-        run = _cap.live_measure(opts, st["service"]["url"], out_dir, plan, command=["--state", self.sf.path],
+        run = _cap.live_measure(opts, self.svc.read()["service"]["url"], out_dir, plan, command=["--state", self.sf.path],
                                 interrupts=self.interrupts, launch_argv=launch_argv(st))
         ok, res = self.apply(dict(config), fresh=True)
         if not ok:
@@ -943,8 +988,7 @@ class Runner:
             conf["decision"] = "start_failed"
             self.save_conf(conf)
             return conf
-        lc = Lifecycle(self.sf, self.tool_name, self.owner, progress=self.progress, policy=self.policy)
-        did = lc.keep(reason=f"gate accepted {tid} on fresh interleaved runs: {conf.get('why')}", decision="gate")
+        did = self.keep(reason=f"gate accepted {tid} on fresh interleaved runs: {conf.get('why')}", decision="gate")
         conf["decision"] = "kept"
         conf["decision_id"] = did
         self.save_conf(conf)
@@ -953,6 +997,19 @@ class Runner:
         if workload is None or workload.name == self.s.workload.name:
             self.rebase_baseline(tid, conf)
         return conf
+
+    def keep(self, reason: str, decision: str) -> str:
+        """The applied candidate on this runner's server becomes the kept configuration (the lifecycle's
+        keep, logged); on a slot, the tune's state records it too (the other slots copy it at their next restart)."""
+        previous = self.sf.read()["kept"]
+        lc = Lifecycle(self.svc, self.tool_name, self.owner, progress=self.progress, policy=self.policy)
+        did = lc.keep(reason=reason, decision=decision)
+        if self.svc is not self.sf:
+            k = self.svc.read()["kept"]
+            self.sf.mirror_kept(k["config"], did, decision)
+            self.sf.log.append(self.tool_name, "keep", decision_id=did, config=k["config"], previous=previous, reason=reason,
+                               decision=decision, slot=self.slot)
+        return did
 
     def confirm_point(self, tid: str, selected_from: int, primary: str, guards: list[str] | None = None) -> dict:
         """A delivered (Pareto) configuration re-confirmed on its own claim — ``primary``, the objective

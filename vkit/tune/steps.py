@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import math
 import shlex
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, Callable
 
 from vkit import search
 from vkit.apply import launcher
 from vkit.apply.launcher import serve_argv
-from vkit.apply.lifecycle import Lifecycle
 from vkit.apply.policy import Policy, to_serve_flags
 from vkit.errors import ExitCode, Rejected, VkitError
 from vkit.search import gpumem
@@ -187,8 +187,7 @@ def run_step1(runner: Runner, candidates: list[int], need_len: int, target_concu
     kept = runner.sf.read()["kept"]["config"]
     if kept.get("max_model_len") != chosen:
         runner.apply(dict(kept, max_model_len=chosen))
-        lc = Lifecycle(runner.sf, runner.tool_name, runner.owner, progress=progress, policy=runner.policy)
-        did = lc.keep(reason=f"step 1: max-model-len {chosen} is {why} (a business decision, frozen from now on)", decision="step1")
+        did = runner.keep(reason=f"step 1: max-model-len {chosen} is {why} (a business decision, frozen from now on)", decision="step1")
         t1 = next(x for x in runner.sf.read()["trials"] if x["step"] == "1" and x["config"].get("max_model_len") == chosen)
         runner.update_trial(t1["id"], kept=True, decision_id=did)
     runner.sf.freeze("max_model_len", chosen)
@@ -227,6 +226,186 @@ def run_screening_step(runner: Runner, step: str, proposer: Callable[[list], Any
     refused = _underpowered(runner, step, runner.confirm_plan(), progress)
     if refused is not None:
         return refused
+    if step != "bo" and len(runner.slots()) > 1:
+        stop = _screen_on_slots(runner, step, proposer, progress, budget, stop_text)
+    else:
+        stop = _screen_one_at_a_time(runner, step, proposer, progress, budget, stop_text)
+    hist = observations(runner, (step,))
+    best = _best_screened(runner, step)
+    rec: dict[str, Any] = {"step": step, "name": STEP_NAMES.get(step, step), "trials": [h.trial_id for h in hist], "stop_rule": stop}
+    if best is None:
+        rec["result"] = "no candidate beat the kept configuration on screening; nothing to confirm"
+    else:
+        k = max(1, len([h for h in hist if h.feasible]))
+        conf = runner.confirm_and_keep(best["id"], selected_from=k)
+        rec["confirmed"] = {"trial_id": best["id"], "decision": conf.get("decision"), "why": conf.get("why")}
+        rec["result"] = (f"kept {best['id']} ({' '.join(to_serve_flags(best['changes']))})" if conf.get("decision") == "kept"
+                         else f"best screened {best['id']} not kept: {conf.get('decision')} — {conf.get('why')}")
+    runner.settle()
+    rec["finished"] = now_iso()
+    _record_step(runner, rec)
+    progress(f"step {step} done: {rec['result']}; stop rule: {stop}")
+    return rec
+
+
+def _spent(runner: Runner, step: str) -> int:
+    """Trials of ``step`` that count toward its budget (a skipped candidate cost no restart: it does not)."""
+    hist = observations(runner, (step,))
+    skipped = sum(1 for t in runner.sf.read()["trials"] if t["step"] == step and t["status"] == "skipped")
+    return len(hist) - skipped
+
+
+def lies(runner: Runner, pending: list[dict]) -> list[search.Observation]:
+    """Batch proposals: the configurations proposed but not yet measured, as observations a proposer
+    reads as measured and promising (the best value of each objective so far, a maximised one 10 % above
+    it), so it proposes the next configuration of its plan instead of the same one again and does not
+    stop a sweep at a knee the pending values may not show. Never recorded: the real screening replaces them."""
+    hist = observations(runner)
+    objs = objectives(runner)
+    best = {}
+    for o in objs:
+        vals = [h.objectives[o.name] for h in hist if h.feasible and isinstance(h.objectives.get(o.name), (int, float))]
+        if not vals:  # nothing screened yet: the kept configuration's baseline
+            v = ((runner.sf.read().get("baseline") or {}).get("metrics") or {}).get(o.name)
+            vals = [v] if isinstance(v, (int, float)) else []
+        if vals:
+            best[o.name] = max(vals) if o.direction == "max" else min(vals)
+    out = []
+    for i, cfg in enumerate(pending):
+        obj = {k: (v * 1.10 ** (i + 1) if next(o for o in objs if o.name == k).direction == "max" else v) for k, v in best.items()}
+        out.append(search.Observation(config=dict(cfg), objectives=obj, repeats=[], feasible=len(obj) == len(objs),
+                                      slo_ok=True, step="pending", trial_id=f"pending-{i}"))
+    return out
+
+
+def _screen_on_slots(runner: Runner, step: str, proposer: Callable[[list], Any], progress: Callable[[str], None],
+                     budget: int, stop_text: Callable[[list], str]) -> str:
+    """Screening q candidates at a time, one per live slot, in synchronous batches: the proposals of a
+    batch are made on the same history (the pending ones as ``lies``), its trials run side by side,
+    and the next batch is proposed only when all are done, so the decisions depend on the measurements
+    alone, never on which slot finished first; each batch's outcomes are logged in trial-id order."""
+    while True:
+        live = runner.slots()
+        if not live:
+            raise VkitError("every slot has been taken out (see `state show`); fix them, then `state --slot-in NAME` and "
+                            "rerun the same command to continue", ExitCode.UNAVAILABLE)
+        batch = [t["id"] for t in runner.sf.read()["trials"] if t["step"] == step and t["status"] in ("proposed", "applied")]
+        if not batch:
+            spent = _spent(runner, step)
+            if spent >= budget:
+                return f"budget of {budget} trials for step {step} spent"
+            over = _over_time(runner, step, budget - spent, progress)
+            if over:
+                return over
+            pending: list[dict] = []
+            while len(batch) < min(len(live), budget - spent):
+                prop = proposer(observations(runner) + lies(runner, pending))
+                if prop is None:
+                    break
+                same = runner.cannot_differ(prop.config)
+                if same is not None:
+                    runner.skip_trial(step, prop.config, prop.reason, same[0], same[1], prop.audit)
+                    continue
+                audit = dict(prop.audit, batch={"size_limit": len(live), "position": len(batch), "pending": [dict(c) for c in pending]})
+                batch.append(runner.new_trial(step, prop.config, prop.reason, audit)["id"])
+                pending.append(prop.config)
+            if not batch:
+                return stop_text(observations(runner))
+        run_batch(runner, batch, live, progress)
+        if not runner.use_first_slot():
+            raise VkitError("every slot has been taken out (see `state show`): fix them, then `state --slot-in NAME` and "
+                            "rerun the same command to continue", ExitCode.UNAVAILABLE)
+
+
+def _pick_slots(runner: Runner, tids: list[str], live: list[dict]) -> list[tuple[str, dict]]:
+    """Each trial on its own slot: one retried after its slot failed goes to a slot it has not tried."""
+    free, out = list(live), []
+    for tid in sorted(tids):
+        tried = set(runner.trial(tid).get("slots_tried") or [])
+        slot = next((s for s in free if s["name"] not in tried), None)
+        if slot is None:
+            continue  # more trials than untried slots: the rest waits for the next batch
+        free.remove(slot)
+        out.append((tid, slot))
+    return out
+
+
+def run_batch(runner: Runner, tids: list[str], live: list[dict], progress: Callable[[str], None]) -> None:
+    """Trials ``tids`` side by side, one thread per slot; then, in trial-id order, each outcome: a slot
+    that went ABNORMAL, or whose server died under a trial twice over its last trials, is taken out and
+    the trial is retried on another slot (once; after two slots it is marked with the reason)."""
+    pairs = _pick_slots(runner, tids, live)
+    for tid in tids:
+        if tid not in {p[0] for p in pairs}:
+            t = runner.trial(tid)
+            runner.update_trial(tid, status="invalid", valid=False, verdict=None, finished=now_iso(),
+                                why=f"not measured: the slots it was tried on ({', '.join(t.get('slots_tried') or [])}) failed "
+                                    "under it, and no other slot is left")
+    if not pairs:
+        return
+    progress(f"batch of {len(pairs)}: " + ", ".join(f"{tid} on slot {s['name']}" for tid, s in pairs))
+    results: dict[str, Any] = {}
+    with runner.interrupts.every_section(), ThreadPoolExecutor(max_workers=len(pairs)) as ex:
+        futures = {tid: ex.submit(_trial_on_slot, runner, slot, tid) for tid, slot in pairs}
+        for tid, f in futures.items():
+            try:
+                results[tid] = f.result()
+            except BaseException as e:  # noqa: BLE001 - re-raised below, after every thread finished its trial
+                results[tid] = e
+    for tid, slot in sorted(pairs, key=lambda p: p[0]):
+        res = results[tid]
+        if isinstance(res, BaseException):
+            raise res
+        _after_trial(runner, tid, slot, res, progress)
+
+
+def _trial_on_slot(runner: Runner, slot: dict, tid: str) -> tuple[str, str | None]:
+    """One trial on one slot's server (a thread's body): ("ok" | "slot_down" | "slot_fault", why)."""
+    r = runner.for_slot(slot)
+    t = runner.trial(tid)
+    runner.update_trial(tid, slot=slot["name"], slots_tried=[*(t.get("slots_tried") or []), slot["name"]])
+    try:
+        t = r.run_trial(tid)
+        r.settle()
+    except VkitError as e:
+        if e.code != ExitCode.UNAVAILABLE:
+            raise
+        return "slot_down", " ".join(str(e).split())
+    if t["status"] == "invalid" and "server_died" in {f for c in t.get("checks") or [] for f in (c.get("findings") or [])}:
+        return "slot_fault", f"the server died under {tid} twice on slot {slot['name']}"
+    return "ok", None
+
+
+def _after_trial(runner: Runner, tid: str, slot: dict, res: tuple[str, str | None], progress: Callable[[str], None]) -> None:
+    kind, why = res
+    name = slot["name"]
+    t = runner.trial(tid)
+    if kind == "ok":
+        runner.sf.slot_ok(name)
+        runner.log("screened", trial=tid, slot=name, status=t["status"], verdict=t.get("verdict"))
+        return
+    n = runner.sf.slot_failed(name, why or kind)
+    sub = runner.for_slot(slot).svc.read()
+    ab = sub.get("abnormal") or {}
+    if kind == "slot_down" or ab.get("flag") or n >= 2:
+        reason = (f"ABNORMAL: {ab.get('reason')}" if ab.get("flag") else why) + f" ({n} failure(s) in a row on this slot)"
+        did = runner.log("slot_out", slot=name, reason=reason, trial=tid)
+        runner.sf.take_slot_out(name, reason, did)
+        runner.warn(f"slot {name} taken out: {reason}; the tune goes on with the other slots ({did})")
+    tried = t.get("slots_tried") or []
+    runner.log("slot_failed", trial=tid, slot=name, why=why, retry=len(tried) < 2)
+    if len(tried) < 2:
+        progress(f"{tid}: {why}; measured again on another slot")
+        runner.update_trial(tid, status="proposed", runs=[], checks=[], valid=None, verdict=None, metrics={}, finished=None,
+                            failed_on=[*(t.get("failed_on") or []), {"slot": name, "why": why, "runs": t.get("runs") or [],
+                                                                    "status": t["status"]}])
+    elif t["status"] in ("proposed", "applied"):
+        runner.update_trial(tid, status="invalid", valid=False, verdict=None, finished=now_iso(),
+                            why=f"not measured: its slots ({', '.join(tried)}) failed under it; last: {why}")
+
+
+def _screen_one_at_a_time(runner: Runner, step: str, proposer: Callable[[list], Any], progress: Callable[[str], None],
+                          budget: int, stop_text: Callable[[list], str]) -> str:
     n = 0
     while True:
         open_t = _open_trial(runner, step)
@@ -256,23 +435,7 @@ def run_screening_step(runner: Runner, step: str, proposer: Callable[[list], Any
         runner.run_trial(t["id"])
         runner.settle()
         n += 1
-    hist = observations(runner, (step,))
-    best = _best_screened(runner, step)
-    rec: dict[str, Any] = {"step": step, "name": STEP_NAMES.get(step, step), "trials": [h.trial_id for h in hist], "stop_rule": stop}
-    if best is None:
-        rec["result"] = "no candidate beat the kept configuration on screening; nothing to confirm"
-    else:
-        k = max(1, len([h for h in hist if h.feasible]))
-        conf = runner.confirm_and_keep(best["id"], selected_from=k)
-        rec["confirmed"] = {"trial_id": best["id"], "decision": conf.get("decision"), "why": conf.get("why")}
-        rec["result"] = (f"kept {best['id']} ({' '.join(to_serve_flags(best['changes']))})" if conf.get("decision") == "kept"
-                         else f"best screened {best['id']} not kept: {conf.get('decision')} — {conf.get('why')}")
-    runner.settle()
-    rec["finished"] = now_iso()
-    _record_step(runner, rec)
-    progress(f"step {step} done: {rec['result']}; stop rule: {stop}")
-    return rec
-
+    return stop
 
 def _underpowered(runner: Runner, step: str, plan: dict, progress: Callable[[str], None]) -> dict | None:
     """A step whose winner could not be confirmed within the budget is not started: its screening
@@ -356,11 +519,11 @@ def gpu_memory_bounds(runner: Runner, policy: Policy) -> tuple[float, float, str
 def kept_kv_tokens(runner: Runner) -> int | None:
     """The KV-cache size (tokens) the kept configuration's last start logged (vLLM's ``GPU KV cache size``):
     the running server's when it is the kept one, else the latest start of it in the decision log."""
-    st = runner.sf.read()
+    st = runner.svc.read()
     kept = st["kept"]["config"]
     if runner.running_config() == kept and (st["service"].get("startup") or {}).get("kv_cache_tokens"):
         return st["service"]["startup"]["kv_cache_tokens"]
-    for e in reversed(runner.sf.log.read()):
+    for e in reversed(runner.svc.log.read()):
         cfg = e.get("kept") if e.get("event") == "rolled_back" else e.get("candidate") if e.get("event") == "applied" else None
         if cfg == kept and (e.get("startup") or {}).get("kv_cache_tokens"):
             return e["startup"]["kv_cache_tokens"]
@@ -407,7 +570,7 @@ def probe_start(runner: Runner, value: float, progress: Callable[[str], None]) -
         t = runner.update_trial(t["id"], status="probe_failed", valid=False, diagnosis=diag, finished=now_iso(),
                                 why=f"does not start ({diag.get('kind')}): {diag.get('quote') or res.get('message')}")
         if diag.get("kind") in MEMORY_KINDS:
-            runner.sf.forgive_start_failure()
+            runner.svc.forgive_start_failure()
             runner.log("probe_failure", trial=t["id"], config=cfg, kind=diag.get("kind"),
                        why="a gpu_memory_utilization start probe refused for memory: the answer sought, not counted "
                            "toward the two-failures-in-a-row rule (the rollback verified the kept configuration)")
@@ -467,7 +630,7 @@ def load_failure(runner: Runner, t: dict) -> list[str]:
             bad = [w for w in pt.get("invalid") or [] if "request(s) failed" in str(w)]
             if bad:
                 ev.append(f"{p}: at load {pt.get('load')}: {bad[0]}")
-    st = runner.sf.read()
+    st = runner.svc.read()
     run = st["service"].get("running") or {}
     if run.get("config") == t["config"] and t.get("runs") and not runner._healthy(st["service"]["url"]):
         quote = launcher.diagnose(launcher.tail(run["log"]))["quote"] if run.get("log") else ""
@@ -946,7 +1109,7 @@ def confirm_front(runner: Runner, goal: dict, limit: int, progress: Callable[[st
         measured += 1 if conf.get("b_runs") else 0  # one refused before any run (underpowered) cost nothing
         progress(f"deliver: {tid} {'confirmed' if conf.get('decision') == 'accept' else conf.get('decision')}: {conf.get('why')}")
         done.append(conf)
-    st = runner.sf.read()
+    st = runner.svc.read()
     if measured or (st["service"].get("running") or {}).get("config") not in (None, st["kept"]["config"]):
         runner.settle()  # once, after the last candidate (or one left running by an interrupted run)
     return done

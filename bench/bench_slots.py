@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""Wall time of the same tune on q = 1, 2, 4 simulator slots on loopback.
+
+Each slot is its own ``sim_server`` on its own port (``state init --slots-file``); q = 1 is the
+default path, a state without slots. Every tune is the same staged run (``--steps 2,3 --budget 4``,
+throughput objective, the simulated 8B at 16 closed-loop streams, ``--sim-seed 5``, speed-up 8, so the
+servers' work is virtual time and cheap on a small machine): step 2's candidates are independent and
+run q at a time; step 3's sweep runs ahead of its knee q at a time (the pending values as lies), so a
+slot can measure a value the serial sweep would not have reached. Reported per q: the wall time, the
+recommendation, the restarts and trials it took, and the speed-up against q = 1 with the CPU count
+(every server and the load generator share the same cores: the speed-up is bounded by them).
+
+Writes bench/results/slots.json. Run: python3 bench/bench_slots.py [--repeats 2] (about 2 min on 2 cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+B = os.path.join(REPO, "bin")
+PY = sys.executable
+TUNE = ["--sandbox", "--objective", "throughput", "--concurrency", "16", "--input-len", "256", "--output-len", "64",
+        "--num-prompts", "100", "--baseline-repeats", "3", "--screen-repeats", "1", "--ready-timeout", "60",
+        "--slo", "p95_ttft_ms=5000", "--guard", "p95_ttft_ms:-:50%", "--confirm-front", "0", "--ablation", "off",
+        "--steps", "2,3", "--budget", "4", "--json", "-q"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def sim(port: int) -> list[str]:
+    return [PY, os.path.join(B, "sim_server"), "sim-8b", "--port", str(port), "--sim-speed", "8", "--sim-startup-s", "0.2",
+            "--sim-seed", "5", "--max-model-len", "4096"]
+
+
+def one_tune(q: int, work: str) -> dict:
+    st = os.path.join(work, "vkit.json")
+    ports = [free_port() for _ in range(q)]
+    init = [PY, os.path.join(B, "state"), "--state", st, "init", "--url", f"http://127.0.0.1:{ports[0]}", "--model", "sim-8b",
+            "--set", "max_num_seqs=4", "--set", "max_num_batched_tokens=2048"]
+    if q > 1:
+        spec = os.path.join(work, "slots.json")
+        with open(spec, "w", encoding="utf-8") as f:
+            json.dump([{"name": f"s{i}", "devices": [i], "port": p} for i, p in enumerate(ports)], f)
+        init += ["--slots-file", spec]
+    subprocess.run([*init, "--", *sim(ports[0])], check=True, capture_output=True)
+    t0 = time.time()
+    r = subprocess.run([PY, os.path.join(B, "tune"), "--state", st, *TUNE], capture_output=True, text=True)
+    wall = time.time() - t0
+    try:
+        _stop_all(st)
+    except Exception:  # noqa: BLE001 - a benchmark's cleanup never hides its result
+        pass
+    if r.returncode != 0:
+        return {"q": q, "ok": False, "exit": r.returncode, "stderr": r.stderr[-600:]}
+    res = json.loads(r.stdout)
+    state = json.load(open(st, encoding="utf-8"))
+    return {"q": q, "ok": True, "wall_s": round(wall, 1), "recommendation": res["recommendation"]["config"],
+            "restarts": res["timings"]["restarts"], "trials": len(state["trials"]),
+            "measured": sum(1 for t in state["trials"] if t["status"] not in ("skipped",)),
+            "slots_out": [s["name"] for s in state.get("slots") or [] if s.get("out")]}
+
+
+def _stop_all(st: str) -> None:
+    sys.path.insert(0, REPO)
+    from vkit.apply import launcher
+    from vkit.state import StateFile
+
+    sf = StateFile(st)
+    files = [sf] + [StateFile(os.path.join(sf.dir, s["state"])) for s in sf.read().get("slots") or []]
+    for f in files:
+        launcher.stop(f.read()["service"].get("running"), grace_s=3)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--qs", default="1,2,4", help="slot counts to compare (default 1,2,4)")
+    ap.add_argument("--repeats", type=int, default=1, help="tunes per slot count (default 1)")
+    ap.add_argument("-o", "--output", default=os.path.join(REPO, "bench", "results", "slots.json"))
+    a = ap.parse_args(argv)
+    rows = []
+    for rep in range(a.repeats):
+        for q in [int(x) for x in a.qs.split(",")]:
+            with tempfile.TemporaryDirectory(prefix=f"vkit-slots-{q}-") as work:
+                row = dict(one_tune(q, work), repeat=rep)
+            print(json.dumps(row), file=sys.stderr)
+            rows.append(row)
+    summary = {}
+    for q in sorted({r["q"] for r in rows}):
+        ok = [r for r in rows if r["q"] == q and r["ok"]]
+        if ok:
+            walls = sorted(r["wall_s"] for r in ok)
+            summary[str(q)] = {"median_wall_s": walls[len(walls) // 2], "runs": len(ok),
+                               "recommendations": sorted({json.dumps(r["recommendation"], sort_keys=True) for r in ok}),
+                               "restarts": [r["restarts"] for r in ok], "trials": [r["trials"] for r in ok]}
+    base = (summary.get("1") or {}).get("median_wall_s")
+    for v in summary.values():
+        v["speedup_vs_q1"] = round(base / v["median_wall_s"], 2) if base else None
+    out = {"bench": "slots", "cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
+           "tune_args": TUNE, "sim": sim(0)[2:], "rows": rows, "summary": summary,
+           "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    os.makedirs(os.path.dirname(a.output), exist_ok=True)
+    with open(a.output, "w", encoding="utf-8") as f:
+        json.dump(out, f, indent=2, sort_keys=True)
+        f.write("\n")
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

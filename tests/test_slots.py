@@ -1,0 +1,138 @@
+"""Slots: the accelerator groups of one machine as parallel servers (vkit.apply.slots), their state
+files, the launcher's visible-devices variable, and a tune screening on several slots, one of whose
+servers dies mid-trial."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import pytest
+
+from tests.conftest import REPO, call
+from tests.sim_helpers import free_port
+from vkit.apply import launcher, slots
+from vkit.errors import UsageError
+from vkit.state import StateFile
+
+
+@pytest.mark.unit
+def test_plan_groups_devices_by_the_launch_parallel_size_and_counts_ports_up():
+    argv = ["vllm", "serve", "m", "--port", "8000", "-tp", "2"]
+    got = slots.plan(4, argv, "http://127.0.0.1:8000")
+    assert [s["devices"] for s in got] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert [s["port"] for s in got] == [8000, 8001, 8002, 8003] and got[3]["name"] == "s3"
+    assert [s["devices"] for s in slots.plan(2, ["serve"], "http://h:9000", per_slot=3)] == [[0, 1, 2], [3, 4, 5]]
+    assert slots.with_port(argv, 8003)[:5] == ["vllm", "serve", "m", "--port", "8003"]
+    assert slots.with_port(["serve", "--port=1"], 2) == ["serve", "--port=2"]
+    assert slots.with_port(["serve"], 2) == ["serve", "--port", "2"]
+    assert slots.url_with_port("http://127.0.0.1:8000/", 8002) == "http://127.0.0.1:8002"
+    with pytest.raises(UsageError):
+        slots.check([{"name": "a", "devices": ["0"], "port": 1}, {"name": "b", "devices": ["0"], "port": 2}])
+    with pytest.raises(UsageError):
+        slots.check([{"name": "a", "devices": ["0"], "port": 1}, {"name": "b", "devices": ["1"], "port": 1}])
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("kind,var", [("nvidia", "CUDA_VISIBLE_DEVICES"), ("ascend", "ASCEND_RT_VISIBLE_DEVICES"),
+                                      ("rocm", "HIP_VISIBLE_DEVICES"), ("none", "CUDA_VISIBLE_DEVICES"), (None, "CUDA_VISIBLE_DEVICES")])
+def test_the_visible_devices_variable_follows_the_accelerator_kind(kind, var):
+    assert slots.visible_var(kind) == var
+    launch = slots.launch_for({"mode": "argv", "argv": ["serve", "--port", "1"]}, {"name": "s1", "devices": [2, 3], "port": 7}, var)
+    assert launch["env"][var] == "2,3" and launch["argv"] == ["serve", "--port", "7"]
+
+
+@pytest.mark.e2e
+def test_the_launcher_gives_each_slot_its_devices(tmp_path):
+    code = "import os; print('VIS=' + os.environ.get('ASCEND_RT_VISIBLE_DEVICES', '-'), flush=True)"
+    launch = slots.launch_for({"mode": "argv", "argv": [sys.executable, "-c", code]}, {"name": "s1", "devices": [4, 5], "port": 1},
+                              "ASCEND_RT_VISIBLE_DEVICES")
+    launch["argv"] = [sys.executable, "-c", code]  # no --port for python itself
+    log = str(tmp_path / "server.log")
+    run = launcher.start(launch, {}, log)
+    run.proc.wait(timeout=30)
+    assert "VIS=4,5" in open(log, encoding="utf-8").read()
+
+
+def test_state_init_with_slots_writes_one_state_file_per_slot(tmp_path):
+    st = str(tmp_path / "st" / "vkit.json")
+    r = call("state", "--state", st, "init", "--slots", "2", "--url", "http://127.0.0.1:8000", "--model", "m",
+             "--set", "max_num_seqs=8", "--", "vllm", "serve", "m", "--port", "8000")
+    assert r.code == 0, r
+    main = StateFile(st).read()
+    assert [s["name"] for s in main["slots"]] == ["s0", "s1"] and main["slots"][1]["url"] == "http://127.0.0.1:8001"
+    sub = StateFile(os.path.join(os.path.dirname(st), main["slots"][1]["state"])).read()
+    assert sub["service"]["url"] == "http://127.0.0.1:8001" and sub["kept"]["config"] == {"max_num_seqs": 8}
+    assert sub["service"]["launch"]["argv"][-2:] == ["--port", "8001"]
+    assert sub["service"]["launch"]["env"][main["slots"][1]["visible_devices_var"]] == "1"
+    r = call("state", "--state", st, "show")
+    assert "slot s1" in r.out and "port 8001: in service" in r.out
+    sf = StateFile(st)
+    sf.take_slot_out("s1", "test", "d-x")
+    assert "OUT since" in call("state", "--state", st, "show").out
+    r = call("state", "--state", st, "--slot-in", "s1", "--reason", "fixed")
+    assert r.code == 0 and sf.read()["slots"][1]["out"] is None
+    assert call("state", "--state", st, "--slot-in", "s9").code == 2
+
+
+@pytest.mark.unit
+def test_a_state_without_slots_is_one_slot(tmp_path):
+    from vkit.measure.gauge import BenchOptions
+    from vkit.state import new_state
+    from vkit.tune.runner import Runner, Settings, Workload
+
+    sf = StateFile(str(tmp_path / "vkit.json"))
+    sf.create(new_state("http://127.0.0.1:9", "m", ["serve"], {}))
+    r = Runner(sf, Settings(workload=Workload(BenchOptions())), lambda m: None)
+    assert r.slots() == [] and r.use_first_slot() and r.svc is sf and r.slot is None
+
+
+# -- end to end: a tune on two simulator slots, one of whose servers dies mid-trial ---------------------
+FAST = ["--sandbox", "--objective", "throughput", "--concurrency", "16", "--input-len", "256", "--output-len", "64",
+        "--num-prompts", "100", "--baseline-repeats", "3", "--screen-repeats", "1", "--ready-timeout", "30",
+        "--slo", "p95_ttft_ms=5000", "--guard", "p95_ttft_ms:-:50%", "--confirm-front", "0"]
+
+
+def _sim(port: int) -> list[str]:
+    return [sys.executable, os.path.join(REPO, "bin", "sim_server"), "sim-8b", "--port", str(port), "--sim-speed", "8",
+            "--sim-startup-s", "0.2", "--sim-seed", "5", "--max-model-len", "4096"]
+
+
+@pytest.mark.e2e
+def test_a_slot_whose_server_dies_mid_trial_is_taken_out_and_the_tune_finishes(tmp_path, monkeypatch):
+    p0, p1 = free_port(), free_port()
+    st = str(tmp_path / "st" / "vkit.json")
+    monkeypatch.setenv("VKIT_STATE", st)
+    spec = tmp_path / "slots.json"
+    # slot s1's engine dies at its 31st request after every start: mid-run, every run
+    spec.write_text(json.dumps([{"name": "s0", "devices": [0], "port": p0},
+                                {"name": "s1", "devices": [1], "port": p1, "argv_extra": ["--sim-crash-after", "30"]}]))
+    r = call("state", "init", "--slots-file", str(spec), "--url", f"http://127.0.0.1:{p0}", "--model", "sim-8b",
+             "--set", "max_num_seqs=4", "--set", "max_num_batched_tokens=2048", "--", *_sim(p0))
+    assert r.code == 0, r
+    sf = StateFile(st)
+    try:
+        t0 = time.time()
+        r = call("tune", *FAST, "--steps", "2", "--budget", "4", "--json")
+        assert r.code == 0, r.err[-3000:]
+        assert time.time() - t0 < 600
+        s = sf.read()
+        s1 = next(x for x in s["slots"] if x["name"] == "s1")
+        assert s1["out"] and "server died" in s1["out"]["reason"]
+        assert "slot s1 taken out" in r.err
+        # nothing lost: every trial finished with a verdict or a reason, and those that failed on s1 were measured on s0
+        assert s["trials"] and all(t["status"] in ("done", "eliminated", "skipped") for t in s["trials"]), \
+            [(t["id"], t["status"], t.get("why")) for t in s["trials"]]
+        moved = [t for t in s["trials"] if t.get("failed_on")]
+        assert moved and all(t["failed_on"][0]["slot"] == "s1" and t["slot"] == "s0" for t in moved)
+        assert all(os.path.exists(os.path.join(sf.dir, p)) for t in moved for p in t["failed_on"][0]["runs"])
+        ev = [e["event"] for e in sf.log.read()]
+        assert "slot_out" in ev and "converge" in ev
+        res = json.loads(r.out)
+        assert res["recommendation"]["config"] == s["kept"]["config"]
+    finally:
+        for x in sf.read().get("slots") or []:
+            sub = StateFile(os.path.join(sf.dir, x["state"]))
+            launcher.stop(sub.read()["service"].get("running"), grace_s=3)
