@@ -102,8 +102,8 @@ METHODS = {
     "staged_load": ("staged", {"load_concurrency": "{load}", "tokens_candidates": "octaves", "seqs_candidates": "octaves"}),
     # the policy's candidate lists with max_num_seqs above the load in step 2: staged_load without the octaves
     "staged_load_policy": ("staged", {"load_concurrency": "{load}"}),
-    "bo": ("bo", {}),  # auto: EHVI for these two objectives, the SLO as P(feasible)
-    "bo_cei": ("bo", {"acquisition": "cei"}),
+    "bo": ("bo", {}),  # auto: constrained EI under these scenarios' SLO
+    "bo_ehvi": ("bo", {"acquisition": "ehvi"}),
     "bo_ei": ("bo", {"acquisition": "ei"}),
     "bo_ucb": ("bo", {"acquisition": "ucb"}),
     "random": ("random", {}),

@@ -430,9 +430,14 @@ def test_ehvi_in_any_dimension_matches_the_closed_form_and_monte_carlo():
     assert exact[0] > exact[2]  # a likely improvement beats a point near the reference
 
 
-def test_auto_takes_ehvi_for_two_and_three_objectives_even_under_an_slo():
+def test_auto_takes_ehvi_for_two_and_three_objectives_and_constrained_ei_under_an_slo():
+    # bench_tuner chose it: under an SLO, constrained EI reaches the constrained optimum in fewer restarts
     p = run_mode("bo", budget=8, seed=3, slo={"p95_ttft_ms": 1500})[1][-1]
-    assert p.audit["phase"] == "acquisition" and p.audit["acquisition"]["name"] == "ehvi+log_pof"
+    assert p.audit["phase"] == "acquisition" and p.audit["acquisition"]["name"] == "log_ei+log_pof"
+    p = run_mode("bo", budget=8, seed=3, slo={"p95_ttft_ms": 1500}, acquisition="ehvi")[1][-1]
+    assert p.audit["acquisition"]["name"] == "ehvi+log_pof"  # EHVI with the SLO as P(feasible), when asked
+    p = run_mode("bo", budget=8, seed=3)[1][-1]
+    assert p.audit["acquisition"]["name"] == "ehvi"
     three = [*OBJ, Objective("mean_tpot_ms", "min")]
     rng = np.random.default_rng(2)
     hist = []
