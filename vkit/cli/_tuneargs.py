@@ -95,10 +95,10 @@ def add_args(p: argparse.ArgumentParser) -> None:
     r.add_argument("--lease-ttl", type=float, default=6 * 3600, metavar="S", help="lease lifetime (default 6 h)")
 
 
-MODE_HELP = ("staged (default: seed 000's steps; see --staged-candidates) or bo (Gaussian-process search over steps 2-4). "
-             "Measured on the simulator (bench/results/tuner.json): median restarts to 98%% of the optimum, mean of 2 "
-             "scenarios: staged 2 (policy lists, max_num_seqs above the load in step 2), staged with octaves 6, bo 7.25, "
-             "random 13.25, grid 15.5")
+MODE_HELP = ("staged (default: seed 000's steps; see --staged-candidates) or bo (Gaussian-process search over every "
+             "situational parameter). Measured on the simulator (bench/results/tuner.json): median restarts to 98%% of "
+             "the optimum, mean of 2 scenarios: staged 3.0 (policy lists, max_num_seqs above the load in step 2), staged "
+             "with octaves 6.25, bo 7.0 (constrained EI), random 14.5, grid 19.75")
 
 
 def add_bo_args(s: argparse._ArgumentGroup) -> None:
