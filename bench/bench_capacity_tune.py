@@ -14,7 +14,7 @@ virtual time):
   of the scenario (``--sim-speed 4``, the simulator's default noise: 2 % within a process, 1.5 %
   between starts), started from a conservative configuration, with ``make demo``'s capacity
   settings but the defaults of a field tune: 8 trials a step, a baseline of 4 runs over 3 starts, a
-  confirmation budget of 4 blocks, no attribution run (``--ablation off``: it measures which
+  confirmation budget of tune's default (4 blocks at the rows' revisions, 6 since), no attribution run (``--ablation off``: it measures which
   parameter of a keep paid, not where the tune lands; the earlier rows predate it). Measured: server restarts, benchmark-seconds (the summed duration of every load-point
   run), wall seconds, the recommended configuration.
   The tune ends by verifying its promise with 10-second runs on a fresh start (``--verify-seconds

@@ -169,7 +169,7 @@ def main(argv=None) -> int:
                          "default 15 %% guard makes the step rightly refused up front, which measures no verdict); "
                          "'default' passes none")
     ap.add_argument("--confirm-blocks", type=int, default=None, metavar="N",
-                    help="tune's --confirm-blocks (default: tune's own, 4); at the simulator's noise the power analysis asks "
+                    help="tune's --confirm-blocks (default: tune's own, 6); at the simulator's noise the power analysis asks "
                          "for 5 to 8 blocks and refuses a step up front with less")
     a = ap.parse_args(argv)
     guard = [] if a.guard == "default" else ["--guard", a.guard]
@@ -198,7 +198,7 @@ def main(argv=None) -> int:
                 "keep_rate_decided": kd / nd if nd else None,
                 "keep_rate_decided_upper95": float(stats.beta.ppf(0.95, kd + 1, nd - kd)) if nd and kd < nd else 1.0,
                 "keep_rate_decided_lower95": float(stats.beta.ppf(0.05, kd, nd - kd + 1)) if nd and kd > 0 else 0.0,
-                "surface": surface, "true_gains": gains, "live_gain": live, "confirm_blocks": a.confirm_blocks or 4, "tunes": n, "errors": len(rows) - n, "keeps": k,
+                "surface": surface, "true_gains": gains, "live_gain": live, "confirm_blocks": a.confirm_blocks or 6, "tunes": n, "errors": len(rows) - n, "keeps": k,
                 "keep_rate": k / n if n else None,
                 # Clopper-Pearson, one-sided 95 %: the upper bound on flat, the lower one on plus6
                 "keep_rate_upper95": float(stats.beta.ppf(0.95, k + 1, n - k)) if n and k < n else 1.0,

@@ -65,9 +65,11 @@ def add_args(p: argparse.ArgumentParser) -> None:
                         "repeats - 1 when fewer: one start keeps two runs, for σ within a process). Two starts give σ's "
                         "between-restart part one degree of freedom, three give two; 1 measures no between part")
     d.add_argument("--screen-repeats", type=int_at_least(1), default=2, metavar="N", help="runs per screened candidate at most (default 2; fewer when σ's between-restart part dominates)")
-    d.add_argument("--confirm-blocks", type=int_at_least(1), default=4, metavar="N",
-                   help="B A A B confirmation blocks at most (default 4): the power analysis at the measured σ plans the "
-                        "blocks; one that needs more is not measured (--yes grants it, up to 4x)")
+    d.add_argument("--confirm-blocks", type=int_at_least(1), default=6, metavar="N",
+                   help="B A A B confirmation blocks at most (default 6: at 2%% noise within a process and 1.5%% between "
+                        "starts the power analysis asks for 5): the power analysis at the measured σ plans the blocks, and "
+                        "the gate stops after any block that decides; one that needs more is not measured (--yes grants it, "
+                        "up to 4x)")
     d.add_argument("--staged-candidates", choices=["policy", "octaves"], default="policy",
                    help="staged steps 2-3 sweep the policy's candidate lists (default) or every power of two in "
                         "max_num_batched_tokens 256-32768 and max_num_seqs 8-512. Measured on the simulator "

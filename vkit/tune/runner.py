@@ -102,7 +102,7 @@ class Settings:
     workload: Workload
     baseline_repeats: int = 4
     screen_repeats: int = 2
-    confirm_blocks: int = 4  # B A A B blocks at most (the budget; the power analysis plans fewer when σ allows)
+    confirm_blocks: int = 6  # B A A B blocks at most (the budget; the power analysis plans fewer when σ allows)
     primary: str = "output_throughput:+"
     guards: list[str] = field(default_factory=lambda: ["p95_ttft_ms:-:15%"])
     slo: dict = field(default_factory=dict)  # e.g. {"p95_ttft_ms": 2000}
@@ -522,6 +522,15 @@ class Runner:
             path, doc, check = self._measure_once(label, k, workload)
             if doc.get("failed") and not self._healthy(self.svc.read()["service"]["url"]):
                 path, doc, check = self._server_died(label, k, workload, doc)
+            if doc.get("failed") and check["code"] != ExitCode.INVALID:
+                # requests failed on a server that stayed up (a burst of 5xx, a malformed event): the run is not a
+                # measurement of the configuration, and no verdict may rest on it; measured once more, else invalid
+                check = dict(check, code=int(ExitCode.INVALID), verdict="invalid",
+                             findings=sorted({*(check.get("findings") or []), "failed_requests"}))
+                if attempt == 1:
+                    self.progress(f"{label} run {k}: {doc['failed']} request(s) failed on a healthy server; measuring again")
+                    self.log("remeasure", run=path, findings=check["findings"], failed=doc["failed"])
+                    continue
             findings = set(check.get("findings") or [])
             if check["code"] != ExitCode.REJECTED or not self.transient(findings) or attempt == 2:
                 return path, doc, check
@@ -952,7 +961,8 @@ class Runner:
                                          why=f"invalid measurement ({', '.join(check.get('findings') or [])}): no verdict")
             cut = max(4 * sig_tp, self.s.eliminate_below)
             what = "capacity" if pm == "slo_capacity" else "throughput"
-            if k == 1 and base_tp and (doc.get(pm) or 0.0) < base_tp * (1 - cut):
+            # only a run check_invariants passed shows a clearly worse candidate (a busy client's run does not)
+            if k == 1 and check["code"] == 0 and base_tp and (doc.get(pm) or 0.0) < base_tp * (1 - cut):
                 self.progress(f"{tid} eliminated: {doc[pm] / base_tp - 1:+.1%} {what} vs the baseline")
                 return self.update_trial(tid, status="eliminated", valid=True, verdict="reject", finished=now_iso(),
                                          metrics=summary_metrics(doc),
@@ -1115,6 +1125,15 @@ class Runner:
         d = os.path.join(self.runs_dir, "sentinel")
         k = 1 + (sum(1 for f in os.listdir(d) if f.endswith(".json")) if os.path.isdir(d) else 0)  # never overwrite
         path, doc, check = self.measure("sentinel", k)
+        if check["code"] == ExitCode.INVALID:
+            # an invalid run (failed requests, a broken gauge) says nothing of the level: kept out of the series
+            trials = st.get("trials") or []
+            out = {"after_trial": trials[-1]["id"] if trials else None, "runs": None, "min_runs": MIN_RUNS, "detector": None,
+                   "changed": False, "shift": None, "last": None,
+                   "why": f"invalid sentinel run {path} ({', '.join(check.get('findings') or [])}): no drift verdict"}
+            self.sf.record_drift_check(dict(out, ts=now_iso()))
+            self.log("drift_check", **out)
+            return out
         self.sf.add_kept_repeat(path)
         series = self.kept_series()
         vals = [d["output_throughput"] for _, d in series]
