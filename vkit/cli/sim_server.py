@@ -15,7 +15,7 @@ import re
 import sys
 
 from vkit.cli._common import IO, loop_signals, make_parser, non_negative_float, positive_float, run
-from vkit.errors import ExitCode
+from vkit.errors import ExitCode, UsageError
 from vkit.sim.config import ServeOptions
 from vkit.sim.profiles import DEFAULT_GPU, DEFAULT_MODEL, GPUS, KV_DTYPE_BYTES, MODELS, WEIGHT_QUANT_BYTES, get_gpu, get_model
 from vkit.sim.server import SimSettings, serve
@@ -202,6 +202,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="step-cost parameters fitted by sim_calibrate to measured runs; --sim-mfu / --sim-mbu "
                         "given explicitly override its values (default: the built-in roofline)")
     f = p.add_argument_group("fault injection (sim_server only)")
+    add_fault_args(f)
+    f.add_argument("--sim-fault-plan", default=None, metavar="FILE",
+                   help="JSON object mapping a start number of --sim-start-file to the fault flags that start gets, "
+                        'e.g. {"3": ["--sim-crash-after", "40"]}: faults at chosen moments of a whole tune (default: none)')
+    return p
+
+
+def add_fault_args(f) -> None:
+    """The fault flags, on the parser or on the fault plan's own parser."""
     f.add_argument("--sim-fail-at-start", action="store_true",
                    help="fail while loading the model with CUDA out of memory, exit 1")
     f.add_argument("--sim-crash-after", type=non_negative_int, default=None, metavar="N",
@@ -212,7 +221,45 @@ def build_parser() -> argparse.ArgumentParser:
                    help="every stream goes silent after N tokens and never ends")
     f.add_argument("--sim-error-rate", type=probability, default=0.0, metavar="P",
                    help="answer each generation request with a 500 with probability P (default: 0)")
-    return p
+    f.add_argument("--sim-error-burst", type=error_burst, default=None, metavar="N:M",
+                   help="a burst of 5xx: generation requests N+1 to N+M are answered 500 (default: none)")
+    f.add_argument("--sim-malformed-sse-after", type=non_negative_int, default=None, metavar="N",
+                   help="the stream of generation request N+1 opens with an event that is not JSON, then goes on")
+
+
+def error_burst(text: str) -> tuple[int, int]:
+    """``N:M`` as (N, M): after N requests, M answered 500."""
+    n, sep, m = text.partition(":")
+    try:
+        after, count = int(n), int(m)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not N:M (e.g. 40:5)") from None
+    if not sep or after < 0 or count < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: N >= 0 and M >= 1")
+    return after, count
+
+
+def apply_fault_plan(args: argparse.Namespace, path: str, start: int) -> list[str]:
+    """The fault flags ``--sim-fault-plan`` gives start number ``start`` set on ``args``; returns them."""
+    from vkit.jsonio import read_json
+
+    try:
+        plan = read_json(path, "--sim-fault-plan")
+    except FileNotFoundError:
+        raise UsageError(f"--sim-fault-plan {path}: no such file") from None
+    flags = (plan if isinstance(plan, dict) else {}).get(str(start)) or []
+    if not isinstance(flags, list) or not all(isinstance(x, str) for x in flags):
+        raise UsageError(f"--sim-fault-plan {path}: start {start} must map to a list of flags")
+    fp = argparse.ArgumentParser(prog="sim_server --sim-fault-plan", add_help=False)
+    add_fault_args(fp)
+    try:
+        got = fp.parse_args(flags)
+    except SystemExit:
+        raise UsageError(f"--sim-fault-plan {path}: start {start}: not fault flags: {flags}") from None
+    for k, v in vars(got).items():
+        if v != fp.get_default(k):
+            setattr(args, k, v)
+    return flags
 
 
 def profile_cost_params(args: argparse.Namespace, parser: argparse.ArgumentParser):
@@ -251,6 +298,12 @@ def _run(args: argparse.Namespace, io: IO, parser: argparse.ArgumentParser) -> i
     host = "127.0.0.1"
     seed = args.sim_seed if args.sim_seed is not None else int.from_bytes(os.urandom(4), "big")
     start = next_start(args.sim_start_file) if args.sim_start_file else int.from_bytes(os.urandom(4), "big")
+    if args.sim_fault_plan:
+        if not args.sim_start_file:
+            raise UsageError("--sim-fault-plan needs --sim-start-file: its faults are given to start numbers")
+        planned = apply_fault_plan(args, args.sim_fault_plan, start)
+        if planned:
+            log.warning("sim_server.py:1", f"fault plan: start {start} gets {' '.join(planned)}")
     env = os.environ
     opts = ServeOptions(
         model=model,
@@ -285,6 +338,7 @@ def _run(args: argparse.Namespace, io: IO, parser: argparse.ArgumentParser) -> i
         fail_at_start=args.sim_fail_at_start,
         crash_after=args.sim_crash_after, hang_health=args.sim_hang_health,
         stall_stream_after=args.sim_stall_stream_after, error_rate=args.sim_error_rate,
+        error_burst=args.sim_error_burst, malformed_sse_after=args.sim_malformed_sse_after,
         access_log=not args.disable_uvicorn_access_log, log_stats=not args.disable_log_stats,
         stats_interval_s=args.sim_stats_interval_s,
         dev_mode=env.get("VLLM_SERVER_DEV_MODE", "") in ("1", "true", "True"),

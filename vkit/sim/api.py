@@ -382,6 +382,12 @@ class SimApi:
         if self.s.crash_after is not None and self.admitted > self.s.crash_after:
             self.crash(f"simulated engine failure after {self.s.crash_after} requests (--sim-crash-after)")
             raise BadRequest(ENGINE_DEAD_MSG, None, 500, "InternalServerError")
+        burst = self.s.error_burst
+        if burst is not None and burst[0] < self.admitted <= burst[0] + burst[1]:
+            if self.admitted == burst[0] + 1:
+                self.log.warning("api_server.py:1", f"simulated 5xx burst: requests {burst[0] + 1} to {sum(burst)} "
+                                                    "answered 500 (--sim-error-burst)")
+            raise BadRequest("Internal server error (sim_server fault: --sim-error-burst)", None, 500, "InternalServerError")
 
         h = hash(tuple(ids))
         mean = self.s.output_len_mean
@@ -391,9 +397,14 @@ class SimApi:
         created = int(time.time())
         t_arrival = min(conn.t_rx, time.perf_counter()) if conn.t_rx else time.perf_counter()
         live = Live(conn, t_arrival, mt)
+        malformed = stream and self.s.malformed_sse_after is not None and self.admitted == self.s.malformed_sse_after + 1
+        if malformed:
+            self.log.warning("api_server.py:1", f"simulated malformed SSE event: request {self.admitted} opens its stream "
+                                                "with an event that is not JSON (--sim-malformed-sse-after)")
         if stream:
             live.sink = StreamSink(conn, chat, rid, created, self.model_json, bool(so.get("include_usage")),
-                                   bool(so.get("continuous_usage_stats")), plen, self.s.stall_stream_after)
+                                   bool(so.get("continuous_usage_stats")), plen, self.s.stall_stream_after,
+                                   malformed=malformed)
         else:
             live.sink = FullSink(conn, chat, rid, created, self.model_name, plen, self)
         req = Request(rid, ids, max_tokens, min_tokens=min_tokens, ignore_eos=ignore_eos, natural_len=natural,

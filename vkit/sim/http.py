@@ -59,10 +59,10 @@ class StreamSink:
     """Writes one request's SSE events. The token fast path concatenates pre-built bytes."""
 
     __slots__ = ("conn", "chat", "pre", "mid", "tail", "rid", "created", "model_json", "include_usage",
-                 "continuous", "prompt_len", "stall_after", "stalled", "role_sent")
+                 "continuous", "prompt_len", "stall_after", "stalled", "role_sent", "malformed")
 
     def __init__(self, conn: Conn, chat: bool, rid: str, created: int, model_json: str, include_usage: bool,
-                 continuous: bool, prompt_len: int, stall_after: int | None):
+                 continuous: bool, prompt_len: int, stall_after: int | None, malformed: bool = False):
         self.conn = conn
         self.chat = chat
         self.rid = rid
@@ -74,6 +74,7 @@ class StreamSink:
         self.stall_after = stall_after
         self.stalled = False
         self.role_sent = False
+        self.malformed = malformed  # the fault --sim-malformed-sse-after: the first event is not JSON
         # Chat chunks are dumped with exclude_unset (stop_reason only on the last), completion
         # chunks without it (stop_reason always), as vLLM's serving_chat / serving_completion do.
         if chat:
@@ -97,6 +98,10 @@ class StreamSink:
         if self.stall_after is not None and n_out > self.stall_after:
             self.stalled = True  # the fault: the stream goes silent and never ends
             return None
+        if self.malformed:
+            self.malformed = False
+            payload = b'data: {"id":"' + self.rid.encode() + b'","choices":[{"index":0,"text":\n\n'
+            return _chunk(payload) + (self.render(text, finish, n_out) or b"")
         if finish is None and not self.continuous and self.role_sent:
             payload = self.pre + text + self.mid + self.tail + b"}\n\n"
             return b"%x\r\n%s\r\n" % (len(payload), payload)

@@ -67,6 +67,8 @@ class SimSettings:
     hang_health: bool = False
     stall_stream_after: int | None = None
     error_rate: float = 0.0
+    error_burst: tuple[int, int] | None = None  # (after, count): requests after+1 .. after+count answered 500
+    malformed_sse_after: int | None = None  # the stream of request N+1 opens with an event that is not JSON
     access_log: bool = True
     log_stats: bool = True
     stats_interval_s: float = STATS_LOG_INTERVAL_S
