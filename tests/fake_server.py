@@ -79,8 +79,25 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.flush()
 
 
-class FakeServer(ThreadingHTTPServer):
+class LoopbackServer(ThreadingHTTPServer):
+    """A threaded HTTP server on a free loopback port, served from a thread inside ``with``."""
+
     daemon_threads = True
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+    def __enter__(self):
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *a):
+        self.shutdown()
+        self.server_close()
+
+
+class FakeServer(LoopbackServer):
 
     def __init__(self, modes: dict | None = None, default: str = "ok", token_delay: float = 0.002):
         super().__init__(("127.0.0.1", 0), Handler)
@@ -96,15 +113,3 @@ class FakeServer(ThreadingHTTPServer):
             k = self.count
         # request number k (1 = the preflight) → mode
         return self.modes.get(k, self.default)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
-
-    def __enter__(self):
-        threading.Thread(target=self.serve_forever, daemon=True).start()
-        return self
-
-    def __exit__(self, *a):
-        self.shutdown()
-        self.server_close()

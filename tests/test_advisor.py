@@ -8,20 +8,23 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 import requests
 
+from tests import test_tune
 from tests.conftest import call
+from tests.fake_server import LoopbackServer
 from tests.sim_helpers import free_port
 from tests.test_tune import FAST, init
 from vkit import search
 from vkit.apply.policy import Policy
 from vkit.search import advisor as advice
-from vkit.state import DecisionLog, StateFile
+from vkit.state import DecisionLog
 from vkit.tune import advisor
+
+svc = test_tune.svc  # the simulated service fixture, shared with tune's own tests
 
 OBJ = [search.Objective("output_throughput", "max"), search.Objective("p95_ttft_ms", "min")]
 BASE = {"max_num_batched_tokens": 2048, "max_num_seqs": 4, "max_model_len": 4096}
@@ -122,24 +125,10 @@ class Handler(BaseHTTPRequestHandler):
                              "choices": [{"index": 0, "text": text, "finish_reason": "stop"}]})
 
 
-class FakeAdvisor(ThreadingHTTPServer):
-    daemon_threads = True
-
+class FakeAdvisor(LoopbackServer):
     def __init__(self, answers: list[str], no_chat: bool = False):
         super().__init__(("127.0.0.1", 0), Handler)
         self.answers, self.no_chat, self.requests = list(answers), no_chat, []
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
-
-    def __enter__(self):
-        threading.Thread(target=self.serve_forever, daemon=True).start()
-        return self
-
-    def __exit__(self, *a):
-        self.shutdown()
-        self.server_close()
 
 
 def _ask(adv: advisor.Advisor, inp: dict) -> dict:
@@ -308,16 +297,6 @@ def test_sweep_with_an_advisor_on_the_simulator_and_its_replay(svc, monkeypatch)
     assert [s["identical"] for s in rep["sequence"]] == [False, True, True]
 
 
-@pytest.fixture
-def svc(tmp_path, monkeypatch):
-    from vkit.apply import launcher
-
-    port = free_port()
-    st = str(tmp_path / "st" / "vkit.json")
-    monkeypatch.setenv("VKIT_STATE", st)
-    yield {"state": st, "port": port, "sf": StateFile(st), "dir": tmp_path}
-    if os.path.exists(st):
-        launcher.stop(StateFile(st).read()["service"].get("running"), grace_s=3)
 
 
 @pytest.mark.e2e

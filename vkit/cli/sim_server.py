@@ -158,7 +158,17 @@ def build_parser() -> argparse.ArgumentParser:
     for flag in ("--disable-log-requests", "--enable-log-requests"):
         ig.add_argument(flag, action="store_true", help=argparse.SUPPRESS)
     ig.add_argument("-pp", "--pipeline-parallel-size", type=int, default=1, help=argparse.SUPPRESS)
-    s = p.add_argument_group("simulator (sim_server only)")
+    add_sim_args(p.add_argument_group("simulator (sim_server only)"))
+    f = p.add_argument_group("fault injection (sim_server only)")
+    add_fault_args(f)
+    f.add_argument("--sim-fault-plan", default=None, metavar="FILE",
+                   help="JSON object mapping a start number of --sim-start-file to the fault flags that start gets, "
+                        'e.g. {"3": ["--sim-crash-after", "40"]}: faults at chosen moments of a whole tune (default: none)')
+    return p
+
+
+def add_sim_args(s) -> None:
+    """The simulator's own flags: the hardware and model simulated, speed, noise, drift and seed."""
     s.add_argument("--sim-gpu", choices=list(GPUS), default=DEFAULT_GPU,
                    help=f"simulated accelerator, per device; times -tp (default: {DEFAULT_GPU})")
     s.add_argument("--sim-model", choices=list(MODELS), default=DEFAULT_MODEL,
@@ -201,12 +211,6 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--sim-profile", default=None, metavar="FILE",
                    help="step-cost parameters fitted by sim_calibrate to measured runs; --sim-mfu / --sim-mbu "
                         "given explicitly override its values (default: the built-in roofline)")
-    f = p.add_argument_group("fault injection (sim_server only)")
-    add_fault_args(f)
-    f.add_argument("--sim-fault-plan", default=None, metavar="FILE",
-                   help="JSON object mapping a start number of --sim-start-file to the fault flags that start gets, "
-                        'e.g. {"3": ["--sim-crash-after", "40"]}: faults at chosen moments of a whole tune (default: none)')
-    return p
 
 
 def add_fault_args(f) -> None:

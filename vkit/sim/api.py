@@ -377,18 +377,7 @@ class SimApi:
         if so and not stream:
             raise BadRequest("Stream options can only be defined when `stream=True`.", "stream_options")
 
-        # Fault: the engine dies when the (N+1)-th request arrives.
-        self.admitted += 1
-        if self.s.crash_after is not None and self.admitted > self.s.crash_after:
-            self.crash(f"simulated engine failure after {self.s.crash_after} requests (--sim-crash-after)")
-            raise BadRequest(ENGINE_DEAD_MSG, None, 500, "InternalServerError")
-        burst = self.s.error_burst
-        if burst is not None and burst[0] < self.admitted <= burst[0] + burst[1]:
-            if self.admitted == burst[0] + 1:
-                self.log.warning("api_server.py:1", f"simulated 5xx burst: requests {burst[0] + 1} to {sum(burst)} "
-                                                    "answered 500 (--sim-error-burst)")
-            raise BadRequest("Internal server error (sim_server fault: --sim-error-burst)", None, 500, "InternalServerError")
-
+        malformed = self._admit(stream)
         h = hash(tuple(ids))
         mean = self.s.output_len_mean
         natural = 1 + (h >> 8) % (2 * mean) if mean > 0 else 0
@@ -397,10 +386,6 @@ class SimApi:
         created = int(time.time())
         t_arrival = min(conn.t_rx, time.perf_counter()) if conn.t_rx else time.perf_counter()
         live = Live(conn, t_arrival, mt)
-        malformed = stream and self.s.malformed_sse_after is not None and self.admitted == self.s.malformed_sse_after + 1
-        if malformed:
-            self.log.warning("api_server.py:1", f"simulated malformed SSE event: request {self.admitted} opens its stream "
-                                                "with an event that is not JSON (--sim-malformed-sse-after)")
         if stream:
             live.sink = StreamSink(conn, chat, rid, created, self.model_json, bool(so.get("include_usage")),
                                    bool(so.get("continuous_usage_stats")), plen, self.s.stall_stream_after,
@@ -416,6 +401,26 @@ class SimApi:
             conn.write(response_head(200, b"text/event-stream; charset=utf-8", None, conn.keep_alive))
         self.engine.add_request(req)
         self.wake.set()
+
+    def _admit(self, stream: bool) -> bool:
+        """Count a valid request in and apply the request-numbered faults: the engine dies at the
+        (N+1)-th (--sim-crash-after), a burst of them is answered 500 (--sim-error-burst); True when
+        this one's stream is to open with an event that is not JSON (--sim-malformed-sse-after)."""
+        self.admitted += 1
+        if self.s.crash_after is not None and self.admitted > self.s.crash_after:
+            self.crash(f"simulated engine failure after {self.s.crash_after} requests (--sim-crash-after)")
+            raise BadRequest(ENGINE_DEAD_MSG, None, 500, "InternalServerError")
+        burst = self.s.error_burst
+        if burst is not None and burst[0] < self.admitted <= burst[0] + burst[1]:
+            if self.admitted == burst[0] + 1:
+                self.log.warning("api_server.py:1", f"simulated 5xx burst: requests {burst[0] + 1} to {sum(burst)} "
+                                                    "answered 500 (--sim-error-burst)")
+            raise BadRequest("Internal server error (sim_server fault: --sim-error-burst)", None, 500, "InternalServerError")
+        malformed = stream and self.s.malformed_sse_after is not None and self.admitted == self.s.malformed_sse_after + 1
+        if malformed:
+            self.log.warning("api_server.py:1", f"simulated malformed SSE event: request {self.admitted} opens its stream "
+                                                "with an event that is not JSON (--sim-malformed-sse-after)")
+        return malformed
 
     def abort(self, live: Live) -> None:
         """The client went away: free the request like vLLM's abort on disconnect."""
