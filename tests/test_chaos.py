@@ -237,6 +237,25 @@ def test_failed_requests_twice_make_the_run_invalid_not_an_anomaly(tmp_path):
     assert check["code"] == 3 and check["verdict"] == "invalid" and "failed_requests" in check["findings"]
 
 
+BUSY = ({"failed": 0, "output_throughput": 6400.0}, {"code": 1, "verdict": "anomaly", "findings": ["client_saturation"]})
+
+
+def test_a_busy_client_is_measured_again_after_a_pause_twice_then_the_run_stands(tmp_path, monkeypatch):
+    """A machine busy for a moment: the run the client fell behind on is measured again after a pause, at most
+    twice; the third saturated run is returned as it is (the tune then says the machine is busy)."""
+    from vkit.tune import runner as runner_mod
+
+    slept = []
+    monkeypatch.setattr(runner_mod.time, "sleep", slept.append)
+    r, calls = _stub_runner(tmp_path, [BUSY, BUSY, CLEAN])
+    _, doc, check = r._measure_checked("baseline-g1", 1)
+    assert check["code"] == 0 and doc["output_throughput"] == 6500.0
+    assert calls["log"] == ["remeasure", "remeasure"] and slept == list(runner_mod.Runner.BUSY_WAITS_S)
+    r, calls = _stub_runner(tmp_path, [BUSY, BUSY, BUSY, CLEAN])
+    _, _, check = r._measure_checked("baseline-g1", 1)
+    assert check["code"] == 1 and check["findings"] == ["client_saturation"] and len(calls["log"]) == 2
+
+
 def test_an_invalid_sentinel_run_stays_out_of_the_kept_series(tmp_path):
     stalled = ({"failed": 100, "output_throughput": 0.0}, {"code": 3, "verdict": "invalid", "findings": ["error_rate"]})
     r, calls = _stub_runner(tmp_path, [stalled, stalled])

@@ -517,8 +517,13 @@ class Runner:
             if found:
                 self.warn(environment.warning(found, path))
 
+    # Pauses before measuring again a run the client fell behind on: a machine busy for a moment
+    # (another process, a burst of I/O) is usually quiet again a few seconds later.
+    BUSY_WAITS_S = (2.0, 6.0)
+
     def _measure_checked(self, label: str, k: int, workload: Workload | None = None) -> tuple[str, dict, dict]:
-        for attempt in (1, 2):
+        last = 1 + len(self.BUSY_WAITS_S)
+        for attempt in range(1, last + 1):
             path, doc, check = self._measure_once(label, k, workload)
             if doc.get("failed") and not self._healthy(self.svc.read()["service"]["url"]):
                 path, doc, check = self._server_died(label, k, workload, doc)
@@ -532,10 +537,13 @@ class Runner:
                     self.log("remeasure", run=path, findings=check["findings"], failed=doc["failed"])
                     continue
             findings = set(check.get("findings") or [])
-            if check["code"] != ExitCode.REJECTED or not self.transient(findings) or attempt == 2:
+            if check["code"] != ExitCode.REJECTED or not self.transient(findings) or attempt == last:
                 return path, doc, check
-            self.progress(f"{label} run {k}: {', '.join(sorted(findings))} (the client or the machine was busy); measuring again")
-            self.log("remeasure", run=path, findings=sorted(findings))
+            wait = self.BUSY_WAITS_S[attempt - 1]
+            self.progress(f"{label} run {k}: {', '.join(sorted(findings))} (the client or the machine was busy); "
+                          f"measuring again in {wait:g} s")
+            self.log("remeasure", run=path, findings=sorted(findings), wait_s=wait)
+            time.sleep(wait)
         return path, doc, check
 
     def _server_died(self, label: str, k: int, workload: Workload | None, doc: dict) -> tuple[str, dict, dict]:
