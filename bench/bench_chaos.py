@@ -407,6 +407,10 @@ def lease_race(t: Tune, p: subprocess.Popen) -> dict | None:
     traces = [e["event"] for e in after if e.get("event") in ("lease_broken", "break_lease")
               or (e.get("owner") and e.get("owner") != holder) or (e.get("by") and e.get("by") != holder)]
     ok = q.returncode == 4 and holder in q.stderr and not traces
+    if not ok and p.poll() is not None and not any(e == "lease_broken" for e in traces):
+        # the holder ended (finished, or declared ABNORMAL) before the second tune asked for the lease: the second
+        # ran after it, not against it; no race took place, and none is counted
+        return None
     return {"kind": "lease_race", "moment": f"while {holder} held the lease",
             "detail": f"second tune exit {q.returncode}" + (f"; traces: {traces}" if traces else "; wrote nothing"),
             "reaction": {"pass": ok, "detail": q.stderr.strip().splitlines()[-1][:200] if q.stderr.strip() else ""}}

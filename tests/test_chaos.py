@@ -13,7 +13,7 @@ import pytest
 from bench import bench_chaos as chaos
 from tests.conftest import call
 from tests.sim_fixtures import SimProcess
-from vkit.errors import StateWriteError, UsageError
+from vkit.errors import ExitCode, StateWriteError, UsageError, VkitError
 from vkit.state import ENOSPC_HOOK, StateFile, new_state
 
 
@@ -254,6 +254,58 @@ def test_a_busy_client_is_measured_again_after_a_pause_twice_then_the_run_stands
     r, calls = _stub_runner(tmp_path, [BUSY, BUSY, BUSY, CLEAN])
     _, _, check = r._measure_checked("baseline-g1", 1)
     assert check["code"] == 1 and check["findings"] == ["client_saturation"] and len(calls["log"]) == 2
+
+
+def test_a_server_gone_before_the_run_began_is_restarted_like_one_that_died_mid_run(tmp_path):
+    """Killed between two runs: bench_stream cannot connect (exit 4). Not a tune's failure: the same
+    configuration is restarted and the run measured again, as for a death mid-run."""
+    r, calls = _stub_runner(tmp_path, [CLEAN])
+    measured = r._measure_once
+    state = {"first": True}
+
+    def once(label, k, workload=None):
+        if state.pop("first", False):
+            raise VkitError("bench_stream failed (exit 4): connection refused", ExitCode.UNAVAILABLE)
+        return measured(label, k, workload)
+
+    applied = []
+    r._measure_once, r._healthy = once, lambda url: False
+    r.apply = lambda cfg, fresh=False: (applied.append((cfg, fresh)) or True, {})
+    _, doc, check = r._measure_checked("t003", 2)
+    assert check["code"] == 0 and doc["output_throughput"] == 6500.0
+    assert applied == [({}, True)] and calls["log"] == ["server_died"]
+    # a healthy server that refused the run is not a death: the error stands
+    r, _ = _stub_runner(tmp_path, [])
+    r._measure_once = lambda *a, **k: (_ for _ in ()).throw(VkitError("refused", ExitCode.UNAVAILABLE))
+    with pytest.raises(VkitError):
+        r._measure_checked("t003", 2)
+
+
+def test_a_keep_interrupted_before_its_record_is_finished_not_confirmed_against_itself(tmp_path):
+    """vkit killed between the lifecycle's keep and the confirmation's record: the rerun finds the candidate
+    kept by the gate and its confirmation still "accept" against the previous kept configuration. It
+    finishes the bookkeeping with the keep's own decision id: no new runs, no second keep, no restart."""
+    from types import SimpleNamespace
+
+    r, calls = _stub_runner(tmp_path, [])
+    cand, old = {"max_num_seqs": 64}, {"max_num_seqs": 32}
+    trial = {"id": "t004", "step": "2", "config": cand, "changes": cand}
+    conf = {"trial_id": "t004", "config": cand, "against": old, "decision": "accept", "why": "+7%", "sequence": ["B", "A", "A", "B"]}
+    st = {"kept": {"config": cand, "decision": "gate", "decision_id": "d0042"}, "confirmations": [conf], "trials": [trial]}
+    saved, updated, rebased = [], [], []
+    r.sf = SimpleNamespace(read=lambda: st)
+    r.trial = lambda tid: dict(trial)
+    r.save_conf = lambda c, list_key="confirmations": saved.append(dict(c))
+    r.update_trial = lambda tid, **kw: updated.append(kw)
+    r.rebase_baseline = lambda tid, c: rebased.append(tid)
+    r.apply = r.keep = lambda *a, **k: pytest.fail("kept twice or restarted")
+    r.s = SimpleNamespace(workload=SimpleNamespace(name="main"))
+    out = r.confirm_and_keep("t004", selected_from=3)
+    assert out["decision"] == "kept" and out["decision_id"] == "d0042" and out["sequence"] == ["B", "A", "A", "B"]
+    assert saved[-1]["decision"] == "kept" and updated == [{"kept": True, "decision_id": "d0042"}] and rebased == ["t004"]
+    # the same record with a kept configuration made by hand (not a gate decision) is not this case
+    st["kept"]["decision"] = "manual"
+    assert not r._kept_before_saved(conf, trial, "confirmations")
 
 
 def test_an_invalid_sentinel_run_stays_out_of_the_kept_series(tmp_path):

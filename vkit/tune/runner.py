@@ -524,7 +524,14 @@ class Runner:
     def _measure_checked(self, label: str, k: int, workload: Workload | None = None) -> tuple[str, dict, dict]:
         last = 1 + len(self.BUSY_WAITS_S)
         for attempt in range(1, last + 1):
-            path, doc, check = self._measure_once(label, k, workload)
+            try:
+                path, doc, check = self._measure_once(label, k, workload)
+            except VkitError as e:
+                if e.code != ExitCode.UNAVAILABLE or self._healthy(self.svc.read()["service"]["url"]):
+                    raise
+                # the server was gone before the run began (killed between two runs): the same path as a death mid-run
+                doc = {"failed": 1, "vkit": {"errors": {" ".join(str(e).split())[:200]: 1}}}
+                path, doc, check = self._server_died(label, k, workload, doc)
             if doc.get("failed") and not self._healthy(self.svc.read()["service"]["url"]):
                 path, doc, check = self._server_died(label, k, workload, doc)
             if doc.get("failed") and check["code"] != ExitCode.INVALID:
@@ -1001,12 +1008,15 @@ class Runner:
         if conf.get("decision") != "accept":
             self.progress(f"REVERT: {tid} not kept ({conf.get('decision')}): {conf.get('why')}")
             return conf
-        ok, _ = self.apply(t["config"])
-        if not ok:
-            conf["decision"] = "start_failed"
-            self.save_conf(conf)
-            return conf
-        did = self.keep(reason=f"gate accepted {tid} on fresh interleaved runs: {conf.get('why')}", decision="gate")
+        if self._kept_before_saved(conf, t, "confirmations"):
+            did = self.sf.read()["kept"]["decision_id"]  # the keep was made before an interruption: not made twice
+        else:
+            ok, _ = self.apply(t["config"])
+            if not ok:
+                conf["decision"] = "start_failed"
+                self.save_conf(conf)
+                return conf
+            did = self.keep(reason=f"gate accepted {tid} on fresh interleaved runs: {conf.get('why')}", decision="gate")
         conf["decision"] = "kept"
         conf["decision_id"] = did
         self.save_conf(conf)
@@ -1015,6 +1025,13 @@ class Runner:
         if workload is None or workload.name == self.s.workload.name:
             self.rebase_baseline(tid, conf)
         return conf
+
+    def _kept_before_saved(self, conf: dict, trial: dict, list_key: str) -> bool:
+        """An accepted confirmation whose keep was made (the kept configuration is the trial's, by a gate
+        decision) but not yet recorded on it: vkit was stopped between the two writes."""
+        k = self.sf.read()["kept"]
+        return (list_key == "confirmations" and conf.get("decision") == "accept" and k.get("decision") == "gate"
+                and k["config"] == trial["config"] and conf.get("against") != trial["config"])
 
     def keep(self, reason: str, decision: str) -> str:
         """The applied candidate on this runner's server becomes the kept configuration (the lifecycle's
@@ -1048,6 +1065,8 @@ class Runner:
         kept_cfg = dict(st["kept"]["config"])
         conf = next((c for c in st.get(list_key, []) if c["trial_id"] == tid), None)
         if conf is not None and conf.get("against", kept_cfg) != kept_cfg:
+            if self._kept_before_saved(conf, t, list_key):
+                return conf  # accepted and kept, interrupted before the record said so: confirm_and_keep finishes it
             conf = None  # confirmed against an earlier kept configuration: that verdict no longer applies
         if conf is None:
             conf = self._new_conf(tid, selected_from, primary, kept_cfg)
