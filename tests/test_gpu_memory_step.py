@@ -173,21 +173,35 @@ def predicted_kv(v: float) -> int:
     return resolve(o).kv_cache_tokens
 
 
-def sim(port: int) -> list[str]:
+def sim(port: int, *extra: str) -> list[str]:
     return [sys.executable, os.path.join(REPO, "bin", "sim_server"), "sim-8b", "--port", str(port), "--sim-speed", "8",
-            "--sim-startup-s", "0.2", "--sim-seed", "5", "--max-model-len", "4096"]
+            "--sim-startup-s", "0.2", "--sim-seed", "5", "--max-model-len", "4096", *extra]
 
 
-@pytest.fixture
-def svc(tmp_path, monkeypatch):
+def _svc(tmp_path, monkeypatch, *extra: str):
     port = free_port()
     st = str(tmp_path / "st" / "vkit.json")
     monkeypatch.setenv("VKIT_STATE", st)
     r = call("state", "init", "--url", f"http://127.0.0.1:{port}", "--model", "sim-8b", "--set", "max_num_seqs=16",
-             "--set", "max_num_batched_tokens=2048", "--", *sim(port))
+             "--set", "max_num_batched_tokens=2048", "--", *sim(port, *extra))
     assert r.code == 0, r
     yield {"state": st, "sf": StateFile(st), "dir": tmp_path}
     launcher.stop(StateFile(st).read()["service"].get("running"), grace_s=3)
+
+
+@pytest.fixture
+def svc(tmp_path, monkeypatch):
+    yield from _svc(tmp_path, monkeypatch)
+
+
+# another process holds 4 GiB of the H200's 140.4: 0.97 is the highest value that starts (136.4 / 140.4 free); the
+# engine needs 5 GiB outside its budget under load: 0.93 leaves 140.4 x 0.07 - 4 = 5.8 GiB, 0.94 only 4.4
+CROWDED = ("--sim-memory-in-use-gib", "4", "--sim-oom-under-load-gib", "5")
+
+
+@pytest.fixture
+def crowded(tmp_path, monkeypatch):
+    yield from _svc(tmp_path, monkeypatch, *CROWDED)
 
 
 @pytest.mark.e2e
@@ -233,3 +247,28 @@ def test_one_engine_death_in_a_run_measured_again_is_evidence(tmp_path):
     assert steps.load_failure(r, t) == []
     r.log("server_died", label=t["id"], run=1, config=t["config"], errors={"HTTP 500": 12})
     assert steps.load_failure(r, t) == ["the engine died during run 1 (12x HTTP 500): restarted and measured again"]
+
+
+@pytest.mark.e2e
+def test_a_value_that_starts_but_dies_under_load_is_rejected_and_the_search_steps_down(crowded):
+    """On the simulator, with memory held by another process and an engine that needs room outside its budget under
+    load: the bisection reads vLLM's free-memory line (0.98 refused, 0.97 starts: two starts), 0.97 dies of CUDA out
+    of memory under the load (twice: restarted once) and is rejected with that evidence; the next candidate is the
+    midpoint 0.94, which dies too; the budget of 2 validations is then spent. The service ends on the kept 0.92."""
+    fast = ["--sandbox", "--objective", "throughput", "--concurrency", "16", "--input-len", "256", "--output-len", "64",
+            "--num-prompts", "100", "--baseline-repeats", "3", "--screen-repeats", "1", "--ready-timeout", "30",
+            "--slo", "p95_ttft_ms=5000", "--guard", "p95_ttft_ms:-:50%", "--confirm-front", "0"]
+    r = call("tune", *fast, "--steps", "4m", "--budget", "2", "--json")
+    assert r.code == 0, r.err[-3000:]
+    step = next(s for s in StateFile(os.environ["VKIT_STATE"]).read()["steps"] if s["step"] == "4m")
+    probes = step["bisection"]["probes"]
+    assert [(p["value"], p["started"]) for p in probes] == [(0.98, False), (0.97, True)]
+    assert probes[0]["kind"] == "gpu_memory_taken" and "136.4/140.4 GiB" in probes[0]["quote"]
+    vals = step["validations"]
+    assert [(v["value"], v.get("rejected")) for v in vals] == [(0.97, True), (0.94, True)]
+    assert all("OutOfMemoryError" in " ".join(v["evidence"]) or "server_died" in " ".join(v["evidence"]) for v in vals)
+    assert step["result"].startswith("budget of 2 validation(s) spent")
+    st = StateFile(os.environ["VKIT_STATE"]).read()
+    assert "gpu_memory_utilization" not in st["kept"]["config"] or st["kept"]["config"]["gpu_memory_utilization"] == 0.92
+    run = st["service"]["running"]
+    assert launcher.alive(run["pid"], run.get("ticks")) and st["service"]["running"]["config"] == st["kept"]["config"]

@@ -217,6 +217,13 @@ def add_fault_args(f) -> None:
     """The fault flags, on the parser or on the fault plan's own parser."""
     f.add_argument("--sim-fail-at-start", action="store_true",
                    help="fail while loading the model with CUDA out of memory, exit 1")
+    f.add_argument("--sim-memory-in-use-gib", type=non_negative_float, default=0.0, metavar="G",
+                   help="device memory other processes hold at start-up: a gpu_memory_utilization asking for more than "
+                        "is free fails to start with vLLM's 'Free memory on device ...' error (default: 0)")
+    f.add_argument("--sim-oom-under-load-gib", type=non_negative_float, default=0.0, metavar="G",
+                   help="memory the engine needs outside its gpu_memory_utilization budget once it serves concurrent "
+                        "requests: where less is left, the first step of more than one request dies of CUDA out of "
+                        "memory (a value that starts but fails under load; default: 0, off)")
     f.add_argument("--sim-crash-after", type=non_negative_int, default=None, metavar="N",
                    help="the engine dies when request N+1 arrives: in-flight requests get 500, /health 503, "
                         "then exit 1")
@@ -329,6 +336,7 @@ def _run(args: argparse.Namespace, io: IO, parser: argparse.ArgumentParser) -> i
         max_num_partial_prefills=args.max_num_partial_prefills,
         allow_long_max_model_len=env.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "").lower() in ("1", "true"),
         quantization=args.quantization if args.quantization in WEIGHT_QUANT_BYTES else None,
+        memory_in_use_bytes=int(args.sim_memory_in_use_gib * (1 << 30)),
     )
     cost_params = profile_cost_params(args, parser)
     nd = {"model": model, **_non_default_args(parser, args)}
@@ -339,7 +347,7 @@ def _run(args: argparse.Namespace, io: IO, parser: argparse.ArgumentParser) -> i
         drift_since=args.sim_drift_since,
         seed=seed, pathology=args.sim_pathology, output_len_mean=args.sim_output_len_mean,
         mfu=args.sim_mfu, mbu=args.sim_mbu, cost_params=cost_params, profile_path=args.sim_profile,
-        fail_at_start=args.sim_fail_at_start,
+        fail_at_start=args.sim_fail_at_start, oom_under_load_bytes=int(args.sim_oom_under_load_gib * (1 << 30)),
         crash_after=args.sim_crash_after, hang_health=args.sim_hang_health,
         stall_stream_after=args.sim_stall_stream_after, error_rate=args.sim_error_rate,
         error_burst=args.sim_error_burst, malformed_sse_after=args.sim_malformed_sse_after,

@@ -159,8 +159,8 @@ class SimApi:
         """Virtual time at wall time ``w`` (now when None)."""
         raise NotImplementedError
 
-    def crash(self, cause: str) -> None:
-        """The engine dies: fail what is in flight, exit 1 soon after."""
+    def crash(self, cause: str, exc: str = "RuntimeError") -> None:
+        """The engine dies (``exc``: the exception type its log shows): fail what is in flight, exit 1 soon after."""
         raise NotImplementedError
 
     # -- responses ----------------------------------------------------------------------------

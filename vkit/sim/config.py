@@ -68,6 +68,7 @@ class ServeOptions:
     max_num_partial_prefills: int = 1
     allow_long_max_model_len: bool = False
     quantization: str | None = None  # --quantization: None (the model's dtype) or "fp8" (weights)
+    memory_in_use_bytes: int = 0  # device memory other processes hold at start-up (--sim-memory-in-use-gib)
 
 
 @dataclass
@@ -99,6 +100,21 @@ class Resolved:
 def format_gib(n_bytes: float) -> float:
     """vLLM's ``format_gib``: GiB rounded to 2 decimals, printed as a Python float (``1.0``)."""
     return round(n_bytes / GiB, 2)
+
+
+def _check_free_memory(o: ServeOptions) -> None:
+    """vLLM's worker (``gpu_worker.py``, ``init_device``) refuses to start when the device's free memory is
+    less than gpu_memory_utilization x total: memory other processes hold lowers the highest value that starts."""
+    total = o.gpu.memory_bytes
+    free = total - o.memory_in_use_bytes
+    requested = total * o.gpu_memory_utilization
+    if free < requested:
+        raise SimStartupError(
+            "engine", "ValueError",
+            f"Free memory on device ({format_gib(free)}/{format_gib(total)} GiB) on startup is less than desired GPU "
+            f"memory utilization ({o.gpu_memory_utilization}, {format_gib(requested)} GiB). Decrease GPU memory "
+            "utilization or reduce GPU memory used by other processes.",
+        )
 
 
 def batch_defaults(gpu: GpuProfile) -> tuple[int, int]:
@@ -143,7 +159,8 @@ def resolve(o: ServeOptions) -> Resolved:
     kv_bytes = _cache_dtype_bytes(o)
     chunked, prefix, max_num_seqs, tokens = _scheduler(o, max_model_len, warnings, infos)
 
-    # Engine start-up: load, profile, size the KV cache.
+    # Engine start-up: the worker's memory check, then load, profile, size the KV cache.
+    _check_free_memory(o)
     weights = _weights_per_gpu(o)
     activation = activation_peak_bytes(m, tokens, max_num_seqs, tp)
     available = int(gpu.memory_bytes * o.gpu_memory_utilization) - weights - activation - NON_TORCH_BYTES - CUDA_GRAPH_BYTES

@@ -63,6 +63,9 @@ class SimSettings:
     cost_params: object | None = None  # vkit.sim.calibrated.CostParams from --sim-profile; None: built-in roofline
     profile_path: str | None = None
     fail_at_start: bool = False
+    # memory the process needs outside gpu_memory_utilization x total once it serves concurrent requests
+    # (--sim-oom-under-load-gib): where less is left, the engine dies of CUDA out of memory under load
+    oom_under_load_bytes: int = 0
     crash_after: int | None = None
     hang_health: bool = False
     stall_stream_after: int | None = None
@@ -134,6 +137,20 @@ def build_engine(opts: ServeOptions, resolved: Resolved, settings: SimSettings, 
     return Engine(ecfg, cost, lambda r: tok.output_token(r.text_seed, r.num_output), EOS_TOKEN_ID, noise)
 
 
+def oom_under_load(opts: ServeOptions, settings: SimSettings) -> str | None:
+    """The CUDA out-of-memory message the engine dies with at its first step of more than one request, when
+    the memory left outside vLLM's budget (total x (1 - gpu_memory_utilization) - memory other processes hold)
+    is less than --sim-oom-under-load-gib; None when it is enough (or the fault is off)."""
+    need = settings.oom_under_load_bytes
+    total = opts.gpu.memory_bytes
+    left = total - total * opts.gpu_memory_utilization - opts.memory_in_use_bytes
+    if need <= 0 or left >= need:
+        return None
+    return (f"CUDA out of memory. Tried to allocate {format_gib(need)} GiB. GPU 0 has a total capacity of "
+            f"{format_gib(total)} GiB of which {format_gib(max(left, 0))} GiB is free. (sim_server fault: "
+            "--sim-oom-under-load-gib)")
+
+
 # -- the application: the API over the engine, run in virtual time ---------------------------
 
 class SimApp(SimApi):
@@ -161,6 +178,7 @@ class SimApp(SimApi):
         # a client on the same machine shares): client TTFT minus this server TTFT is the client's overhead
         self.req_times: deque[tuple] = deque(maxlen=200_000)
         self.reanchors = 0
+        self.oom_left = oom_under_load(opts, settings)
         self.stats_t0 = time.perf_counter()
         self.cpu_t0 = cpu_seconds()
         self._server: asyncio.base_events.Server | None = None
@@ -220,6 +238,9 @@ class SimApp(SimApi):
             else:
                 vs = max(self.v_end, v_now)
             res = eng.step(vs)
+            if self.oom_left is not None and len(res.scheduled) > 1:
+                self.crash(self.oom_left, exc="torch.OutOfMemoryError")
+                return
             if not res.scheduled:
                 # Nothing fits (e.g. a prompt larger than the whole KV cache); wait for a change.
                 self.busy_prev = False
@@ -291,7 +312,7 @@ class SimApp(SimApi):
                 self._record_finish(live, fin, t)
 
     # -- faults ---------------------------------------------------------------------------------
-    def crash(self, cause: str) -> None:
+    def crash(self, cause: str, exc: str = "RuntimeError") -> None:
         if self.dead:
             return
         self.dead = True
@@ -299,7 +320,7 @@ class SimApp(SimApi):
         log.error("core.py:1142", "EngineCore encountered a fatal error.", ENGINE)
         log.error("core.py:1142", "Traceback (most recent call last):\n"
                   "  (sim_server: simulated fault inside EngineCore)\n"
-                  f"RuntimeError: {cause}", ENGINE)
+                  f"{exc}: {cause}", ENGINE)
         log.error("async_llm.py:480", "AsyncLLM output_handler failed.\nTraceback (most recent call last):\n"
                   f"vllm.v1.engine.exceptions.EngineDeadError: {ENGINE_DEAD_MSG}")
         body = error_body(ENGINE_DEAD_MSG, "InternalServerError", 500)
