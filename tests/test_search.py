@@ -460,3 +460,41 @@ def test_ucb_and_ei_are_options_and_six_objectives_are_refused():
     six = [Objective(f"m{i}", "max") for i in range(6)]
     with pytest.raises(UsageError, match="at most 5"):
         propose("bo", SPACE, [], BASE, six, None, 10, 1)
+
+
+# -- batch proposals (slots): Kriging believer and constant liars -----------------------------
+def test_batch_lies_send_the_next_proposal_of_a_batch_elsewhere_and_replay():
+    from vkit.search import batch_lies
+
+    rng = np.random.default_rng(5)
+    slo = {"p95_ttft_ms": 1500}
+    hist = []
+    for _ in range(6):
+        p = propose("bo", SPACE, hist, BASE, OBJ, slo, 14, 3, n_init=4)
+        hist.append(measured(p.config, p.step, rng))
+    first = propose("bo", SPACE, hist, BASE, OBJ, slo, 14, 3, n_init=4)
+    # without a lie the same history gives the same proposal again: a batch would measure one point q times
+    assert propose("bo", SPACE, hist, BASE, OBJ, slo, 14, 3, n_init=4).config == first.config
+    lies = batch_lies(SPACE, hist, BASE, OBJ, slo, 3, [first.config], kind="kb")
+    assert len(lies) == 1 and lies[0].step == "pending" and lies[0].feasible and set(lies[0].objectives) == {"goodput", "p95_ttft_ms"}
+    second = propose("bo", SPACE, hist + lies, BASE, OBJ, slo, 14, 3, n_init=4)
+    assert second.config != first.config and key_of(second.config, SPACE) not in {key_of(h.config, SPACE) for h in hist}
+    # the believer at a measured point is (close to) what was measured there: the surrogate's median
+    at = hist[-1]
+    kb = batch_lies(SPACE, hist, BASE, OBJ, slo, 3, [at.config], kind="kb")[0].objectives
+    assert kb["goodput"] == pytest.approx(at.objectives["goodput"], rel=0.10)
+    # the constant liars: the best, worst and geometric mean seen, per objective's direction
+    seen = [h.objectives for h in hist if h.feasible]
+    g, p95 = [s["goodput"] for s in seen], [s["p95_ttft_ms"] for s in seen]
+    best = batch_lies(SPACE, hist, BASE, OBJ, slo, 3, [first.config, second.config], kind="cl-best")
+    assert [b.objectives for b in best] == [{"goodput": max(g), "p95_ttft_ms": min(p95)}] * 2
+    worst = batch_lies(SPACE, hist, BASE, OBJ, slo, 3, [first.config], kind="cl-worst")[0].objectives
+    assert worst == {"goodput": min(g), "p95_ttft_ms": max(p95)}
+    mean = batch_lies(SPACE, hist, BASE, OBJ, slo, 3, [first.config], kind="cl-mean")[0].objectives
+    assert mean["goodput"] == pytest.approx(math.exp(np.mean(np.log(g))))
+    # a batch's record replays: the lies are in the logged history
+    rec = json.loads(json.dumps(log_record("bo", SPACE, hist + lies, BASE, OBJ, slo, 14, 3, second, n_init=4)))
+    assert replay_mismatches([rec]) == []
+    with pytest.raises(UsageError):
+        batch_lies(SPACE, hist, BASE, OBJ, slo, 3, [first.config], kind="optimist")
+    assert batch_lies(SPACE, hist, BASE, OBJ, slo, 3, []) == []

@@ -136,3 +136,36 @@ def test_a_slot_whose_server_dies_mid_trial_is_taken_out_and_the_tune_finishes(t
         for x in sf.read().get("slots") or []:
             sub = StateFile(os.path.join(sf.dir, x["state"]))
             launcher.stop(sub.read()["service"].get("running"), grace_s=3)
+
+
+@pytest.mark.e2e
+def test_bayesian_search_on_two_slots_proposes_batches_that_replay(tmp_path, monkeypatch):
+    """--mode bo on two slots: proposals come two at a time, the second of a batch made with the first one
+    believed (Kriging believer) or lied about, never the same configuration; the decision log replays them."""
+    p0, p1 = free_port(), free_port()
+    st = str(tmp_path / "st" / "vkit.json")
+    monkeypatch.setenv("VKIT_STATE", st)
+    spec = tmp_path / "slots.json"
+    spec.write_text(json.dumps([{"name": "s0", "devices": [0], "port": p0}, {"name": "s1", "devices": [1], "port": p1}]))
+    r = call("state", "init", "--slots-file", str(spec), "--url", f"http://127.0.0.1:{p0}", "--model", "sim-8b",
+             "--set", "max_num_seqs=4", "--set", "max_num_batched_tokens=2048", "--", *_sim(p0))
+    assert r.code == 0, r
+    sf = StateFile(st)
+    try:
+        r = call("tune", *FAST, "--steps", "2", "--mode", "bo", "--budget", "4", "--bo-patience", "0", "--batch-lie", "cl-worst")
+        assert r.code == 0, r.err[-3000:]
+        bo = [t for t in sf.read()["trials"] if t["step"] == "bo"]
+        assert len(bo) == 4 and len({json.dumps(t["config"], sort_keys=True) for t in bo}) == 4
+        props = [e for e in sf.log.read() if e["event"] == "propose" and e.get("step") == "bo"]
+        pos = [(e.get("audit") or {}).get("batch", {}).get("position") for e in props]
+        assert pos == [0, 1, 0, 1], pos
+        assert all((e.get("audit") or {}).get("batch_lie") == ("cl-worst" if p else None) for e, p in zip(props, pos, strict=True))
+        assert {t.get("slot") for t in bo} == {"s0", "s1"}
+        r = call("sweep", "--replay", os.path.join(sf.dir, "decisions.jsonl"))
+        assert r.code == 0, r
+        out = json.loads(r.out)
+        assert out["proposals"] == 4 and out["identical"] == 4
+    finally:
+        for x in sf.read().get("slots") or []:
+            sub = StateFile(os.path.join(sf.dir, x["state"]))
+            launcher.stop(sub.read()["service"].get("running"), grace_s=3)

@@ -111,6 +111,10 @@ def add_bo_args(s: argparse._ArgumentGroup) -> None:
                         "P(feasible)), cei, ei (plain EI), ucb (GP-UCB) on the first maximised objective. Median restarts "
                         "to 98%% of the constrained optimum on the simulator (bench/results/tuner.json, mean of 2 "
                         "scenarios): cei 7.0, ei 7.5, ucb 9.75, ehvi 13.25 (default auto)")
+    s.add_argument("--batch-lie", choices=["kb", "cl-best", "cl-worst", "cl-mean"], default="kb",
+                   help="--mode bo with slots: how a batch's proposals after the first treat the ones not yet measured. kb: "
+                        "Kriging believer (at the surrogate's median); cl-best, cl-worst, cl-mean: a constant liar at the "
+                        "best, worst or geometric-mean value seen (default kb)")
     s.add_argument("--bo-patience", type=int_at_least(0), default=4, metavar="K",
                    help="--mode bo: stop after K evaluations in a row whose screening found no gain over the kept "
                         "configuration, once the Sobol start is done; 0 never stops early (default 4)")
@@ -260,5 +264,5 @@ def tune_plan(args: argparse.Namespace) -> TunePlan:
     return TunePlan(mode=args.mode, steps=steps, budget=args.budget, seed=args.seed, staged_candidates=args.staged_candidates,
                     business_len=args.business_len, max_model_len_candidates=cands, confirm_front=args.confirm_front,
                     ablate=getattr(args, "ablation", "auto") == "auto", restart=args.restart, report_dir=args.report_dir,
-                    acquisition=args.acquisition, patience=args.bo_patience,
+                    acquisition=args.acquisition, patience=args.bo_patience, batch_lie=args.batch_lie,
                     kb_path=kb_path(os.path.dirname(os.path.abspath(args.state))))

@@ -103,6 +103,7 @@ def _run(args: argparse.Namespace, io: IO) -> int:
     else:
         step = driver.sweep_step(sf, settings, ctx, args.step, mode=args.mode, budget=args.budget, seed=args.seed,
                                  staged_candidates=args.staged_candidates, acquisition=args.acquisition, patience=args.bo_patience,
+                                 batch_lie=args.batch_lie,
                                  advise=advisor.advised_proposer(adv) if adv is not None else None)
         out = step.to_dict()
         if adv is not None:

@@ -35,8 +35,10 @@ from vkit.search.front import (
 from vkit.search.gp import GP, Prior, ehvi_2d, ei, log_ei, log_h, matern52
 from vkit.search.propose import (
     ACQUISITIONS,
+    LIES,
     MODES,
     RANDOM_EVERY,
+    batch_lies,
     grid_levels,
     log_record,
     n_initial,
@@ -49,8 +51,8 @@ from vkit.search.staged import StagedPlan, ablation_configs, flag_variants, knee
 from vkit.search.types import Objective, Observation, Proposal, digest, history_from, jsonable, objectives_from
 
 __all__ = [
-    "ACQUISITIONS", "DEFAULT_CONFIDENCE", "GP", "KNEE_METHODS", "MODES", "RANDOM_EVERY", "Objective", "Observation", "Param", "Prior",
-    "Proposal", "StagedPlan", "ablation_configs", "constraint_bound", "deliver", "digest", "dominance_rate",
+    "ACQUISITIONS", "DEFAULT_CONFIDENCE", "GP", "KNEE_METHODS", "LIES", "MODES", "RANDOM_EVERY", "Objective", "Observation", "Param", "Prior",
+    "Proposal", "StagedPlan", "ablation_configs", "batch_lies", "constraint_bound", "deliver", "digest", "dominance_rate",
     "dominates", "ehvi_2d", "ei", "encode", "exclusive_hv_2d", "flag_variants", "front_indices", "grid_levels",
     "history_from", "hypervolume_2d", "jsonable", "key_of", "knee_of_sweep", "knee_point", "lattice", "lattice_size",
     "log_ei", "log_h", "log_record", "marginal_utilities", "matern52", "n_initial", "nondominated_probability",

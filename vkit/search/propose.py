@@ -126,6 +126,53 @@ def propose(mode: str, space: list[Param], history: list[Observation], base_conf
     return prop
 
 
+LIES = ("kb", "cl-best", "cl-worst", "cl-mean")
+
+
+def batch_lies(space: list[Param], history: list[Observation], base_config: dict, objectives: list[Objective],
+               slo: dict | None, seed: int, pending: list[dict], kind: str = "kb") -> list[Observation]:
+    """Batch proposals of ``bo``: the configurations proposed but not yet measured (``pending``), as
+    observations ``propose`` reads as measured, so that the next proposal of the same batch goes
+    elsewhere. ``kb`` (Kriging believer, the default): each objective and SLO metric at the surrogate's
+    posterior median there (conditioning on it leaves the surrogate's mean unchanged, so the believed
+    values of a whole batch are taken at once); the constant liars put every pending point at one
+    observed value: ``cl-best`` (the best so far: batches cluster), ``cl-worst`` (the worst: they
+    spread out), ``cl-mean`` (the geometric mean). With fewer than two usable observations (the Sobol
+    start) there is no surrogate and ``kb`` lies as ``cl-mean``. Step ``pending``, never recorded."""
+    if kind not in LIES:
+        raise UsageError(f"batch lie {kind!r} is not one of {', '.join(LIES)}")
+    if not pending:
+        return []
+    space = [p if isinstance(p, Param) else param_from_dict(p) for p in space]
+    history, objectives = history_from(history), objectives_from(objectives)
+    slo = slo or {}
+    usable = [o for o in history if _same_rest(o.config, base_config, space)]
+    ok = [o for o in usable if o.feasible and all(_pos(o.objectives.get(ob.name)) for ob in objectives)]
+    names = [ob.name for ob in objectives] + [m for m in sorted(slo) if m not in {ob.name for ob in objectives}]
+    sign = {ob.name: (1.0 if ob.direction == "max" else -1.0) for ob in objectives}
+    values: list[dict] = [{} for _ in pending]
+    if kind == "kb" and len(ok) >= 2:
+        _, gps, slo_gps, _ = _surrogates(space, usable, ok, objectives, slo, seed)
+        C = encode([dict(base_config, **c) for c in pending], space)
+        for m in names:
+            gp = gps.get(m) or slo_gps.get(m)
+            if gp is not None:
+                mu, _ = gp.predict(C)
+                for i, v in enumerate(mu):
+                    values[i][m] = float(math.exp(v))
+    for m in names:
+        seen = [o.objectives[m] for o in ok if _pos(o.objectives.get(m))]
+        if not seen:
+            continue
+        s_ = sign.get(m, -1.0)  # an SLO metric: lower is better
+        lie = {"cl-best": max(seen, key=lambda v: s_ * v), "cl-worst": min(seen, key=lambda v: s_ * v)}.get(
+            kind, float(np.exp(np.mean(np.log(seen)))))
+        for row in values:
+            row.setdefault(m, lie)
+    return [Observation(config=dict(c), objectives=v, repeats=[], feasible=len([ob for ob in objectives if ob.name in v]) == len(objectives),
+                        slo_ok=None, step="pending", trial_id=f"pending-{i}") for i, (c, v) in enumerate(zip(pending, values, strict=True))]
+
+
 def _same_rest(config: dict, base: dict, space: list[Param]) -> bool:
     names = {p.name for p in space}
     return all(config.get(k, v) == v for k, v in base.items() if k not in names)

@@ -68,6 +68,7 @@ class TunePlan:
     kb_path: str | None = None  # the knowledge base; None: knowledge.jsonl beside the state
     acquisition: str = "auto"  # --mode bo: vkit.search.propose's acquisition
     patience: int = 4  # --mode bo: early stop after this many evaluations in a row without a screened gain (0: never)
+    batch_lie: str = "kb"  # --mode bo on slots: how a batch's later proposals treat its pending ones
 
 
 @dataclass
@@ -290,7 +291,7 @@ def _drive(runner: Runner, settings: Settings, mixed: Workload, plan: TunePlan, 
     if plan.mode == "bo" and staged:
         sf.set_machine_state("PROPOSE")
         nxt, stop = tuning.bo_proposer(runner, ctx.policy, plan.budget, plan.seed, prior=tuning.prior_observations(matched),
-                                       acquisition=plan.acquisition, patience=plan.patience)
+                                       acquisition=plan.acquisition, patience=plan.patience, batch_lie=plan.batch_lie)
         if advise is not None:
             nxt = advise(runner, nxt)
         tuning.run_screening_step(runner, "bo", nxt, ctx.progress, plan.budget, stop)
@@ -557,7 +558,7 @@ def capacity_of(runner: Runner, runs: list[str]) -> dict:
 def sweep_step(sf: StateFile, settings: Settings, ctx: RunContext, step: str | None, mode: str = "staged",
                budget: int = 8, seed: int = 1, staged_candidates: str = "policy",
                advise: Callable[[Runner, Callable], Callable] | None = None, acquisition: str = "auto",
-               patience: int = tuning.BO_PATIENCE) -> StepRun:
+               patience: int = tuning.BO_PATIENCE, batch_lie: str = "kb") -> StepRun:
     """One staged step (``step`` 2, 3 or 4) or, with ``mode`` bo, the Bayesian search, under the
     lease: the baseline first (resumed when measured), then screening, confirmation, KEEP or REVERT.
     ``advise(runner, proposer)`` wraps the Bayesian search's proposer (``vkit.tune.advisor``)."""
@@ -569,7 +570,8 @@ def sweep_step(sf: StateFile, settings: Settings, ctx: RunContext, step: str | N
         runner.baseline()
         tuning.guard_anomalies(runner)
         if mode == "bo":
-            nxt, stop = tuning.bo_proposer(runner, ctx.policy, budget, seed, acquisition=acquisition, patience=patience)
+            nxt, stop = tuning.bo_proposer(runner, ctx.policy, budget, seed, acquisition=acquisition, patience=patience,
+                                           batch_lie=batch_lie)
             if advise is not None:
                 nxt = advise(runner, nxt)
             rec = tuning.run_screening_step(runner, "bo", nxt, ctx.progress, budget, stop)

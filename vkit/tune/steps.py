@@ -226,7 +226,7 @@ def run_screening_step(runner: Runner, step: str, proposer: Callable[[list], Any
     refused = _underpowered(runner, step, runner.confirm_plan(), progress)
     if refused is not None:
         return refused
-    if step != "bo" and len(runner.slots()) > 1:
+    if len(runner.slots()) > 1:
         stop = _screen_on_slots(runner, step, proposer, progress, budget, stop_text)
     else:
         stop = _screen_one_at_a_time(runner, step, proposer, progress, budget, stop_text)
@@ -858,7 +858,7 @@ def bo_stalled(runner: Runner, patience: int = BO_PATIENCE) -> int | None:
 
 def bo_proposer(runner: Runner, policy: Policy, budget: int, seed: int,
                 prior: list[search.Observation] | None = None, acquisition: str = "auto",
-                patience: int = BO_PATIENCE) -> tuple[Callable, Callable]:
+                patience: int = BO_PATIENCE, batch_lie: str = "kb") -> tuple[Callable, Callable]:
     st = runner.sf.read()
     space = bo_space(runner, policy)
     base = dict(st["kept"]["config"])
@@ -869,15 +869,20 @@ def bo_proposer(runner: Runner, policy: Policy, budget: int, seed: int,
 
     def nxt(hist):
         # warm start: earlier runs of this environment count as evaluated points (never re-proposed)
-        mine = prior + [h for h in hist if h.step == "bo"]
+        real = prior + [h for h in hist if h.step == "bo"]
+        pending = [h.config for h in hist if h.step == "pending"]  # a batch's earlier proposals (slots)
         total = budget + len(prior)  # the budget counts this run's evaluations; prior ones come on top
-        if len(mine) >= n0:  # the Sobol start runs whole; after it, k in a row without a gain stop the search
+        if len(real) >= n0 and not pending:  # the Sobol start runs whole; then k in a row without a gain stop it
             run = bo_stalled(runner, patience)
             if run is not None:
                 stalled["run"] = run
                 return None
         objs, slo = objectives(runner), search_slo(runner)
+        # a batch: the pending points believed (Kriging believer) or lied about (constant liar), so the next goes elsewhere
+        mine = real + search.batch_lies(space, real, base, objs, slo, seed, pending, kind=batch_lie)
         prop = search.propose("bo", space, mine, base, objs, slo, total, seed, **opts)
+        if prop is not None and pending:
+            prop.audit["batch_lie"] = batch_lie
         if prop is not None:  # the inputs go into the decision log, so `sweep --replay` can re-derive the proposal
             prop.audit["replay"] = search.log_record("bo", space, mine, base, objs, slo, total, seed, prop, **opts)
         return prop
