@@ -89,6 +89,78 @@ def test_a_state_without_slots_is_one_slot(tmp_path):
     assert r.slots() == [] and r.use_first_slot() and r.svc is sf and r.slot is None
 
 
+def _bare_runner(slot_names, effects=None):
+    """A Runner over an in-memory state with slots ``slot_names`` (its measurements stubbed by the caller)."""
+    from types import SimpleNamespace
+
+    from vkit.tune.runner import Runner
+
+    r = Runner.__new__(Runner)
+    st = {"slots": [{"name": n, "state": f"slots/{n}.json"} for n in slot_names], "kept": {"config": {"max_num_seqs": 4}},
+          "confirmations": [], "trials": [{"id": "t002", "step": "2", "config": {"max_num_seqs": 8}}]}
+    if effects is not None:
+        st["slot_effects"] = {"metrics": effects}
+    r.sf = SimpleNamespace(read=lambda: st, save_confirmation=lambda c, k: None)
+    r.slot, r.svc, r.runs_dir = None, r.sf, "runs/run-1"
+    r.for_slot = lambda slot: SimpleNamespace(svc=slot["name"], slot=slot["name"], runs_dir=f"runs/run-1/{slot['name']}")
+    return r, st
+
+
+@pytest.mark.unit
+def test_a_comparison_across_slots_carries_the_device_spread_and_one_within_a_slot_does_not():
+    r, _ = _bare_runner(["s0", "s1"], effects={"output_throughput": {"sigma_device": 0.03}, "p95_ttft_ms": {"sigma_device": 0.0}})
+    same = r.slot_sigma(["runs/run-1/s0/baseline-g1/rep1.json"], ["runs/run-1/s0/t002/rep1.json"])
+    across = r.slot_sigma(["runs/run-1/s0/baseline-g1/rep1.json"], ["runs/run-1/s1/t002/rep1.json"])
+    assert same == {} and across == {"output_throughput": 0.03}
+    assert r.slots_of(["runs/run-1/s1/t002/rep1.json", "runs/run-1/s0/aa/rep1.json"]) == {"s0", "s1"}
+    r, _ = _bare_runner([], effects={"output_throughput": {"sigma_device": 0.03}})
+    assert r.slot_sigma(["runs/run-1/baseline-g1/rep1.json"], ["runs/run-1/t002/rep1.json"]) == {}
+
+
+DOC = {"output_throughput": 6000.0, "p95_ttft_ms": 120.0}
+
+
+@pytest.mark.unit
+def test_the_aa_pass_splits_the_spread_into_within_a_slot_between_slots_and_devices(monkeypatch):
+    """One-way random effects on logs, by hand: s0 runs e^0 and e^0.02, s1 e^0.10 and e^0.12 (x 6000): within a slot
+    MS_w = (4 x 0.01^2) / (2 x 1) = 2e-4; between MS_b = 2 x (2 x 0.05^2) / 1 = 0.01; σ²_slots = (0.01 - 2e-4) / 2 = 0.0049;
+    less the baseline's between-restart 0.03^2 = 0.0009: σ²_device = 0.004."""
+    import math
+
+    from vkit.tune import steps
+
+    r, _ = _bare_runner(["s0", "s1"])
+    docs = {f"{n}/{k}": {"output_throughput": 6000.0 * math.exp(x)} for n, xs in (("s0", (0.0, 0.02)), ("s1", (0.10, 0.12)))
+            for k, x in enumerate(xs)}
+    r.load = docs.__getitem__
+    r.components = lambda key="baseline": {"output_throughput": {"within": 0.01, "between": 0.03}}
+    monkeypatch.setattr(steps, "primary_metric", lambda runner: "output_throughput")
+    e = steps.slot_effects(r, {"s0": ["s0/0", "s0/1"], "s1": ["s1/0", "s1/1"]})["metrics"]["output_throughput"]
+    assert e["sigma_within"] == pytest.approx(math.sqrt(2e-4))
+    assert e["sigma_slots"] == pytest.approx(math.sqrt(0.0049))
+    assert e["sigma_device"] == pytest.approx(math.sqrt(0.004))
+    assert e["offsets"]["s1"] == pytest.approx(math.exp(0.05) - 1) and e["offsets"]["s0"] == pytest.approx(math.exp(-0.05) - 1)
+
+
+@pytest.mark.unit
+def test_confirmation_blocks_go_round_the_slots():
+    """B A A B blocks of a confirmation on three slots: block k on slot k mod 3, each block's four runs on one
+    device (its pairs within a slot), the verdict over all of them."""
+    r, _ = _bare_runner(["s0", "s1", "s2"])
+    where = []
+    r.trial = lambda tid: {"id": tid, "step": "2", "config": {"max_num_seqs": 8}}
+    r.confirm_plan = lambda *a, **k: {"fits": True, "blocks": 4, "why": "4 blocks"}
+    r.apply = lambda cfg, fresh=False: (True, {})
+    r.measure = lambda label, k, w=None: (where.append(r.slot) or (f"{r.runs_dir}/{label}/rep{k}.json", DOC, {"code": 0}))
+    r.progress = r.log = lambda *a, **k: None
+    blocks = iter(["undecided", "undecided", "undecided", "accept"])
+    r.gate = lambda *a, **k: {"decision": next(blocks), "why": "x"}
+    conf = r._confirm("t002", "confirmations", 2, None, "output_throughput", [])
+    assert conf["decision"] == "accept"
+    assert where == ["s0"] * 4 + ["s1"] * 4 + ["s2"] * 4 + ["s0"] * 4
+    assert all(p.startswith("runs/run-1/s1/") for p in conf["b_runs"][2:4])
+
+
 # -- end to end: a tune on two simulator slots, one of whose servers dies mid-trial ---------------------
 FAST = ["--sandbox", "--objective", "throughput", "--concurrency", "16", "--input-len", "256", "--output-len", "64",
         "--num-prompts", "100", "--baseline-repeats", "3", "--screen-repeats", "1", "--ready-timeout", "30",
@@ -106,9 +178,12 @@ def test_a_slot_whose_server_dies_mid_trial_is_taken_out_and_the_tune_finishes(t
     st = str(tmp_path / "st" / "vkit.json")
     monkeypatch.setenv("VKIT_STATE", st)
     spec = tmp_path / "slots.json"
-    # slot s1's engine dies at its 31st request after every start: mid-run, every run
+    # slot s1's first start (the A/A pass) is sound; from its second on, its engine dies at its 31st request: mid-run
+    plan = tmp_path / "s1-faults.json"
+    plan.write_text(json.dumps({str(n): ["--sim-crash-after", "30"] for n in range(2, 40)}))
+    extra = ["--sim-start-file", str(tmp_path / "s1-starts"), "--sim-fault-plan", str(plan)]
     spec.write_text(json.dumps([{"name": "s0", "devices": [0], "port": p0},
-                                {"name": "s1", "devices": [1], "port": p1, "argv_extra": ["--sim-crash-after", "30"]}]))
+                                {"name": "s1", "devices": [1], "port": p1, "argv_extra": extra}]))
     r = call("state", "init", "--slots-file", str(spec), "--url", f"http://127.0.0.1:{p0}", "--model", "sim-8b",
              "--set", "max_num_seqs=4", "--set", "max_num_batched_tokens=2048", "--", *_sim(p0))
     assert r.code == 0, r
@@ -132,6 +207,9 @@ def test_a_slot_whose_server_dies_mid_trial_is_taken_out_and_the_tune_finishes(t
         assert "slot_out" in ev and "converge" in ev
         res = json.loads(r.out)
         assert res["recommendation"]["config"] == s["kept"]["config"]
+        # the A/A pass measured both slots before any trial: their spread is recorded
+        aa = s["slot_effects"]["metrics"]["output_throughput"]
+        assert set(aa["offsets"]) == {"s0", "s1"} and aa["runs_per_slot"] == 2 and aa["sigma_within"] > 0
     finally:
         for x in sf.read().get("slots") or []:
             sub = StateFile(os.path.join(sf.dir, x["state"]))
@@ -165,6 +243,33 @@ def test_bayesian_search_on_two_slots_proposes_batches_that_replay(tmp_path, mon
         assert r.code == 0, r
         out = json.loads(r.out)
         assert out["proposals"] == 4 and out["identical"] == 4
+    finally:
+        for x in sf.read().get("slots") or []:
+            sub = StateFile(os.path.join(sf.dir, x["state"]))
+            launcher.stop(sub.read()["service"].get("running"), grace_s=3)
+
+
+@pytest.mark.e2e
+def test_a_slot_that_fails_the_aa_pass_is_taken_out_before_any_trial(tmp_path, monkeypatch):
+    p0, p1 = free_port(), free_port()
+    st = str(tmp_path / "st" / "vkit.json")
+    monkeypatch.setenv("VKIT_STATE", st)
+    spec = tmp_path / "slots.json"
+    spec.write_text(json.dumps([{"name": "s0", "devices": [0], "port": p0},
+                                {"name": "s1", "devices": [1], "port": p1, "argv_extra": ["--sim-crash-after", "30"]}]))
+    r = call("state", "init", "--slots-file", str(spec), "--url", f"http://127.0.0.1:{p0}", "--model", "sim-8b",
+             "--set", "max_num_seqs=4", "--set", "max_num_batched_tokens=2048", "--", *_sim(p0))
+    assert r.code == 0, r
+    sf = StateFile(st)
+    try:
+        r = call("tune", *FAST, "--steps", "2", "--budget", "2", "--json")
+        assert r.code == 0, r.err[-3000:]
+        s = sf.read()
+        s1 = next(x for x in s["slots"] if x["name"] == "s1")
+        assert s1["out"] and s1["out"]["reason"].startswith("A/A pass: the server of the kept configuration died")
+        # one slot left: the trials ran one at a time on s0's server, none on s1
+        assert s["trials"] and not any("s1" in (t.get("slots_tried") or []) or t.get("slot") == "s1" for t in s["trials"])
+        assert all(t["status"] in ("done", "eliminated", "skipped") for t in s["trials"]) and "slot_effects" in s
     finally:
         for x in sf.read().get("slots") or []:
             sub = StateFile(os.path.join(sf.dir, x["state"]))

@@ -446,6 +446,11 @@ class StateFile:
             st["service"]["startup"] = startup
             st["machine_state"] = "REVERT"
 
+    def set_slot_effects(self, rec: dict) -> None:
+        """The slots' A/A pass (``vkit.tune.steps.slot_aa``): per metric, each slot's level and the spreads."""
+        with self.transaction() as st:
+            st["slot_effects"] = rec
+
     def set_kept(self, config: dict, decision_id: str, decision: str) -> None:
         """The applied candidate becomes the kept configuration, the rollback target (machine state KEEP)."""
         with self.transaction() as st:

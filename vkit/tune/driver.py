@@ -284,6 +284,8 @@ def _drive(runner: Runner, settings: Settings, mixed: Workload, plan: TunePlan, 
     staged = [x for x in steps if x in ("2", "3", "4m", "4")]
     if staged:
         tuning.guard_anomalies(runner)
+        if len(runner.slots()) > 1:
+            tuning.slot_aa(runner, ctx.progress)  # once a tune: what a comparison across devices carries
     kb = plan.kb_path or knowledge.default_path(sf.dir)
     kb_key = knowledge.fingerprint_key(sf.read(), server_info(runner))
     kb_work = {"bench_args": main.options.flags(), "slo": settings.slo}

@@ -243,6 +243,26 @@ class Runner:
         os.makedirs(r.runs_dir, exist_ok=True)
         return r
 
+    def slots_of(self, runs: list[str]) -> set[str]:
+        """The slots whose servers measured ``runs`` (their folder under runs/), empty without slots."""
+        names = {s["name"] for s in self.slots(live=False)}
+        return {part for p in runs for part in p.replace(os.sep, "/").split("/") if part in names}
+
+    def slot_sigma(self, baseline: list[str], candidate: list[str]) -> dict:
+        """σ_device per metric from the slots' A/A pass when the two sides were not measured on the same
+        slot(s), else {}: a comparison across devices carries their spread, one within a slot does not."""
+        a, b = self.slots_of(baseline), self.slots_of(candidate)
+        if not a or not b or a == b:
+            return {}
+        eff = (self.sf.read().get("slot_effects") or {}).get("metrics") or {}
+        return {m: e["sigma_device"] for m, e in eff.items() if e.get("sigma_device")}
+
+    def bind_slot(self, slot: dict) -> None:
+        """Measure on ``slot`` from now on (a confirmation's block moving to the next device)."""
+        if slot["name"] != self.slot:
+            r = self.for_slot(slot)
+            self.svc, self.slot, self.runs_dir = r.svc, r.slot, r.runs_dir
+
     def use_first_slot(self) -> bool:
         """Bind this runner (the serial phases': baseline, confirmations, steps 1, 4m, 5, delivery) to the
         first slot in service; False when the state has slots and every one was taken out."""
@@ -648,10 +668,13 @@ class Runner:
         # runs per server start on the evidence side: screening runs share one process (its level
         # does not average out over them); a confirmation's arms change process every one or two runs
         per_start = 2 if fresh else max(1, len(candidate))
+        device = self.slot_sigma(baseline, candidate)
         pool, thr = {}, {}
         for spec in [primary, *guards]:
             m = spec.split(":")[0]
             v = comparison_sigma(comps.get(m), per_start) if comps.get(m) else sig.get(m)
+            if isinstance(v, (int, float)) and device.get(m):
+                v = math.sqrt(v * v + device[m] ** 2)  # the two sides ran on different devices: their A/A spread
             if isinstance(v, (int, float)) and 0 < v < 1:
                 pool[m] = float(v)
                 # the practical bar max(2σ, floor) is twice the noise of one run on a fresh start
@@ -1087,6 +1110,10 @@ class Runner:
         decision = None
         g: dict = {}
         for block in range(blocks):
+            live = self.slots()
+            if len(live) > 1:
+                # block by block over the slots: each block's pairs within one device, the verdict over all of them
+                self.bind_slot(live[block % len(live)])
             for j, arm in enumerate(pattern):
                 if block * 4 + j < len(conf["sequence"]):
                     continue  # measured before an interruption
