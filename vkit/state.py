@@ -446,6 +446,12 @@ class StateFile:
             st["service"]["startup"] = startup
             st["machine_state"] = "REVERT"
 
+    def mirror_remote(self, doc: dict) -> None:
+        """A slot served on another node (``vkit.apply.fleet``): its state as the node holds it, copied whole."""
+        with self.transaction() as st:
+            st.clear()
+            st.update(doc)
+
     def set_slot_effects(self, rec: dict) -> None:
         """The slots' A/A pass (``vkit.tune.steps.slot_aa``): per metric, each slot's level and the spreads."""
         with self.transaction() as st:

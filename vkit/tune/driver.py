@@ -48,6 +48,7 @@ class RunContext:
     progress: Callable[[str], None] = _quiet
     warn: Callable[[str], None] = _quiet
     interrupts: Interrupts = field(default_factory=Interrupts)
+    ray: str | None = None  # --ray ADDRESS: the slots served on a Ray cluster's nodes (vkit.apply.fleet)
 
 
 @dataclass
@@ -138,6 +139,13 @@ def make_runner(sf: StateFile, s: Settings, ctx: RunContext, run_id: str | None 
     if run_id:
         r.runs_dir = os.path.join(sf.dir, "runs", run_id)
         os.makedirs(r.runs_dir, exist_ok=True)
+    if ctx.ray:
+        if not r.slots(live=False):
+            raise UsageError("--ray serves the state's slots on the cluster's nodes: this state has none (state init --slots N "
+                             "or --slots-file FILE, with a node per slot where it matters)")
+        from vkit.apply.fleet import Fleet
+
+        r.fleet = Fleet(ctx.ray, sf.path, s, ctx.owner, ctx.tool, ctx.policy, progress=ctx.progress)
     return on_first_slot(r)
 
 
@@ -188,7 +196,11 @@ def stop_other_slots(runner: Runner) -> None:
         if s["name"] != runner.slot:
             other = runner.for_slot(s)
             with contextlib.suppress(VkitError):
-                Lifecycle(other.svc, runner.tool_name, runner.owner, progress=runner.progress, policy=runner.policy).stop()
+                if other.remote():
+                    runner.fleet.call(other, "stop")
+                    runner.fleet.release(s["name"])
+                else:
+                    Lifecycle(other.svc, runner.tool_name, runner.owner, progress=runner.progress, policy=runner.policy).stop()
 
 
 def check_drift(runner: Runner, warn: Callable[[str], None]) -> dict:

@@ -206,6 +206,8 @@ def aggregate(docs: list[dict]) -> dict:
 
 
 class Runner:
+    fleet = None  # vkit.apply.fleet.Fleet under --ray; set per instance
+
     def __init__(self, sf: StateFile, settings: Settings, progress: Callable[[str], None], tool_name: str = "sweep",
                  owner: str | None = None, policy: Policy | None = None, interrupts: Interrupts | None = None,
                  warn: Callable[[str], None] | None = None):
@@ -311,11 +313,18 @@ class Runner:
         run = self.svc.read()["service"].get("running") or {}
         return run.get("config") if run.get("pid") else None
 
+    def remote(self) -> bool:
+        """This runner's slot is served on a Ray node (``vkit.apply.fleet``)."""
+        return self.fleet is not None and self.slot is not None
+
     def apply(self, config: dict, fresh: bool = False) -> tuple[bool, dict]:
         """restart_with_rollback to ``config`` (a full configuration); no-op if it already runs,
         unless ``fresh``: a new measurement series starts on a freshly started server, so that no
         request set finds its prompts in the prefix cache from an earlier series on the same process."""
         self._mirror_kept()
+        if self.remote():
+            ok, res = self.fleet.call(self, "apply", dict(config), fresh)
+            return bool(ok), res
         st = self.svc.read()
         run = st["service"].get("running") or {}
         from vkit.apply.launcher import alive
@@ -354,8 +363,9 @@ class Runner:
             self.sf.add_time("restart", time.time() - t0)
         return int(code), plain(out.as_dict()) if out is not None else {}, ""
 
-    @staticmethod
-    def _healthy(url: str) -> bool:
+    def _healthy(self, url: str) -> bool:
+        if self.remote():
+            return bool(self.fleet.call(self, "healthy", url))
         import requests
 
         try:
@@ -596,6 +606,9 @@ class Runner:
         return path, doc, {"code": ExitCode.INVALID, "verdict": "invalid", "findings": ["server_died"]}
 
     def _measure_once(self, label: str, k: int, workload: Workload | None = None) -> tuple[str, dict, dict]:
+        if self.remote():
+            path, doc, check = self.fleet.call(self, "measure", label, k, workload)
+            return path, doc, check
         w = workload or self.s.workload
         if self.s.capacity is not None and w.name == self.s.workload.name:
             return self._measure_capacity(label, k, w)
