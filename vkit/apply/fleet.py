@@ -24,8 +24,10 @@ given, and the default path is one machine with no Ray.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import pickle
+import sys
 import tempfile
 import time
 from typing import Any, Callable
@@ -71,19 +73,22 @@ class SlotWorker:
     """The node side of one slot (a Ray actor): the slot's state file and server, and a runner over a
     shadow of the tune's state (refreshed from the driver at every call)."""
 
-    def __init__(self, name: str, slot_doc: dict, settings: bytes, owner: str, tool: str, policy: bytes):
+    def __init__(self, name: str, slot_rel: str, slot_doc: dict, settings: bytes, owner: str, tool: str, policy: bytes):
         from vkit.state import StateFile
         from vkit.tune.runner import Runner
 
         self.name = name
-        self.dir = tempfile.mkdtemp(prefix=f"vkit-fleet-{name}-")
+        # the node's side: $VKIT_FLEET_DIR (as the node's Ray was started with), else the temp folder
+        self.dir = tempfile.mkdtemp(prefix=f"vkit-fleet-{name}-", dir=os.environ.get("VKIT_FLEET_DIR") or None)
+        with open(os.path.join(self.dir, "worker.pid"), "w", encoding="utf-8") as f:
+            f.write(f"{os.getpid()}\n")
         self.main = StateFile(os.path.join(self.dir, "vkit.json"))
-        self.slot = StateFile(os.path.join(self.dir, "slots", f"{name}.json"))
+        self.slot = StateFile(os.path.join(self.dir, slot_rel))  # the driver's layout: run and log paths alike
         self.slot.create(slot_doc, force=True)
         self.runner = Runner(self.main, pickle.loads(settings), lambda m: None, tool_name=tool, owner=owner,
                              policy=pickle.loads(policy))
         self.runner.svc, self.runner.slot = self.slot, name
-        self.seen: dict[str, float] = {}
+        self.seen: dict[str, tuple[int, int]] = {}
         self.log_seen = 0
 
     def pid(self) -> int:
@@ -119,23 +124,45 @@ class SlotWorker:
         except VkitError as e:
             out["error"] = (int(e.code), str(e), type(e).__name__)
         out["files"] = self._new_files()
+        out["node_dir"] = self.dir
         out["slot_state"] = self.slot.read()
         events = self.slot.log.read()
         out["events"], self.log_seen = events[self.log_seen:], len(events)
         return out
 
-    def _new_files(self) -> dict[str, bytes]:
-        """The files under runs/ written or changed since the last call (relative path: bytes)."""
+    def _new_files(self) -> dict[str, tuple[int, bytes]]:
+        """The runs (summaries, records) and the server logs written since the last call: relative path ->
+        (offset, bytes); a file grown in place sends what it gained, a new or replaced one all of it."""
         got = {}
-        for root, _, names in os.walk(os.path.join(self.dir, "runs")):
-            for n in names:
-                p = os.path.join(root, n)
-                m = os.stat(p).st_mtime_ns
-                if self.seen.get(p) != m:
-                    self.seen[p] = m
+        for top in (os.path.join(self.dir, "runs"), os.path.join(os.path.dirname(self.slot.path), "logs")):
+            for root, _, names in os.walk(top):
+                for n in names:
+                    p = os.path.join(root, n)
+                    st = os.stat(p)
+                    ino, size = self.seen.get(p, (0, 0))
+                    if (ino, size) == (st.st_ino, st.st_size):
+                        continue
+                    start = size if ino == st.st_ino and st.st_size > size else 0
                     with open(p, "rb") as f:
-                        got[os.path.relpath(p, self.dir)] = f.read()
+                        f.seek(start)
+                        got[os.path.relpath(p, self.dir)] = (start, f.read())
+                    self.seen[p] = (st.st_ino, st.st_size)
         return got
+
+
+def _put(path: str, offset: int, data: bytes) -> None:
+    """A file from a node, written here: whole (atomically) at offset 0, else what it gained appended at ``offset``."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    if offset and os.path.exists(path):
+        with open(path, "r+b") as f:
+            f.truncate(offset)
+            f.seek(offset)
+            f.write(data)
+        return
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
 
 
 class Fleet:
@@ -147,6 +174,9 @@ class Fleet:
         self.state_path = state_path
         self.settings, self.owner, self.tool, self.policy = pickle.dumps(settings), owner, tool, pickle.dumps(policy)
         self.progress = progress
+        # Ray's driver prints the cluster's messages (a worker died, ...) to sys.stdout: here they go to stderr,
+        # so that stdout carries vkit's own output alone (the tool's IO holds the real stdout already)
+        sys.stdout = sys.stderr
         try:
             self.ray.init(address=address, namespace="vkit", log_to_driver=False, ignore_reinit_error=True,
                           configure_logging=False)
@@ -155,7 +185,7 @@ class Fleet:
         self.workers: dict[str, Any] = {}
         self.taken: dict[str, float] = {}
 
-    def worker(self, slot: dict, slot_doc: dict) -> Any:
+    def worker(self, slot: dict, slot_doc: dict, slot_rel: str) -> Any:
         name = slot["name"]
         if name in self.workers:
             return self.workers[name]
@@ -171,7 +201,7 @@ class Fleet:
             cls = ray.remote(num_cpus=0, num_gpus=need, max_restarts=0, max_concurrency=2)(SlotWorker)
             w = cls.options(name=actor_name, lifetime="detached", get_if_exists=True,
                             scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(
-                name, slot_doc, self.settings, self.owner, self.tool, self.policy)
+                name, slot_rel, slot_doc, self.settings, self.owner, self.tool, self.policy)
             self.progress(f"slot {name}: Ray worker {actor_name} on node {node[:12]}")
         self.workers[name] = w
         return w
@@ -180,7 +210,7 @@ class Fleet:
         """``op`` on ``runner``'s slot's worker; its files, state and events brought back to the driver."""
         ray = self.ray
         slot = next(s for s in runner.sf.read().get("slots") or [] if s["name"] == runner.slot)
-        w = self.worker(slot, runner.svc.read())
+        w = self.worker(slot, runner.svc.read(), os.path.relpath(runner.svc.path, runner.sf.dir))
         rel = os.path.relpath(runner.runs_dir, runner.sf.dir)
         t0 = time.time()
         try:
@@ -189,14 +219,11 @@ class Fleet:
             self.workers.pop(runner.slot, None)
             raise Unavailable(f"slot {runner.slot}: its Ray worker was lost during {op} after {time.time() - t0:.0f} s "
                               f"({type(e).__name__}: {' '.join(str(e).split())[:200]})") from None
-        for rel_path, data in out["files"].items():
-            path = os.path.join(runner.sf.dir, rel_path)
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            tmp = f"{path}.tmp-{os.getpid()}"
-            with open(tmp, "wb") as f:
-                f.write(data)
-            os.replace(tmp, path)
-        runner.svc.mirror_remote(out["slot_state"])
+        for rel_path, (offset, data) in out["files"].items():
+            _put(os.path.join(runner.sf.dir, rel_path), offset, data)
+        # the slot's state as the node holds it, its paths (server logs) moved to where they came back to
+        text = json.dumps(out["slot_state"]).replace(json.dumps(out["node_dir"])[1:-1], json.dumps(runner.sf.dir)[1:-1])
+        runner.svc.mirror_remote(json.loads(text))
         for e in out["events"]:  # the node's own ids kept: the slot's state refers to them
             runner.svc.log.append(e.get("tool") or self.tool, e.get("event") or "remote", decision_id=e.get("id"),
                                   **{k: v for k, v in e.items() if k not in ("tool", "event", "ts", "id", "vkit_version")},

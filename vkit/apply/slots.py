@@ -96,8 +96,9 @@ def plan(n: int, argv: list[str], url: str, per_slot: int | None = None, first_d
 
 
 def load_file(path: str) -> list[dict]:
-    """A slots file: a JSON list of ``{"name"?, "devices": [ids], "port": P, "argv_extra"?: [...]}``
-    (``argv_extra``: launch arguments for that slot only)."""
+    """A slots file: a JSON list of ``{"name"?, "devices": [ids], "port": P, "argv_extra"?: [...], "node"?: IP or id,
+    "gpus"?: false}`` (``argv_extra``: launch arguments for that slot only; ``node``: under ``tune --ray``, the Ray
+    node that serves it; ``gpus`` false: its worker asks Ray for no GPU, e.g. on a cluster of CPU nodes)."""
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
@@ -114,25 +115,30 @@ def load_file(path: str) -> list[dict]:
         extra = s.get("argv_extra") or []
         if not (isinstance(extra, list) and all(isinstance(x, str) for x in extra)):
             raise UsageError(f"slot {i} of {path}: \"argv_extra\" is a list of strings (argv items, never a shell string)")
+        if s.get("node") is not None and not isinstance(s["node"], str) or not isinstance(s.get("gpus", True), bool):
+            raise UsageError(f"slot {i} of {path}: \"node\" is a Ray node's IP or id (a string), \"gpus\" true or false")
         out.append({"name": str(s.get("name") or f"s{i}"), "devices": [str(d) for d in s["devices"]], "port": s["port"],
-                    **({"argv_extra": list(extra)} if extra else {})})
+                    **({"argv_extra": list(extra)} if extra else {}), **({"node": s["node"]} if s.get("node") else {}),
+                    **({"gpus": False} if s.get("gpus") is False else {})})
     return out
 
 
 def check(slots: list[dict]) -> list[dict]:
-    """Names unique and safe as folder names, ports unique, no device in two slots."""
+    """Names unique and safe as folder names; on one machine (a slot's ``node``, else this one) ports unique and
+    no device in two slots."""
     names, ports, seen = set(), set(), {}
     for s in slots:
         if not _NAME.match(s["name"]) or s["name"] in names:
             raise UsageError(f"slot name {s['name']!r} is not unique or not a plain name (letters, digits, . _ -)")
-        if s["port"] in ports:
-            raise UsageError(f"two slots listen on port {s['port']}: give each slot its own port")
+        node = s.get("node") or ""
+        if (node, s["port"]) in ports:
+            raise UsageError(f"two slots listen on port {s['port']}" + (f" on node {node}" if node else "") + ": give each its own port")
         for d in s["devices"]:
-            if str(d) in seen:
-                raise UsageError(f"device {d} is in slots {seen[str(d)]} and {s['name']}: a device belongs to one slot")
-            seen[str(d)] = s["name"]
+            if (node, str(d)) in seen:
+                raise UsageError(f"device {d} is in slots {seen[(node, str(d))]} and {s['name']}: a device belongs to one slot")
+            seen[(node, str(d))] = s["name"]
         names.add(s["name"])
-        ports.add(s["port"])
+        ports.add((node, s["port"]))
     return slots
 
 
