@@ -10,6 +10,10 @@ slot can measure a value the serial sweep would not have reached. Reported per q
 recommendation, the restarts and trials it took, and the speed-up against q = 1 with the CPU count
 (every server and the load generator share the same cores: the speed-up is bounded by them).
 
+``rayN`` in ``--qs`` runs the same tune on N slots served through a local Ray cluster (one node, this
+machine; ``tune --ray``, the optional extra ``make fleet``): the same work plus each call's round trip
+to its worker and the files it brings back.
+
 Writes bench/results/slots.json. Run: python3 bench/bench_slots.py [--repeats 2] (about 2 min on 2 cores).
 """
 
@@ -19,6 +23,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import socket
 import subprocess
 import sys
@@ -45,7 +50,7 @@ def sim(port: int) -> list[str]:
             "--sim-seed", "5", "--max-model-len", "4096"]
 
 
-def one_tune(q: int, work: str) -> dict:
+def one_tune(q: int, work: str, ray: str | None = None) -> dict:
     st = os.path.join(work, "vkit.json")
     ports = [free_port() for _ in range(q)]
     init = [PY, os.path.join(B, "state"), "--state", st, "init", "--url", f"http://127.0.0.1:{ports[0]}", "--model", "sim-8b",
@@ -53,21 +58,21 @@ def one_tune(q: int, work: str) -> dict:
     if q > 1:
         spec = os.path.join(work, "slots.json")
         with open(spec, "w", encoding="utf-8") as f:
-            json.dump([{"name": f"s{i}", "devices": [i], "port": p} for i, p in enumerate(ports)], f)
+            json.dump([{"name": f"s{i}", "devices": [i], "port": p, **({"gpus": False} if ray else {})} for i, p in enumerate(ports)], f)
         init += ["--slots-file", spec]
     subprocess.run([*init, "--", *sim(ports[0])], check=True, capture_output=True)
     t0 = time.time()
-    r = subprocess.run([PY, os.path.join(B, "tune"), "--state", st, *TUNE], capture_output=True, text=True)
+    r = subprocess.run([PY, os.path.join(B, "tune"), "--state", st, *TUNE, *(["--ray", ray] if ray else [])], capture_output=True, text=True)
     wall = time.time() - t0
     try:
         _stop_all(st)
     except Exception:  # noqa: BLE001 - a benchmark's cleanup never hides its result
         pass
     if r.returncode != 0:
-        return {"q": q, "ok": False, "exit": r.returncode, "stderr": r.stderr[-600:]}
+        return {"q": q, "ray": bool(ray), "ok": False, "exit": r.returncode, "stderr": r.stderr[-600:]}
     res = json.loads(r.stdout)
     state = json.load(open(st, encoding="utf-8"))
-    return {"q": q, "ok": True, "wall_s": round(wall, 1), "recommendation": res["recommendation"]["config"],
+    return {"q": q, "ray": bool(ray), "ok": True, "wall_s": round(wall, 1), "recommendation": res["recommendation"]["config"],
             "restarts": res["timings"]["restarts"], "trials": len(state["trials"]),
             "measured": sum(1 for t in state["trials"] if t["status"] not in ("skipped",)),
             "slots_out": [s["name"] for s in state.get("slots") or [] if s.get("out")]}
@@ -84,22 +89,46 @@ def _stop_all(st: str) -> None:
         launcher.stop(f.read()["service"].get("running"), grace_s=3)
 
 
+def start_ray() -> dict:
+    """A local Ray cluster (one node, this machine) for the --ray path; its sockets in a short folder."""
+    tmp = tempfile.mkdtemp(prefix="vr", dir="/tmp")
+    port = free_port()
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", RAY_TMPDIR=tmp)
+    ray_bin = os.path.join(os.path.dirname(PY), "ray")
+    subprocess.run([ray_bin, "start", "--head", "--port", str(port), "--num-cpus", "4", "--num-gpus", "0",
+                    "--include-dashboard", "false", "--disable-usage-stats", "--temp-dir", tmp], check=True, capture_output=True, env=env)
+    return {"address": f"127.0.0.1:{port}", "env": env, "bin": ray_bin, "tmp": tmp}
+
+
+def stop_ray(ray: dict) -> None:
+    subprocess.run([ray["bin"], "stop", "--force"], capture_output=True, env=ray["env"])
+    shutil.rmtree(ray["tmp"], ignore_errors=True)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--qs", default="1,2,4", help="slot counts to compare (default 1,2,4)")
+    ap.add_argument("--qs", default="1,2,4", help="slot counts to compare; rayN: N slots through a local Ray cluster "
+                                                   "(tune --ray, needs make fleet) (default 1,2,4)")
     ap.add_argument("--repeats", type=int, default=1, help="tunes per slot count (default 1)")
     ap.add_argument("-o", "--output", default=os.path.join(REPO, "bench", "results", "slots.json"))
     a = ap.parse_args(argv)
+    kinds = a.qs.split(",")
     rows = []
-    for rep in range(a.repeats):
-        for q in [int(x) for x in a.qs.split(",")]:
-            with tempfile.TemporaryDirectory(prefix=f"vkit-slots-{q}-") as work:
-                row = dict(one_tune(q, work), repeat=rep)
-            print(json.dumps(row), file=sys.stderr)
-            rows.append(row)
+    ray = start_ray() if any(k.startswith("ray") for k in kinds) else None
+    try:
+        for rep in range(a.repeats):
+            for kind in kinds:
+                q = int(kind[3:] if kind.startswith("ray") else kind)
+                with tempfile.TemporaryDirectory(prefix=f"vkit-slots-{q}-") as work:
+                    row = dict(one_tune(q, work, ray["address"] if kind.startswith("ray") else None), repeat=rep, kind=kind)
+                print(json.dumps(row), file=sys.stderr)
+                rows.append(row)
+    finally:
+        if ray:
+            stop_ray(ray)
     summary = {}
-    for q in sorted({r["q"] for r in rows}):
-        ok = [r for r in rows if r["q"] == q and r["ok"]]
+    for q in kinds:
+        ok = [r for r in rows if r["kind"] == q and r["ok"]]
         if ok:
             walls = sorted(r["wall_s"] for r in ok)
             summary[str(q)] = {"median_wall_s": walls[len(walls) // 2], "runs": len(ok),

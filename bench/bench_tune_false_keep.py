@@ -49,6 +49,7 @@ OUT = os.path.join(ROOT, "bench", "results", "tune_false_keep.json")
 PY, B = sys.executable, os.path.join(ROOT, "bin")
 SURFACES = {"flat": {"concurrency": 8, "kept_seqs": 16}, "plus6": {"concurrency": 20, "kept_seqs": 18}}
 EXTRA: list[str] = []  # further tune flags (--confirm-blocks)
+SLOTS = [1]  # --slots: simulator slots per tune (1: the default path, no slots)
 GUARD = "p95_ttft_ms:-:50%"
 TUNE = ["--sandbox", "--objective", "throughput", "--steps", "2", "--budget", "3",
         "--input-len", "128", "--output-len", "32", "--num-prompts", "100", "--confirm-front", "0",
@@ -126,18 +127,27 @@ def one_tune(i: int, work: str, surface: dict, guard: list[str]) -> dict:
            "--sim-start-file", os.path.join(d, "sim-starts")]
     init = [PY, os.path.join(B, "state"), "init", "--url", f"http://127.0.0.1:{port}", "--model", "sim-8b"]
     init += ["--set", "max_num_batched_tokens=2048", "--set", f"max_num_seqs={surface['kept_seqs']}"]
+    if SLOTS[0] > 1:
+        # each slot its own simulator: its own noise seed and start count (identical "devices")
+        spec = os.path.join(d, "slots.json")
+        with open(spec, "w", encoding="utf-8") as f:
+            json.dump([{"name": f"s{j}", "devices": [j], "port": port if j == 0 else free_port(),
+                        "argv_extra": ["--sim-seed", str((1000 + i) * 10 + j), "--sim-start-file", os.path.join(d, f"sim-starts-{j}")]}
+                       for j in range(SLOTS[0])], f)
+        init += ["--slots-file", spec]
     subprocess.run([*init, "--", *sim], env=env, check=True, capture_output=True)
     t0 = time.time()
     p = subprocess.run([PY, os.path.join(B, "tune"), *TUNE, *guard, *EXTRA, "--concurrency", str(surface["concurrency"])], env=env,
                        capture_output=True, text=True)
     wall = time.time() - t0
     st = json.load(open(state))
-    run = (st.get("service") or {}).get("running") or {}
-    if run.get("pid"):
-        try:
-            os.killpg(run.get("pgid") or run["pid"], 15)
-        except OSError:
-            pass
+    for doc in [st] + [json.load(open(os.path.join(d, s["state"]))) for s in st.get("slots") or []]:
+        run = (doc.get("service") or {}).get("running") or {}
+        if run.get("pid"):
+            try:
+                os.killpg(run.get("pgid") or run["pid"], 15)
+            except OSError:
+                pass
     if p.returncode != 0:
         return {"seed": 1000 + i, "error": f"exit {p.returncode}: {p.stderr[-400:]}"}
     confs = st.get("confirmations") or []
@@ -154,7 +164,9 @@ def one_tune(i: int, work: str, surface: dict, guard: list[str]) -> dict:
             "planned_blocks": [(c.get("plan") or {}).get("blocks") for c in confs],
             "measurements": sum(len(t.get("runs") or []) for t in st["trials"]) + len((st.get("baseline") or {}).get("runs") or [])
             + sum(len(c.get("a_runs") or []) + len(c.get("b_runs") or []) for c in confs),
-            "restarts": sum(1 for x in open(os.path.join(d, "decisions.jsonl"))
+            "restarts": sum(1 for log in [os.path.join(d, "decisions.jsonl")]
+                            + [os.path.join(d, os.path.dirname(s["state"]), "decisions.jsonl") for s in st.get("slots") or []]
+                            if os.path.exists(log) for x in open(log)
                             if any(f'"event": "{k}"' in x for k in ("applied", "rolled_back", "start_failed"))),
             "wall_s": round(wall, 1)}
 
@@ -171,7 +183,11 @@ def main(argv=None) -> int:
     ap.add_argument("--confirm-blocks", type=int, default=None, metavar="N",
                     help="tune's --confirm-blocks (default: tune's own, 6); at the simulator's noise the power analysis asks "
                          "for 5 to 8 blocks and refuses a step up front with less")
+    ap.add_argument("--slots", type=int, default=1, metavar="N",
+                    help="tunes on N simulator slots (A/A pass, screening N at a time, confirmations round the slots); "
+                         "the results go under '<surface>-slotsN' (default 1: no slots)")
     a = ap.parse_args(argv)
+    SLOTS[0] = a.slots
     guard = [] if a.guard == "default" else ["--guard", a.guard]
     EXTRA[:] = [] if a.confirm_blocks is None else ["--confirm-blocks", str(a.confirm_blocks)]
     work = tempfile.mkdtemp(prefix="vkit-false-keep-")
@@ -193,7 +209,7 @@ def main(argv=None) -> int:
             k, n = sum(r["keep"] for r in done), len(done)
             dec = [r for r in done if not r.get("refused")]
             kd, nd = sum(r["keep"] for r in dec), len(dec)
-            out[name] = {
+            out[name if SLOTS[0] == 1 else f"{name}-slots{SLOTS[0]}"] = {
                 "guard": a.guard, "refused_up_front": n - nd, "decided": nd, "keeps_decided": kd,
                 "keep_rate_decided": kd / nd if nd else None,
                 "keep_rate_decided_upper95": float(stats.beta.ppf(0.95, kd + 1, nd - kd)) if nd and kd < nd else 1.0,
@@ -208,7 +224,7 @@ def main(argv=None) -> int:
                 "median_wall_s": sorted(r["wall_s"] for r in done)[n // 2] if done else None,
                 "median_measurements": sorted(r["measurements"] for r in done)[n // 2] if done else None,
                 "rows": rows, "command": f"python3 bench/bench_tune_false_keep.py --tunes {a.tunes} --surfaces {name} --guard {a.guard}"
-                + (f" --confirm-blocks {a.confirm_blocks}" if a.confirm_blocks else ""),
+                + (f" --confirm-blocks {a.confirm_blocks}" if a.confirm_blocks else "") + (f" --slots {SLOTS[0]}" if SLOTS[0] > 1 else ""),
                 "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             }
     finally:
