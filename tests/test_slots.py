@@ -4,6 +4,7 @@ servers dies mid-trial."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -172,23 +173,35 @@ def _sim(port: int) -> list[str]:
             "--sim-startup-s", "0.2", "--sim-seed", "5", "--max-model-len", "4096"]
 
 
-@pytest.mark.e2e
-def test_a_slot_whose_server_dies_mid_trial_is_taken_out_and_the_tune_finishes(tmp_path, monkeypatch):
+@contextlib.contextmanager
+def two_slots(tmp_path, monkeypatch, s1_extra: list[str] | None = None):
+    """A state with slots s0 and s1 (each its own simulator; ``s1_extra``: s1's own launch arguments), every
+    slot's server stopped at the end."""
     p0, p1 = free_port(), free_port()
     st = str(tmp_path / "st" / "vkit.json")
     monkeypatch.setenv("VKIT_STATE", st)
     spec = tmp_path / "slots.json"
-    # slot s1's first start (the A/A pass) is sound; from its second on, its engine dies at its 31st request: mid-run
-    plan = tmp_path / "s1-faults.json"
-    plan.write_text(json.dumps({str(n): ["--sim-crash-after", "30"] for n in range(2, 40)}))
-    extra = ["--sim-start-file", str(tmp_path / "s1-starts"), "--sim-fault-plan", str(plan)]
     spec.write_text(json.dumps([{"name": "s0", "devices": [0], "port": p0},
-                                {"name": "s1", "devices": [1], "port": p1, "argv_extra": extra}]))
+                                {"name": "s1", "devices": [1], "port": p1, **({"argv_extra": s1_extra} if s1_extra else {})}]))
     r = call("state", "init", "--slots-file", str(spec), "--url", f"http://127.0.0.1:{p0}", "--model", "sim-8b",
              "--set", "max_num_seqs=4", "--set", "max_num_batched_tokens=2048", "--", *_sim(p0))
     assert r.code == 0, r
     sf = StateFile(st)
     try:
+        yield sf
+    finally:
+        for x in sf.read().get("slots") or []:
+            sub = StateFile(os.path.join(sf.dir, x["state"]))
+            launcher.stop(sub.read()["service"].get("running"), grace_s=3)
+
+
+@pytest.mark.e2e
+def test_a_slot_whose_server_dies_mid_trial_is_taken_out_and_the_tune_finishes(tmp_path, monkeypatch):
+    # slot s1's first start (the A/A pass) is sound; from its second on, its engine dies at its 31st request: mid-run
+    plan = tmp_path / "s1-faults.json"
+    plan.write_text(json.dumps({str(n): ["--sim-crash-after", "30"] for n in range(2, 40)}))
+    extra = ["--sim-start-file", str(tmp_path / "s1-starts"), "--sim-fault-plan", str(plan)]
+    with two_slots(tmp_path, monkeypatch, extra) as sf:
         t0 = time.time()
         r = call("tune", *FAST, "--steps", "2", "--budget", "4", "--json")
         assert r.code == 0, r.err[-3000:]
@@ -210,26 +223,13 @@ def test_a_slot_whose_server_dies_mid_trial_is_taken_out_and_the_tune_finishes(t
         # the A/A pass measured both slots before any trial: their spread is recorded
         aa = s["slot_effects"]["metrics"]["output_throughput"]
         assert set(aa["offsets"]) == {"s0", "s1"} and aa["runs_per_slot"] == 2 and aa["sigma_within"] > 0
-    finally:
-        for x in sf.read().get("slots") or []:
-            sub = StateFile(os.path.join(sf.dir, x["state"]))
-            launcher.stop(sub.read()["service"].get("running"), grace_s=3)
 
 
 @pytest.mark.e2e
 def test_bayesian_search_on_two_slots_proposes_batches_that_replay(tmp_path, monkeypatch):
     """--mode bo on two slots: proposals come two at a time, the second of a batch made with the first one
     believed (Kriging believer) or lied about, never the same configuration; the decision log replays them."""
-    p0, p1 = free_port(), free_port()
-    st = str(tmp_path / "st" / "vkit.json")
-    monkeypatch.setenv("VKIT_STATE", st)
-    spec = tmp_path / "slots.json"
-    spec.write_text(json.dumps([{"name": "s0", "devices": [0], "port": p0}, {"name": "s1", "devices": [1], "port": p1}]))
-    r = call("state", "init", "--slots-file", str(spec), "--url", f"http://127.0.0.1:{p0}", "--model", "sim-8b",
-             "--set", "max_num_seqs=4", "--set", "max_num_batched_tokens=2048", "--", *_sim(p0))
-    assert r.code == 0, r
-    sf = StateFile(st)
-    try:
+    with two_slots(tmp_path, monkeypatch) as sf:
         r = call("tune", *FAST, "--steps", "2", "--mode", "bo", "--budget", "4", "--bo-patience", "0", "--batch-lie", "cl-worst")
         assert r.code == 0, r.err[-3000:]
         bo = [t for t in sf.read()["trials"] if t["step"] == "bo"]
@@ -243,25 +243,11 @@ def test_bayesian_search_on_two_slots_proposes_batches_that_replay(tmp_path, mon
         assert r.code == 0, r
         out = json.loads(r.out)
         assert out["proposals"] == 4 and out["identical"] == 4
-    finally:
-        for x in sf.read().get("slots") or []:
-            sub = StateFile(os.path.join(sf.dir, x["state"]))
-            launcher.stop(sub.read()["service"].get("running"), grace_s=3)
 
 
 @pytest.mark.e2e
 def test_a_slot_that_fails_the_aa_pass_is_taken_out_before_any_trial(tmp_path, monkeypatch):
-    p0, p1 = free_port(), free_port()
-    st = str(tmp_path / "st" / "vkit.json")
-    monkeypatch.setenv("VKIT_STATE", st)
-    spec = tmp_path / "slots.json"
-    spec.write_text(json.dumps([{"name": "s0", "devices": [0], "port": p0},
-                                {"name": "s1", "devices": [1], "port": p1, "argv_extra": ["--sim-crash-after", "30"]}]))
-    r = call("state", "init", "--slots-file", str(spec), "--url", f"http://127.0.0.1:{p0}", "--model", "sim-8b",
-             "--set", "max_num_seqs=4", "--set", "max_num_batched_tokens=2048", "--", *_sim(p0))
-    assert r.code == 0, r
-    sf = StateFile(st)
-    try:
+    with two_slots(tmp_path, monkeypatch, ["--sim-crash-after", "30"]) as sf:
         r = call("tune", *FAST, "--steps", "2", "--budget", "2", "--json")
         assert r.code == 0, r.err[-3000:]
         s = sf.read()
@@ -270,7 +256,3 @@ def test_a_slot_that_fails_the_aa_pass_is_taken_out_before_any_trial(tmp_path, m
         # one slot left: the trials ran one at a time on s0's server, none on s1
         assert s["trials"] and not any("s1" in (t.get("slots_tried") or []) or t.get("slot") == "s1" for t in s["trials"])
         assert all(t["status"] in ("done", "eliminated", "skipped") for t in s["trials"]) and "slot_effects" in s
-    finally:
-        for x in sf.read().get("slots") or []:
-            sub = StateFile(os.path.join(sf.dir, x["state"]))
-            launcher.stop(sub.read()["service"].get("running"), grace_s=3)
