@@ -39,6 +39,9 @@ TUNE = ["--sandbox", "--objective", "throughput", "--concurrency", "16", "--inpu
         "--steps", "2,3", "--budget", "4", "--json", "-q"]
 
 
+SPEED = [8.0]  # --sim-speed: the simulated accelerator's time over wall time
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -46,7 +49,7 @@ def free_port() -> int:
 
 
 def sim(port: int) -> list[str]:
-    return [PY, os.path.join(B, "sim_server"), "sim-8b", "--port", str(port), "--sim-speed", "8", "--sim-startup-s", "0.2",
+    return [PY, os.path.join(B, "sim_server"), "sim-8b", "--port", str(port), "--sim-speed", str(SPEED[0]), "--sim-startup-s", "0.2",
             "--sim-seed", "5", "--max-model-len", "4096"]
 
 
@@ -111,7 +114,11 @@ def main(argv=None) -> int:
                                                    "(tune --ray, needs make fleet) (default 1,2,4)")
     ap.add_argument("--repeats", type=int, default=1, help="tunes per slot count (default 1)")
     ap.add_argument("-o", "--output", default=os.path.join(REPO, "bench", "results", "slots.json"))
+    ap.add_argument("--sim-speed", type=float, default=8.0,
+                    help="the simulators' speed-up (default 8: the accelerator's work is cheap virtual time, so this machine's "
+                         "cores bound the slots; 1: real time, the servers mostly wait as a real accelerator's host does)")
     a = ap.parse_args(argv)
+    SPEED[0] = a.sim_speed
     kinds = a.qs.split(",")
     rows = []
     ray = start_ray() if any(k.startswith("ray") for k in kinds) else None
@@ -138,7 +145,8 @@ def main(argv=None) -> int:
     for v in summary.values():
         v["speedup_vs_q1"] = round(base / v["median_wall_s"], 2) if base else None
     out = {"bench": "slots", "cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-           "tune_args": TUNE, "sim": sim(0)[2:], "rows": rows, "summary": summary,
+           "tune_args": TUNE, "sim": sim(0)[2:], "sim_speed": SPEED[0], "rows": rows, "summary": summary,
+           "command": "python3 bench/bench_slots.py " + " ".join(argv if argv is not None else sys.argv[1:]),
            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     os.makedirs(os.path.dirname(a.output), exist_ok=True)
     with open(a.output, "w", encoding="utf-8") as f:
