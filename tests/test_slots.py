@@ -16,6 +16,7 @@ from tests.conftest import REPO, call
 from tests.sim_helpers import free_port
 from vkit.apply import launcher, slots
 from vkit.errors import UsageError
+from vkit.interrupts import Interrupts
 from vkit.state import StateFile
 
 
@@ -103,6 +104,7 @@ def _bare_runner(slot_names, effects=None):
         st["slot_effects"] = {"metrics": effects}
     r.sf = SimpleNamespace(read=lambda: st, save_confirmation=lambda c, k: None)
     r.slot, r.svc, r.runs_dir = None, r.sf, "runs/run-1"
+    r.interrupts = Interrupts()
     r.for_slot = lambda slot: SimpleNamespace(svc=slot["name"], slot=slot["name"], runs_dir=f"runs/run-1/{slot['name']}")
     return r, st
 
@@ -144,22 +146,39 @@ def test_the_aa_pass_splits_the_spread_into_within_a_slot_between_slots_and_devi
 
 
 @pytest.mark.unit
-def test_confirmation_blocks_go_round_the_slots():
-    """B A A B blocks of a confirmation on three slots: block k on slot k mod 3, each block's four runs on one
-    device (its pairs within a slot), the verdict over all of them."""
+def test_confirmation_blocks_run_side_by_side_on_the_slots():
+    """B A A B blocks of a confirmation on three slots: blocks 1-3 at once, block k on slot k mod 3, each
+    block's four runs on one device (its pairs within a slot); the gate after each group, the record in
+    block order; block 4 on s0 again, where the gate decides."""
+    import copy
+
     r, _ = _bare_runner(["s0", "s1", "s2"])
     where = []
+
+    def for_slot(slot):
+        c = copy.copy(r)
+        c.slot, c.runs_dir = slot["name"], f"runs/run-1/{slot['name']}"
+        c.measure = lambda label, k, w=None: (where.append((slot["name"], label, k))
+                                              or (f"{c.runs_dir}/{label}/rep{k}.json", DOC, {"code": 0}))
+        return c
+
+    r.for_slot = for_slot
     r.trial = lambda tid: {"id": tid, "step": "2", "config": {"max_num_seqs": 8}}
     r.confirm_plan = lambda *a, **k: {"fits": True, "blocks": 4, "why": "4 blocks"}
     r.apply = lambda cfg, fresh=False: (True, {})
-    r.measure = lambda label, k, w=None: (where.append(r.slot) or (f"{r.runs_dir}/{label}/rep{k}.json", DOC, {"code": 0}))
     r.progress = r.log = lambda *a, **k: None
-    blocks = iter(["undecided", "undecided", "undecided", "accept"])
-    r.gate = lambda *a, **k: {"decision": next(blocks), "why": "x"}
+    gates = []
+    verdicts = iter(["undecided", "accept"])
+    r.gate = lambda a_runs, b_runs, **k: (gates.append(len(b_runs)) or {"decision": next(verdicts), "why": "x"})
     conf = r._confirm("t002", "confirmations", 2, None, "output_throughput", [])
-    assert conf["decision"] == "accept"
-    assert where == ["s0"] * 4 + ["s1"] * 4 + ["s2"] * 4 + ["s0"] * 4
-    assert all(p.startswith("runs/run-1/s1/") for p in conf["b_runs"][2:4])
+    assert conf["decision"] == "accept" and gates == [6, 8]
+    assert conf["sequence"] == ["B", "A", "A", "B"] * 4
+    for b in range(4):
+        slot = f"s{b % 3}"
+        assert all(f"/{slot}/" in p for p in conf["b_runs"][2 * b:2 * b + 2] + conf["a_runs"][2 * b:2 * b + 2])
+        assert conf["b_runs"][2 * b].endswith(f"rep{2 * b + 1}.json") and conf["a_runs"][2 * b + 1].endswith(f"rep{2 * b + 2}.json")
+    assert sorted(where) == sorted((f"s{b % 3}", f"confirm-t002-{arm}", 2 * b + (1 if j < 2 else 2))
+                                   for b in range(4) for j, arm in enumerate("BAAB"))
 
 
 # -- end to end: a tune on two simulator slots, one of whose servers dies mid-trial ---------------------

@@ -259,12 +259,6 @@ class Runner:
         eff = (self.sf.read().get("slot_effects") or {}).get("metrics") or {}
         return {m: e["sigma_device"] for m, e in eff.items() if e.get("sigma_device")}
 
-    def bind_slot(self, slot: dict) -> None:
-        """Measure on ``slot`` from now on (a confirmation's block moving to the next device)."""
-        if slot["name"] != self.slot:
-            r = self.for_slot(slot)
-            self.svc, self.slot, self.runs_dir = r.svc, r.slot, r.runs_dir
-
     def use_first_slot(self) -> bool:
         """Bind this runner (the serial phases': baseline, confirmations, steps 1, 4m, 5, delivery) to the
         first slot in service; False when the state has slots and every one was taken out."""
@@ -1118,36 +1112,24 @@ class Runner:
                 (conf.get("decision") == "undecided" and conf.get("finished")):
             return conf
         blocks = (conf.get("plan") or {}).get("blocks") or self.s.confirm_blocks
-        pattern = ["B", "A", "A", "B"]
         label = f"confirm-{tid}" if list_key == "confirmations" else f"deliver-{tid}"
         decision = None
         g: dict = {}
-        for block in range(blocks):
+        block = len(conf["sequence"]) // 4
+        while block < blocks:
             live = self.slots()
-            if len(live) > 1:
-                # block by block over the slots: each block's pairs within one device, the verdict over all of them
-                self.bind_slot(live[block % len(live)])
-            for j, arm in enumerate(pattern):
-                if block * 4 + j < len(conf["sequence"]):
-                    continue  # measured before an interruption
-                cfg = t["config"] if arm == "B" else kept_cfg
-                prev = conf["sequence"][-1] if conf["sequence"] else None
-                ok, res = self.apply(cfg, fresh=prev != arm)
-                if not ok:
-                    conf["decision"] = "start_failed"
-                    self.save_conf(conf, list_key)
-                    return conf
-                k = len(conf["b_runs" if arm == "B" else "a_runs"]) + 1
-                path, doc, check = self.measure(f"{label}-{arm}", k, workload)
-                if check["code"] == ExitCode.INVALID:
-                    conf["decision"] = "invalid"
-                    conf["why"] = f"invalid confirmation run {path}"
-                    self.save_conf(conf, list_key)
-                    return conf
-                conf["b_runs" if arm == "B" else "a_runs"].append(path)
-                conf["sequence"].append(arm)
+            if len(live) > 1 and len(conf["sequence"]) % 4 == 0:
+                # q blocks at once, block k on slot k mod q: each block's pairs within one device, the verdict over all
+                group = list(range(block, min(blocks, block + len(live))))
+                bad = self._blocks_on_slots(conf, group, live, (t["config"], kept_cfg), label, workload, list_key)
+            else:
+                group = [block]
+                bad = self._block_here(conf, block, (t["config"], kept_cfg), label, workload, list_key)
+            if bad:
+                conf["decision"], conf["why"] = bad
                 self.save_conf(conf, list_key)
-                self.progress(f"confirm {tid} {arm}{k}: {brief(doc)}")
+                return conf
+            block += len(group)
             g = self.gate(conf["a_runs"], conf["b_runs"], fresh=True, selected_from=selected_from, primary=primary, guards=guards,
                           key=key)
             decision = g.get("decision")
@@ -1160,6 +1142,65 @@ class Runner:
         conf["finished"] = now_iso()
         self.save_conf(conf, list_key)
         return conf
+
+    BLOCK = ("B", "A", "A", "B")
+
+    def _block_here(self, conf: dict, block: int, cfgs: tuple[dict, dict], label: str, workload: Workload | None,
+                    list_key: str) -> tuple[str, str] | None:
+        """One B A A B block on this runner's server, each run recorded as it ends (resumable mid-block);
+        (decision, why) when a start failed or a run was invalid."""
+        for j, arm in enumerate(self.BLOCK):
+            if block * 4 + j < len(conf["sequence"]):
+                continue  # measured before an interruption
+            prev = conf["sequence"][-1] if conf["sequence"] else None
+            ok, res = self.apply(cfgs[0] if arm == "B" else cfgs[1], fresh=prev != arm)
+            if not ok:
+                return "start_failed", f"the {'candidate' if arm == 'B' else 'kept configuration'} did not start: {res.get('message')}"
+            k = len(conf["b_runs" if arm == "B" else "a_runs"]) + 1
+            path, doc, check = self.measure(f"{label}-{arm}", k, workload)
+            if check["code"] == ExitCode.INVALID:
+                return "invalid", f"invalid confirmation run {path}"
+            conf["b_runs" if arm == "B" else "a_runs"].append(path)
+            conf["sequence"].append(arm)
+            self.save_conf(conf, list_key)
+            self.progress(f"{label} {arm}{k}: {brief(doc)}")
+        return None
+
+    def _run_block(self, block: int, cfgs: tuple[dict, dict], label: str, workload: Workload | None, fresh: bool) -> dict:
+        """Block ``block`` of B A A B on this runner's slot (a thread's body): its runs, or what stopped it."""
+        runs, prev = [], (None if fresh else "B")  # the slot's last block ended on B: it goes on from that server
+        for j, arm in enumerate(self.BLOCK):
+            ok, res = self.apply(cfgs[0] if arm == "B" else cfgs[1], fresh=prev != arm)
+            if not ok:
+                return {"bad": ("start_failed", f"the {'candidate' if arm == 'B' else 'kept configuration'} did not start on "
+                                                f"slot {self.slot}: {res.get('message')}")}
+            k = 2 * block + (1 if j < 2 else 2)
+            path, doc, check = self.measure(f"{label}-{arm}", k, workload)
+            if check["code"] == ExitCode.INVALID:
+                return {"bad": ("invalid", f"invalid confirmation run {path}")}
+            runs.append((arm, path, doc))
+            prev = arm
+        return {"runs": runs}
+
+    def _blocks_on_slots(self, conf: dict, group: list[int], live: list[dict], cfgs: tuple[dict, dict], label: str,
+                         workload: Workload | None, list_key: str) -> tuple[str, str] | None:
+        """Blocks ``group`` side by side, block k on slot k mod q; recorded in block order once all ended, so the
+        record (and the gate after it) never depends on which slot finished first."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        q = len(live)
+        with self.interrupts.every_section(), ThreadPoolExecutor(max_workers=len(group)) as ex:
+            futs = [ex.submit(self.for_slot(live[b % q])._run_block, b, cfgs, label, workload, b < q) for b in group]
+            outs = [f.result() for f in futs]
+        for b, out in zip(group, outs, strict=True):
+            if out.get("bad"):
+                return out["bad"]
+            for arm, path, doc in out["runs"]:
+                conf["b_runs" if arm == "B" else "a_runs"].append(path)
+                conf["sequence"].append(arm)
+                self.progress(f"{label} {arm} block {b + 1} on slot {live[b % q]['name']}: {brief(doc)}")
+            self.save_conf(conf, list_key)
+        return None
 
     def save_conf(self, conf: dict, list_key: str = "confirmations") -> None:
         self.sf.save_confirmation(conf, list_key)
