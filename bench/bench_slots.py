@@ -36,7 +36,11 @@ PY = sys.executable
 TUNE = ["--sandbox", "--objective", "throughput", "--concurrency", "16", "--input-len", "256", "--output-len", "64",
         "--num-prompts", "100", "--baseline-repeats", "3", "--screen-repeats", "1", "--ready-timeout", "60",
         "--slo", "p95_ttft_ms=5000", "--guard", "p95_ttft_ms:-:50%", "--confirm-front", "0", "--ablation", "off",
-        "--steps", "2,3", "--budget", "4", "--json", "-q"]
+        "--json", "-q"]
+SEARCH = {"staged": ["--steps", "2,3", "--budget", "4"],
+          # a search whose screening dominates: 12 Bayesian evaluations, batches of q (Kriging believer)
+          "bo": ["--mode", "bo", "--steps", "2", "--budget", "12", "--bo-patience", "0"]}
+MODE = ["staged"]
 
 
 SPEED = [8.0]  # --sim-speed: the simulated accelerator's time over wall time
@@ -65,7 +69,8 @@ def one_tune(q: int, work: str, ray: str | None = None) -> dict:
         init += ["--slots-file", spec]
     subprocess.run([*init, "--", *sim(ports[0])], check=True, capture_output=True)
     t0 = time.time()
-    r = subprocess.run([PY, os.path.join(B, "tune"), "--state", st, *TUNE, *(["--ray", ray] if ray else [])], capture_output=True, text=True)
+    r = subprocess.run([PY, os.path.join(B, "tune"), "--state", st, *TUNE, *SEARCH[MODE[0]], *(["--ray", ray] if ray else [])],
+                       capture_output=True, text=True)
     wall = time.time() - t0
     try:
         _stop_all(st)
@@ -117,8 +122,11 @@ def main(argv=None) -> int:
     ap.add_argument("--sim-speed", type=float, default=8.0,
                     help="the simulators' speed-up (default 8: the accelerator's work is cheap virtual time, so this machine's "
                          "cores bound the slots; 1: real time, the servers mostly wait as a real accelerator's host does)")
+    ap.add_argument("--search", choices=sorted(SEARCH), default="staged",
+                    help="staged: steps 2 and 3, 4 candidates each (default); bo: 12 Bayesian evaluations of step 2's space")
     a = ap.parse_args(argv)
     SPEED[0] = a.sim_speed
+    MODE[0] = a.search
     kinds = a.qs.split(",")
     rows = []
     ray = start_ray() if any(k.startswith("ray") for k in kinds) else None
@@ -145,7 +153,7 @@ def main(argv=None) -> int:
     for v in summary.values():
         v["speedup_vs_q1"] = round(base / v["median_wall_s"], 2) if base else None
     out = {"bench": "slots", "cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-           "tune_args": TUNE, "sim": sim(0)[2:], "sim_speed": SPEED[0], "rows": rows, "summary": summary,
+           "tune_args": TUNE + SEARCH[MODE[0]], "sim": sim(0)[2:], "sim_speed": SPEED[0], "rows": rows, "summary": summary,
            "command": "python3 bench/bench_slots.py " + " ".join(argv if argv is not None else sys.argv[1:]),
            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     os.makedirs(os.path.dirname(a.output), exist_ok=True)
