@@ -81,7 +81,7 @@ def one_tune(q: int, work: str, ray: str | None = None) -> dict:
     res = json.loads(r.stdout)
     state = json.load(open(st, encoding="utf-8"))
     return {"q": q, "ray": bool(ray), "ok": True, "wall_s": round(wall, 1), "recommendation": res["recommendation"]["config"],
-            "restarts": res["timings"]["restarts"], "trials": len(state["trials"]),
+            "restarts": res["timings"]["restarts"], "timings": res["timings"], "trials": len(state["trials"]),
             "measured": sum(1 for t in state["trials"] if t["status"] not in ("skipped",)),
             "slots_out": [s["name"] for s in state.get("slots") or [] if s.get("out")]}
 
