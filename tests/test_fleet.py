@@ -1,4 +1,4 @@
-"""Many machines through Ray (vkit.apply.fleet): each slot's server and measurements on a node's
+"""Many machines through Ray (vkit.tune.fleet): each slot's server and measurements on a node's
 worker, the state and decisions on the driver; a worker killed mid-trial loses nothing."""
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ import pytest
 
 from tests.conftest import REPO
 from tests.sim_helpers import free_port
-from vkit.apply import fleet
 from vkit.errors import Unavailable
 from vkit.state import StateFile
+from vkit.tune import fleet
 
 PY = sys.executable
 NODES = [
@@ -54,7 +54,7 @@ def test_slots_are_pinned_to_nodes_with_room_for_their_devices():
 
 @pytest.mark.e2e
 def test_the_default_path_never_imports_ray():
-    code = ("import sys; import vkit.cli.tune, vkit.cli.sweep, vkit.tune.driver, vkit.apply.fleet; "
+    code = ("import sys; import vkit.cli.tune, vkit.cli.sweep, vkit.tune.driver, vkit.tune.fleet; "
             "assert 'ray' not in sys.modules, 'ray imported'")
     r = subprocess.run([PY, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert r.returncode == 0, r.stderr

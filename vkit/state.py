@@ -447,7 +447,8 @@ class StateFile:
             st["machine_state"] = "REVERT"
 
     def mirror_remote(self, doc: dict) -> None:
-        """A slot served on another node (``vkit.apply.fleet``): its state as the node holds it, copied whole."""
+        """A copy of a state held elsewhere (``vkit.tune.fleet``): a slot's state as its node holds it, on the
+        driver; the tune's state as the driver holds it, on the node. Copied whole."""
         with self.transaction() as st:
             st.clear()
             st.update(doc)

@@ -48,7 +48,7 @@ class RunContext:
     progress: Callable[[str], None] = _quiet
     warn: Callable[[str], None] = _quiet
     interrupts: Interrupts = field(default_factory=Interrupts)
-    ray: str | None = None  # --ray ADDRESS: the slots served on a Ray cluster's nodes (vkit.apply.fleet)
+    ray: str | None = None  # --ray ADDRESS: the slots served on a Ray cluster's nodes (vkit.tune.fleet)
 
 
 @dataclass
@@ -143,7 +143,7 @@ def make_runner(sf: StateFile, s: Settings, ctx: RunContext, run_id: str | None 
         if not r.slots(live=False):
             raise UsageError("--ray serves the state's slots on the cluster's nodes: this state has none (state init --slots N "
                              "or --slots-file FILE, with a node per slot where it matters)")
-        from vkit.apply.fleet import Fleet
+        from vkit.tune.fleet import Fleet
 
         r.fleet = Fleet(ctx.ray, sf.path, s, ctx.owner, ctx.tool, ctx.policy, progress=ctx.progress)
     return on_first_slot(r)

@@ -206,7 +206,7 @@ def aggregate(docs: list[dict]) -> dict:
 
 
 class Runner:
-    fleet = None  # vkit.apply.fleet.Fleet under --ray; set per instance
+    fleet = None  # vkit.tune.fleet.Fleet under --ray; set per instance
 
     def __init__(self, sf: StateFile, settings: Settings, progress: Callable[[str], None], tool_name: str = "sweep",
                  owner: str | None = None, policy: Policy | None = None, interrupts: Interrupts | None = None,
@@ -308,7 +308,7 @@ class Runner:
         return run.get("config") if run.get("pid") else None
 
     def remote(self) -> bool:
-        """This runner's slot is served on a Ray node (``vkit.apply.fleet``)."""
+        """This runner's slot is served on a Ray node (``vkit.tune.fleet``)."""
         return self.fleet is not None and self.slot is not None
 
     def apply(self, config: dict, fresh: bool = False) -> tuple[bool, dict]:

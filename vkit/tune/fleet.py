@@ -98,9 +98,7 @@ class SlotWorker:
         """``op`` on this node (apply, measure, healthy, stop) against the tune's state ``main_doc``;
         the answer, the files it wrote, the slot's state and its new log events."""
         if self.main.exists():
-            with self.main.transaction() as st:
-                st.clear()
-                st.update(main_doc)
+            self.main.mirror_remote(main_doc)  # the tune's state as the driver holds it now
         else:
             self.main.create(main_doc, force=True)
         r = self.runner
