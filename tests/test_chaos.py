@@ -303,6 +303,11 @@ def test_a_keep_interrupted_before_its_record_is_finished_not_confirmed_against_
     out = r.confirm_and_keep("t004", selected_from=3)
     assert out["decision"] == "kept" and out["decision_id"] == "d0042" and out["sequence"] == ["B", "A", "A", "B"]
     assert saved[-1]["decision"] == "kept" and updated == [{"kept": True, "decision_id": "d0042"}] and rebased == ["t004"]
+    # stopped after the record said "kept" (before the baseline was rebased): the rerun returns it as it is,
+    # and never confirms the kept candidate against itself (seen in CI: it was then refused "underpowered")
+    saved.clear()
+    again = r.confirm_and_keep("t004", selected_from=3)
+    assert again["decision"] == "kept" and again["decision_id"] == "d0042" and saved == []
     # the same record with a kept configuration made by hand (not a gate decision) is not this case
     st["kept"]["decision"] = "manual"
     assert not r._kept_before_saved(conf, trial, "confirmations")

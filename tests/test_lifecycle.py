@@ -315,3 +315,29 @@ def test_keep_requires_the_policy_post_start_check(env):
     with pytest.raises(MustRunMissing, match="post_start_verify.*rule R1"):
         Lifecycle(env["sf"], tool="test", owner="test").keep(reason="test", decision="manual")
     assert env["sf"].read()["kept"]["config"] == {}
+
+
+@pytest.mark.unit
+def test_a_keep_logged_before_a_stop_is_applied_on_the_rerun_not_logged_twice(tmp_path):
+    """vkit stopped between the keep's log line and the state write: the caller reserved the id and kept it in its
+    record, so the rerun's keep with that id only applies it; the log holds the keep once."""
+    from vkit.apply.lifecycle import Lifecycle
+    from vkit.state import new_state
+
+    sf = StateFile(str(tmp_path / "vkit.json"))
+    sf.create(new_state("http://127.0.0.1:9", "m", ["serve", "m"], {"max_num_seqs": 32}))
+    sf.begin_candidate({"config": {"max_num_seqs": 64}, "changes": {"max_num_seqs": 64}})
+    sf.candidate_applied({}, ["post_start_verify"])
+    did = sf.log.new_id()
+    sf.log.append("tune", "keep", decision_id=did, config={"max_num_seqs": 64}, reason="gate accepted t002", decision="gate")
+    assert sf.read()["kept"]["config"] == {"max_num_seqs": 32}  # the stop came here
+    got = Lifecycle(sf, tool="tune", owner="test").keep(reason="gate accepted t002", decision="gate", decision_id=did)
+    st = sf.read()
+    assert got == did and st["kept"] == dict(st["kept"], config={"max_num_seqs": 64}, decision_id=did, decision="gate")
+    assert [e["id"] for e in sf.log.read() if e["event"] == "keep"] == [did]
+    # without a logged keep of that id, the reserved id is the new keep's
+    sf.begin_candidate({"config": {"max_num_seqs": 128}, "changes": {"max_num_seqs": 128}})
+    sf.candidate_applied({}, ["post_start_verify"])
+    other = sf.log.new_id()
+    assert Lifecycle(sf, tool="tune", owner="test").keep(reason="r", decision="gate", decision_id=other) == other
+    assert [e["id"] for e in sf.log.read() if e["event"] == "keep"] == [did, other]

@@ -238,14 +238,19 @@ class Lifecycle:
             self._log("stopped", reason=reason, running=st["service"]["running"])
         self._stop_running(st)
 
-    def keep(self, reason: str, decision: str = "manual") -> str:
-        """Make the applied candidate the kept configuration (the rollback target)."""
+    def keep(self, reason: str, decision: str = "manual", decision_id: str | None = None) -> str:
+        """Make the applied candidate the kept configuration (the rollback target). ``decision_id``: an id the
+        caller reserved and recorded first; when the log already holds that keep (stopped between the log and
+        the state), it is not logged twice, only applied."""
         st = self.sf.read()
         cand = st.get("candidate") or {}
         if cand.get("status") != "applied":
             raise VkitError(f"no applied candidate to keep (candidate status: {cand.get('status')})", ExitCode.USAGE)
         self.policy.require(cand.get("checks") or [], before="keep")
-        did = self._log("keep", config=cand["config"], previous=st["kept"], reason=reason, decision=decision)
+        if decision_id and any(e.get("id") == decision_id and e.get("event") == "keep" for e in self.sf.log.read()):
+            self.sf.set_kept(cand["config"], decision_id, decision)
+            return decision_id
+        did = self._log("keep", decision_id=decision_id, config=cand["config"], previous=st["kept"], reason=reason, decision=decision)
         self.sf.set_kept(cand["config"], did, decision)
         return did
 

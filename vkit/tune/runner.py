@@ -1041,12 +1041,17 @@ class Runner:
         if self._kept_before_saved(conf, t, "confirmations"):
             did = self.sf.read()["kept"]["decision_id"]  # the keep was made before an interruption: not made twice
         else:
+            if not conf.get("keep_id"):
+                # the keep's id first: a stop between its log line and the state finds it again on the rerun
+                conf["keep_id"] = self.sf.log.new_id()
+                self.save_conf(conf)
             ok, _ = self.apply(t["config"])
             if not ok:
                 conf["decision"] = "start_failed"
                 self.save_conf(conf)
                 return conf
-            did = self.keep(reason=f"gate accepted {tid} on fresh interleaved runs: {conf.get('why')}", decision="gate")
+            did = self.keep(reason=f"gate accepted {tid} on fresh interleaved runs: {conf.get('why')}", decision="gate",
+                            decision_id=conf["keep_id"])
         conf["decision"] = "kept"
         conf["decision_id"] = did
         self.save_conf(conf)
@@ -1057,23 +1062,25 @@ class Runner:
         return conf
 
     def _kept_before_saved(self, conf: dict, trial: dict, list_key: str) -> bool:
-        """An accepted confirmation whose keep was made (the kept configuration is the trial's, by a gate
-        decision) but not yet recorded on it: vkit was stopped between the two writes."""
+        """A confirmation whose keep was made (the kept configuration is the trial's, by a gate decision): not yet
+        recorded on it ("accept": vkit was stopped between the two writes), or recorded ("kept": stopped before
+        what follows a keep). Its ``against`` is the configuration kept before, so it is not confirmed again."""
         k = self.sf.read()["kept"]
-        return (list_key == "confirmations" and conf.get("decision") == "accept" and k.get("decision") == "gate"
+        return (list_key == "confirmations" and conf.get("decision") in ("accept", "kept") and k.get("decision") == "gate"
                 and k["config"] == trial["config"] and conf.get("against") != trial["config"])
 
-    def keep(self, reason: str, decision: str) -> str:
+    def keep(self, reason: str, decision: str, decision_id: str | None = None) -> str:
         """The applied candidate on this runner's server becomes the kept configuration (the lifecycle's
         keep, logged); on a slot, the tune's state records it too (the other slots copy it at their next restart)."""
         previous = self.sf.read()["kept"]
         lc = Lifecycle(self.svc, self.tool_name, self.owner, progress=self.progress, policy=self.policy)
-        did = lc.keep(reason=reason, decision=decision)
+        did = lc.keep(reason=reason, decision=decision, decision_id=decision_id)
         if self.svc is not self.sf:
             k = self.svc.read()["kept"]
             self.sf.mirror_kept(k["config"], did, decision)
-            self.sf.log.append(self.tool_name, "keep", decision_id=did, config=k["config"], previous=previous, reason=reason,
-                               decision=decision, slot=self.slot)
+            if not any(e.get("id") == did and e.get("event") == "keep" for e in self.sf.log.read()):
+                self.sf.log.append(self.tool_name, "keep", decision_id=did, config=k["config"], previous=previous, reason=reason,
+                                   decision=decision, slot=self.slot)
         return did
 
     def confirm_point(self, tid: str, selected_from: int, primary: str, guards: list[str] | None = None) -> dict:
