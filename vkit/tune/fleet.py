@@ -207,12 +207,13 @@ class Fleet:
     def call(self, runner: Any, op: str, *args: Any) -> Any:
         """``op`` on ``runner``'s slot's worker; its files, state and events brought back to the driver."""
         ray = self.ray
-        slot = next(s for s in runner.sf.read().get("slots") or [] if s["name"] == runner.slot)
+        main = runner.sf.read()
+        slot = next(s for s in main.get("slots") or [] if s["name"] == runner.slot)
         w = self.worker(slot, runner.svc.read(), os.path.relpath(runner.svc.path, runner.sf.dir))
         rel = os.path.relpath(runner.runs_dir, runner.sf.dir)
         t0 = time.time()
         try:
-            out = ray.get(w.call.remote(runner.sf.read(), rel, op, args), timeout=CALL_TIMEOUT_S)
+            out = ray.get(w.call.remote(main, rel, op, args), timeout=CALL_TIMEOUT_S)
         except (ray.exceptions.RayError, TimeoutError) as e:
             self.workers.pop(runner.slot, None)
             raise Unavailable(f"slot {runner.slot}: its Ray worker was lost during {op} after {time.time() - t0:.0f} s "

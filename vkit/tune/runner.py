@@ -550,13 +550,13 @@ class Runner:
         for attempt in range(1, last + 1):
             try:
                 path, doc, check = self._measure_once(label, k, workload)
+                died = bool(doc.get("failed")) and not self._healthy(self.svc.read()["service"]["url"])
             except VkitError as e:
                 if e.code != ExitCode.UNAVAILABLE or self._healthy(self.svc.read()["service"]["url"]):
                     raise
                 # the server was gone before the run began (killed between two runs): the same path as a death mid-run
-                doc = {"failed": 1, "vkit": {"errors": {" ".join(str(e).split())[:200]: 1}}}
-                path, doc, check = self._server_died(label, k, workload, doc)
-            if doc.get("failed") and not self._healthy(self.svc.read()["service"]["url"]):
+                doc, died = {"failed": 1, "vkit": {"errors": {" ".join(str(e).split())[:200]: 1}}}, True
+            if died:
                 path, doc, check = self._server_died(label, k, workload, doc)
             if doc.get("failed") and check["code"] != ExitCode.INVALID:
                 # requests failed on a server that stayed up (a burst of 5xx, a malformed event): the run is not a
