@@ -8,12 +8,16 @@ run to run on one process, 1.5 % more between server starts).
   batched tokens at 64 sequences) cannot change a step: at most 8 x 128 = 1,024 prompt tokens are
   ever scheduled at once and at most 8 sequences run, so every candidate is the kept
   configuration in all but its flags (``predict``: identical throughput).
-- plus6: the same at 20 streams, kept at 18 sequences: every candidate (64 sequences) runs all 20,
-  +6.0 % output throughput in the noise-free predictor at the tunes' 100 prompts. The live
-  simulator's own gain (noise off, the same client and speed) is measured in the same run and
-  reported beside it (``live_gain``): the live path adds the client's turnaround and this host's
-  timing, which at a queue's edge move the gain by points (10 streams kept at 9: predictor +6.9 %,
-  live +8 to +10 %).
+- plus6: the same at 16 streams, kept at 14 sequences: every candidate (64 sequences) runs all 16.
+  The true gain is the live simulator's own, its noise off, at the tunes' speed, client, workload
+  and 100 prompts (``live_gain``, 3 runs of each measured in the same run: +5.1 % at e418775; +7.4 %
+  at speed 1, ``live_gain_speed1``, where the client's turnaround weighs less). The virtual-time predictor's figure for
+  the same client (every stream's first request at once, the whole run counted) is reported beside
+  it (``true_gains``: +9.3 %). With 100 fixed-length prompts a gain at a queue's edge is set by how
+  many waves of requests a run takes, so it moves by points from one surface to the next.
+- plus10: 20 streams kept at 18 sequences, a larger true gain (live +13.1 % when measured); the
+  surface was chosen, as plus6, by the predictor's steady state (a ramped start, the first 40
+  requests left out: +6.0 %), which is not what a 100-prompt closed-loop run measures.
 
 Each tune is ``bin/tune --sandbox --objective throughput --steps 2 --budget 3`` with the default
 statistics (4 baseline repeats over three server starts; screening runs sized from σ's two parts, at
@@ -47,7 +51,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 OUT = os.path.join(ROOT, "bench", "results", "tune_false_keep.json")
 PY, B = sys.executable, os.path.join(ROOT, "bin")
-SURFACES = {"flat": {"concurrency": 8, "kept_seqs": 16}, "plus6": {"concurrency": 20, "kept_seqs": 18}}
+SURFACES = {"flat": {"concurrency": 8, "kept_seqs": 16}, "plus6": {"concurrency": 16, "kept_seqs": 14},
+            "plus10": {"concurrency": 20, "kept_seqs": 18}}
 EXTRA: list[str] = []  # further tune flags (--confirm-blocks)
 SLOTS = [1]  # --slots: simulator slots per tune (1: the default path, no slots)
 GUARD = "p95_ttft_ms:-:50%"
@@ -64,11 +69,14 @@ def free_port() -> int:
 
 def true_gains(surface: dict) -> list[float]:
     """Each step-2 candidate's relative difference in predicted output throughput from the kept
-    configuration on this surface (noise-free virtual time)."""
+    configuration on this surface (noise-free virtual time), for the tunes' client: every stream's
+    first request sent at once (no ramp) and the whole run counted (no warm-up left out), as
+    bench_stream measures it."""
     from vkit.sim.predict import Scenario, predict
 
     def tp(tokens: int, seqs: int) -> float:
         sc = Scenario(model="llama-3.1-8b", gpu="H200", isl=128, osl=32, concurrency=surface["concurrency"], num_prompts=100,
+                      warmup=0, ramp_steps=0,
                       serve={"max_model_len": 1024, "max_num_batched_tokens": tokens, "max_num_seqs": seqs})
         return predict(sc)["output_throughput_tok_s"]
 
@@ -76,7 +84,7 @@ def true_gains(surface: dict) -> list[float]:
     return [tp(t, 64) / base - 1 for t in (4096, 8192, 16384)]
 
 
-def live_gain(surface: dict, work: str, runs: int = 3) -> dict:
+def live_gain(surface: dict, work: str, runs: int = 3, speed: float = 8.0) -> dict:
     """The step-2 candidate's gain on the live simulator as the tunes meet it (the same speed,
     workload and client, the simulator's noise off): ``runs`` bench_stream runs of the kept
     configuration and of the 8192-token candidate, one process each. Beside the predictor's
@@ -85,7 +93,7 @@ def live_gain(surface: dict, work: str, runs: int = 3) -> dict:
     out = {}
     for name, tokens, seqs in (("kept", 2048, surface["kept_seqs"]), ("candidate", 8192, 64)):
         port = free_port()
-        sim = [PY, os.path.join(B, "sim_server"), "sim-8b", "--port", str(port), "--sim-speed", "8", "--sim-startup-s", "0.2",
+        sim = [PY, os.path.join(B, "sim_server"), "sim-8b", "--port", str(port), "--sim-speed", f"{speed:g}", "--sim-startup-s", "0.2",
                "--sim-noise", "0", "--sim-restart-noise", "0", "--sim-seed", "1", "--max-model-len", "1024", "--sim-gpu", "H200",
                "--sim-model", "llama-3.1-8b", "--max-num-batched-tokens", str(tokens), "--max-num-seqs", str(seqs)]
         with open(os.path.join(work, f"live-{name}.log"), "w") as log:
@@ -198,6 +206,7 @@ def main(argv=None) -> int:
             surface = SURFACES[name]
             gains = true_gains(surface)
             live = live_gain(surface, work)
+            live1 = live_gain(surface, work, runs=1, speed=1.0)  # deterministic at speed 1: one run each
             print(f"{name}: predicted gain {gains[1]:+.1%}, live noise-free {live['gain']:+.1%}" if live["gain"] is not None
                   else f"{name}: live gain not measured", file=sys.stderr)
             rows = []
@@ -214,12 +223,12 @@ def main(argv=None) -> int:
                 "keep_rate_decided": kd / nd if nd else None,
                 "keep_rate_decided_upper95": float(stats.beta.ppf(0.95, kd + 1, nd - kd)) if nd and kd < nd else 1.0,
                 "keep_rate_decided_lower95": float(stats.beta.ppf(0.05, kd, nd - kd + 1)) if nd and kd > 0 else 0.0,
-                "surface": surface, "true_gains": gains, "live_gain": live, "confirm_blocks": a.confirm_blocks or 6, "tunes": n, "errors": len(rows) - n, "keeps": k,
+                "surface": surface, "true_gains": gains, "live_gain": live, "live_gain_speed1": live1, "confirm_blocks": a.confirm_blocks or 6, "tunes": n, "errors": len(rows) - n, "keeps": k,
                 "keep_rate": k / n if n else None,
                 # Clopper-Pearson, one-sided 95 %: the upper bound on flat, the lower one on plus6
                 "keep_rate_upper95": float(stats.beta.ppf(0.95, k + 1, n - k)) if n and k < n else 1.0,
                 "keep_rate_lower95": float(stats.beta.ppf(0.05, k, n - k + 1)) if n and k > 0 else 0.0,
-                "target": "keep rate <= 0.05" if name == "flat" else "keep rate >= 0.80",
+                "target": "keep rate <= 0.05" if name == "flat" else "keep rate >= 0.80 (issue 18: at a true +6 %)",
                 "median_restarts": sorted(r["restarts"] for r in done)[n // 2] if done else None,
                 "median_wall_s": sorted(r["wall_s"] for r in done)[n // 2] if done else None,
                 "median_measurements": sorted(r["measurements"] for r in done)[n // 2] if done else None,
