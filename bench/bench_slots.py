@@ -44,6 +44,8 @@ MODE = ["staged"]
 
 
 SPEED = [8.0]  # --sim-speed: the simulated accelerator's time over wall time
+STARTUP = [0.2]  # --sim-startup-s: wall seconds a server start takes (the host waits; no CPU)
+QUIET: list[str] = []  # --sim-noise off: the simulators' run-to-run and restart noise off
 
 
 def free_port() -> int:
@@ -53,8 +55,8 @@ def free_port() -> int:
 
 
 def sim(port: int) -> list[str]:
-    return [PY, os.path.join(B, "sim_server"), "sim-8b", "--port", str(port), "--sim-speed", str(SPEED[0]), "--sim-startup-s", "0.2",
-            "--sim-seed", "5", "--max-model-len", "4096"]
+    return [PY, os.path.join(B, "sim_server"), "sim-8b", "--port", str(port), "--sim-speed", str(SPEED[0]), "--sim-startup-s", f"{STARTUP[0]:g}",
+            "--sim-seed", "5", "--max-model-len", "4096", *QUIET]
 
 
 def one_tune(q: int, work: str, ray: str | None = None) -> dict:
@@ -122,10 +124,18 @@ def main(argv=None) -> int:
     ap.add_argument("--sim-speed", type=float, default=8.0,
                     help="the simulators' speed-up (default 8: the accelerator's work is cheap virtual time, so this machine's "
                          "cores bound the slots; 1: real time, the servers mostly wait as a real accelerator's host does)")
+    ap.add_argument("--sim-startup-s", type=float, default=0.2,
+                    help="seconds each simulated server start takes (default 0.2; a field restart of 30 s to 5 min is an "
+                         "idle wait on the host, which slots overlap)")
+    ap.add_argument("--sim-noise", choices=("on", "off"), default="on",
+                    help="off: the simulators' noise off, so every q meets the same measurements and should deliver the same "
+                         "recommendation (default on: the realistic noise)")
     ap.add_argument("--search", choices=sorted(SEARCH), default="staged",
                     help="staged: steps 2 and 3, 4 candidates each (default); bo: 12 Bayesian evaluations of step 2's space")
     a = ap.parse_args(argv)
     SPEED[0] = a.sim_speed
+    STARTUP[0] = a.sim_startup_s
+    QUIET[:] = ["--sim-noise", "0", "--sim-restart-noise", "0"] if a.sim_noise == "off" else []
     MODE[0] = a.search
     kinds = a.qs.split(",")
     rows = []
@@ -153,7 +163,7 @@ def main(argv=None) -> int:
     for v in summary.values():
         v["speedup_vs_q1"] = round(base / v["median_wall_s"], 2) if base else None
     out = {"bench": "slots", "cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-           "tune_args": TUNE + SEARCH[MODE[0]], "sim": sim(0)[2:], "sim_speed": SPEED[0], "rows": rows, "summary": summary,
+           "tune_args": TUNE + SEARCH[MODE[0]], "sim": sim(0)[2:], "sim_speed": SPEED[0], "sim_startup_s": STARTUP[0], "rows": rows, "summary": summary,
            "command": "python3 bench/bench_slots.py " + " ".join(argv if argv is not None else sys.argv[1:]),
            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     os.makedirs(os.path.dirname(a.output), exist_ok=True)

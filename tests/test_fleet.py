@@ -6,6 +6,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -127,7 +128,7 @@ def test_a_tune_through_ray_keeps_the_state_here_and_a_worker_killed_mid_trial_l
     def read_err():
         for line in p.stderr:
             err.append(line)
-            if "batch of 2" in line and not killed:
+            if re.search(r"t\d+ on slot s1", line) and not killed:
                 time.sleep(1.0)  # mid-trial: both slots' workers are restarting or measuring
                 pids = [int(open(f).read()) for f in glob.glob(os.path.join(env["VKIT_FLEET_DIR"], "vkit-fleet-s1-*", "worker.pid"))]
                 for pid in pids[:1]:

@@ -454,7 +454,7 @@ class StateFile:
             st.update(doc)
 
     def set_slot_effects(self, rec: dict) -> None:
-        """The slots' A/A pass (``vkit.tune.steps.slot_aa``): per metric, each slot's level and the spreads."""
+        """The slots' A/A pass (``vkit.tune.steps.baseline_beside_aa``): per metric, each slot's level and the spreads."""
         with self.transaction() as st:
             st["slot_effects"] = rec
 

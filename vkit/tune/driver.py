@@ -287,17 +287,16 @@ def _drive(runner: Runner, settings: Settings, mixed: Workload, plan: TunePlan, 
         need = plan.business_len or int((longest + main.options.random_output_len) * 1.25)
         tuning.run_step1(runner, plan.max_model_len_candidates, need, main.options.max_concurrency, ctx.progress)
     sf.set_machine_state("BASELINE")
-    b = runner.baseline()
+    staged = [x for x in steps if x in ("2", "3", "4m", "4")]
+    # with slots, the A/A pass (what a comparison across devices carries) runs beside the baseline
+    b = tuning.baseline_beside_aa(runner, ctx.progress) if staged and len(runner.slots()) > 1 else runner.baseline()
     shown = ("slo_capacity", "ref_mean_tpot_ms") if settings.capacity is not None else ("output_throughput", "p95_ttft_ms", "mean_tpot_ms")
     ctx.progress("baseline: " + ", ".join(f"{k} {v:.4g} (σ {b['sigma'].get(k, 0):.1%})" for k, v in b["metrics"].items()
                                           if k in shown))
     comp = (b.get("components") or {}).get(shown[0]) or {}
     ctx.progress(f"baseline σ of {shown[0]}: {sigma_text(comp)}")
-    staged = [x for x in steps if x in ("2", "3", "4m", "4")]
     if staged:
         tuning.guard_anomalies(runner)
-        if len(runner.slots()) > 1:
-            tuning.slot_aa(runner, ctx.progress)  # once a tune: what a comparison across devices carries
     kb = plan.kb_path or knowledge.default_path(sf.dir)
     kb_key = knowledge.fingerprint_key(sf.read(), server_info(runner))
     kb_work = {"bench_args": main.options.flags(), "slo": settings.slo}

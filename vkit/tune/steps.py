@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import shlex
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import replace
 from typing import Any, Callable
 
@@ -280,95 +280,162 @@ def lies(runner: Runner, pending: list[dict]) -> list[search.Observation]:
 
 def _screen_on_slots(runner: Runner, step: str, proposer: Callable[[list], Any], progress: Callable[[str], None],
                      budget: int, stop_text: Callable[[list], str]) -> str:
-    """Screening q candidates at a time, one per live slot, in synchronous batches: the proposals of a
-    batch are made on the same history (the pending ones as ``lies``), its trials run side by side,
-    and the next batch is proposed only when all are done, so the decisions depend on the measurements
-    alone, never on which slot finished first; each batch's outcomes are logged in trial-id order."""
-    while True:
-        live = runner.slots()
-        if not live:
-            raise VkitError("every slot has been taken out (see `state show`); fix them, then `state --slot-in NAME` and "
-                            "rerun the same command to continue", ExitCode.UNAVAILABLE)
-        batch = [t["id"] for t in runner.sf.read()["trials"] if t["step"] == step and t["status"] in ("proposed", "applied")]
-        if not batch:
-            spent = _spent(runner, step)
-            if spent >= budget:
-                return f"budget of {budget} trials for step {step} spent"
-            over = _over_time(runner, step, budget - spent, progress)
-            if over:
-                return over
-            pending: list[dict] = []
-            while len(batch) < min(len(live), budget - spent):
-                prop = proposer(observations(runner) + lies(runner, pending))
-                if prop is None:
+    """Screening on the slots, asynchronously: every live slot measures a trial, and when one ends its
+    outcome is logged and the next candidate is proposed at once on the history as it then stands
+    (the trials still running as ``lies``), so no slot waits for the slowest trial of a batch. Each
+    proposal's audit records what it was made from (the trials in flight and their configurations;
+    a Bayesian proposal its whole input), so the decision log replays whatever order the slots
+    finished in; outcomes that end together are logged in trial-id order."""
+    flight: dict[str, tuple[dict, Future]] = {}
+    spent_out: str | None = None  # the budget or the time is spent: no new proposal
+    with runner.interrupts.every_section(), ThreadPoolExecutor(max_workers=max(1, len(runner.slots(live=False)))) as ex:
+        while True:
+            live = runner.slots()
+            if not live:
+                raise VkitError("every slot has been taken out (see `state show`); fix them, then `state --slot-in NAME` and "
+                                "rerun the same command to continue", ExitCode.UNAVAILABLE)
+            busy = {slot["name"] for slot, _ in flight.values()}
+            free = [x for x in live if x["name"] not in busy]
+            for tid, slot in _waiting_trials(runner, step, flight, live, free):
+                free.remove(slot)
+                flight[tid] = (slot, ex.submit(_trial_on_slot, runner, slot, tid))
+                progress(f"{tid} on slot {slot['name']}")
+            while free and spent_out is None:
+                spent = _spent(runner, step) + sum(1 for t in runner.sf.read()["trials"]
+                                                   if t["step"] == step and t["status"] in ("proposed", "applied"))
+                if spent >= budget:
+                    spent_out = f"budget of {budget} trials for step {step} spent"
                     break
-                same = runner.cannot_differ(prop.config)
-                if same is not None:
-                    runner.skip_trial(step, prop.config, prop.reason, same[0], same[1], prop.audit)
-                    continue
-                audit = dict(prop.audit, batch={"size_limit": len(live), "position": len(batch), "pending": [dict(c) for c in pending]})
-                batch.append(runner.new_trial(step, prop.config, prop.reason, audit)["id"])
-                pending.append(prop.config)
-            if not batch:
-                return stop_text(observations(runner))
-        run_batch(runner, batch, live, progress)
-        if not runner.use_first_slot():
-            raise VkitError("every slot has been taken out (see `state show`): fix them, then `state --slot-in NAME` and "
-                            "rerun the same command to continue", ExitCode.UNAVAILABLE)
+                over = _over_time(runner, step, budget - spent, progress)
+                if over:
+                    spent_out = over
+                    break
+                tid = _propose_on_slots(runner, step, proposer, flight, len(live))
+                if tid is None:
+                    break  # nothing to propose now; a trial still running may change that when it ends
+                slot = free.pop(0)
+                flight[tid] = (slot, ex.submit(_trial_on_slot, runner, slot, tid))
+                progress(f"{tid} on slot {slot['name']}" + (f" ({len(flight) - 1} other(s) running)" if len(flight) > 1 else ""))
+            if not flight:
+                return spent_out or stop_text(observations(runner))
+            ended, _ = wait([f for _, f in flight.values()], return_when=FIRST_COMPLETED)
+            for tid in sorted(t for t, (_, f) in flight.items() if f in ended):
+                slot, f = flight.pop(tid)
+                _after_trial(runner, tid, slot, f.result(), progress)
+            if not runner.use_first_slot():
+                raise VkitError("every slot has been taken out (see `state show`): fix them, then `state --slot-in NAME` and "
+                                "rerun the same command to continue", ExitCode.UNAVAILABLE)
 
 
-def _pick_slots(runner: Runner, tids: list[str], live: list[dict]) -> list[tuple[str, dict]]:
-    """Each trial on its own slot: one retried after its slot failed goes to a slot it has not tried."""
-    free, out = list(live), []
-    for tid in sorted(tids):
-        tried = set(runner.trial(tid).get("slots_tried") or [])
-        slot = next((s for s in free if s["name"] not in tried), None)
-        if slot is None:
-            continue  # more trials than untried slots: the rest waits for the next batch
-        free.remove(slot)
-        out.append((tid, slot))
+def _propose_on_slots(runner: Runner, step: str, proposer: Callable[[list], Any], flight: dict, slots: int) -> str | None:
+    """The next trial's id, proposed with the trials in flight as lies (a candidate that cannot differ
+    is skipped with its reason); None when the proposer has nothing now."""
+    inflight = sorted(flight)
+    pending = [dict(runner.trial(t)["config"]) for t in inflight]
+    while True:
+        prop = proposer(observations(runner) + lies(runner, pending))
+        if prop is None:
+            return None
+        same = runner.cannot_differ(prop.config)
+        if same is not None:
+            runner.skip_trial(step, prop.config, prop.reason, same[0], same[1], prop.audit)
+            continue
+        audit = dict(prop.audit, batch={"size_limit": slots, "position": len(pending), "pending": pending, "in_flight": inflight})
+        return runner.new_trial(step, prop.config, prop.reason, audit)["id"]
+
+
+def _waiting_trials(runner: Runner, step: str, flight: dict, live: list[dict], free: list[dict]) -> list[tuple[str, dict]]:
+    """Trials of ``step`` proposed but not running (a resumed tune's, or one whose slot failed under it),
+    each with a free slot it has not tried; one that no live slot is left for is marked, with the reason."""
+    out, free = [], list(free)
+    for t in runner.sf.read()["trials"]:
+        if t["step"] != step or t["status"] not in ("proposed", "applied") or t["id"] in flight:
+            continue
+        tried = set(t.get("slots_tried") or [])
+        if all(x["name"] in tried for x in live):
+            runner.update_trial(t["id"], status="invalid", valid=False, verdict=None, finished=now_iso(),
+                                why=f"not measured: the slots it was tried on ({', '.join(sorted(tried))}) failed "
+                                    "under it, and no other slot is left")
+            continue
+        slot = next((x for x in free if x["name"] not in tried), None)
+        if slot is not None:  # else it waits for a slot it has not tried to come free
+            free.remove(slot)
+            out.append((t["id"], slot))
     return out
 
 
 AA_REPEATS = 2  # runs of the kept configuration on each slot in the A/A pass
 
 
-def slot_aa(runner: Runner, progress: Callable[[str], None], repeats: int = AA_REPEATS) -> dict | None:
-    """The A/A pass over the slots (once a tune, after its baseline): the kept configuration started
-    afresh on every live slot at once (so shared host and PCIe contention is in it) and measured
-    ``repeats`` times on each. A one-way random-effects analysis of the log metric per slot gives the
-    spread between slots (σ_slots, which holds the restart-to-restart part too: each slot is one
-    process) and, less the baseline's between-restart part, the device-to-device part (σ_device) that
-    gate adds to a comparison across slots. None without two live slots; resumed when recorded."""
+def baseline_beside_aa(runner: Runner, progress: Callable[[str], None], repeats: int = AA_REPEATS) -> dict:
+    """The A/A pass over the slots (once a tune): the kept configuration started afresh on every live
+    slot at once (so shared host and PCIe contention is in it) and measured ``repeats`` times on
+    each. A one-way random-effects analysis of the log metric per slot gives the spread between slots
+    (σ_slots, which holds the restart-to-restart part too: each slot is one process) and, less the
+    baseline's between-restart part, the device-to-device part (σ_device) that gate adds to a
+    comparison across slots; resumed when recorded.
+
+    It runs beside the baseline: the baseline on the first slot while the other slots measure; the
+    baseline's first server start is the first slot's A/A start (its first ``repeats`` runs, measured
+    while the other slots measure theirs, so the shared-host contention is in them too). One phase
+    instead of two. Without two live slots, or with the A/A pass recorded, the baseline alone."""
+    done, live, kept = _aa_recorded(runner)
+    if done is not None or len(live) < 2:
+        return runner.baseline()
+    progress(f"slots: A/A pass beside the baseline, the kept configuration on {len(live)} slots at once, {repeats} run(s) "
+             f"each (device-to-device and shared-host effects; slot {live[0]['name']}'s are the baseline's first start)")
+    with runner.interrupts.every_section(), ThreadPoolExecutor(max_workers=len(live)) as ex:
+        fb = ex.submit(runner.baseline)
+        futures = {s["name"]: ex.submit(_aa_on, runner, s, kept, repeats) for s in live[1:]}
+        got: dict[str, list[str] | str] = {name: f.result() for name, f in futures.items()}
+        b = fb.result()
+    first = _first_start_runs(runner, b["runs"], live[0]["name"])
+    if len(first) >= repeats and b["config"] == kept:
+        got[live[0]["name"]] = first[:repeats]
+    else:  # the baseline measured elsewhere (resumed, rebased) or one run per start: measure the slot as the pass does
+        got[live[0]["name"]] = _aa_on(runner, live[0], kept, repeats)
+    _aa_record(runner, got, kept, progress)
+    return b
+
+
+def _aa_recorded(runner: Runner) -> tuple[dict | None, list[dict], dict]:
+    """(the A/A pass recorded for the kept configuration, or None; the live slots; the kept configuration)."""
     st = runner.sf.read()
     live = runner.slots()
     kept = st["kept"]["config"]
     done = st.get("slot_effects")
-    if len(live) < 2 or (done and done.get("config") == kept and done.get("finished")):
-        return done if len(live) >= 2 else None
-    progress(f"slots: A/A pass, the kept configuration on {len(live)} slots at once, {repeats} run(s) each "
-             "(device-to-device and shared-host effects)")
+    return (done if done and done.get("config") == kept and done.get("finished") and len(live) >= 2 else None), live, kept
 
-    def on(slot: dict) -> list[str] | str:
-        r = runner.for_slot(slot)
-        try:
-            ok, res = r.apply(dict(kept), fresh=True)
-            if not ok:
-                return f"the kept configuration does not start on it: {res.get('message')}"
-            paths = []
-            for k in range(1, repeats + 1):
-                path, doc, check = r.measure("aa", k)
-                if check["code"] == 0:
-                    paths.append(path)
-            return paths
-        except VkitError as e:  # ABNORMAL on this slot (its server died twice), or unreachable
-            if e.code != ExitCode.UNAVAILABLE:
-                raise
-            return " ".join(str(e).split())
 
-    with runner.interrupts.every_section(), ThreadPoolExecutor(max_workers=len(live)) as ex:
-        futures = {s["name"]: ex.submit(on, s) for s in live}
-        got = {name: f.result() for name, f in futures.items()}
+def _first_start_runs(runner: Runner, runs: list[str], slot: str) -> list[str]:
+    """The runs of ``runs`` measured on ``slot`` by the first server start among them."""
+    known = runner.sf.read().get("run_starts") or {}
+    mine = [p for p in runs if slot in runner.slots_of([p]) and known.get(p)]
+    return [p for p in mine if known[p] == known[mine[0]]] if mine else []
+
+
+def _aa_on(runner: Runner, slot: dict, kept: dict, repeats: int) -> list[str] | str:
+    """A thread's body: the kept configuration started afresh on ``slot`` and measured ``repeats``
+    times; its valid runs, or why the slot failed (ABNORMAL, unreachable, does not start)."""
+    r = runner.for_slot(slot)
+    try:
+        ok, res = r.apply(dict(kept), fresh=True)
+        if not ok:
+            return f"the kept configuration does not start on it: {res.get('message')}"
+        paths = []
+        for k in range(1, repeats + 1):
+            path, doc, check = r.measure("aa", k)
+            if check["code"] == 0:
+                paths.append(path)
+        return paths
+    except VkitError as e:  # ABNORMAL on this slot (its server died twice), or unreachable
+        if e.code != ExitCode.UNAVAILABLE:
+            raise
+        return " ".join(str(e).split())
+
+
+def _aa_record(runner: Runner, got: dict[str, list[str] | str], kept: dict, progress: Callable[[str], None]) -> dict:
+    """Slots that failed the pass taken out; the slot effects of the others recorded and logged."""
     runs = {n: v for n, v in got.items() if isinstance(v, list)}
     for name, why in sorted((n, v) for n, v in got.items() if isinstance(v, str)):
         reason = f"A/A pass: {why}"
@@ -414,35 +481,6 @@ def slot_effects(runner: Runner, runs: dict[str, list[str]]) -> dict:
         out[m] = {"offsets": {s: math.exp(mu - grand) - 1 for s, mu in means.items()}, "sigma_within": math.sqrt(msw),
                   "sigma_slots": math.sqrt(slots_var), "sigma_device": math.sqrt(max(0.0, slots_var - between)), "runs_per_slot": n}
     return {"metric": primary_metric(runner), "metrics": out, "runs": runs}
-
-
-def run_batch(runner: Runner, tids: list[str], live: list[dict], progress: Callable[[str], None]) -> None:
-    """Trials ``tids`` side by side, one thread per slot; then, in trial-id order, each outcome: a slot
-    that went ABNORMAL, or whose server died under a trial twice over its last trials, is taken out and
-    the trial is retried on another slot (once; after two slots it is marked with the reason)."""
-    pairs = _pick_slots(runner, tids, live)
-    for tid in tids:
-        if tid not in {p[0] for p in pairs}:
-            t = runner.trial(tid)
-            runner.update_trial(tid, status="invalid", valid=False, verdict=None, finished=now_iso(),
-                                why=f"not measured: the slots it was tried on ({', '.join(t.get('slots_tried') or [])}) failed "
-                                    "under it, and no other slot is left")
-    if not pairs:
-        return
-    progress(f"batch of {len(pairs)}: " + ", ".join(f"{tid} on slot {s['name']}" for tid, s in pairs))
-    results: dict[str, Any] = {}
-    with runner.interrupts.every_section(), ThreadPoolExecutor(max_workers=len(pairs)) as ex:
-        futures = {tid: ex.submit(_trial_on_slot, runner, slot, tid) for tid, slot in pairs}
-        for tid, f in futures.items():
-            try:
-                results[tid] = f.result()
-            except BaseException as e:  # noqa: BLE001 - re-raised below, after every thread finished its trial
-                results[tid] = e
-    for tid, slot in sorted(pairs, key=lambda p: p[0]):
-        res = results[tid]
-        if isinstance(res, BaseException):
-            raise res
-        _after_trial(runner, tid, slot, res, progress)
 
 
 def _trial_on_slot(runner: Runner, slot: dict, tid: str) -> tuple[str, str | None]:
