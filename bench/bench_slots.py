@@ -82,10 +82,40 @@ def one_tune(q: int, work: str, ray: str | None = None) -> dict:
         return {"q": q, "ray": bool(ray), "ok": False, "exit": r.returncode, "stderr": r.stderr[-600:]}
     res = json.loads(r.stdout)
     state = json.load(open(st, encoding="utf-8"))
-    return {"q": q, "ray": bool(ray), "ok": True, "wall_s": round(wall, 1), "recommendation": res["recommendation"]["config"],
+    phases = phase_times(os.path.join(work, "decisions.jsonl"), t0, wall)
+    return {"phases_s": phases, "q": q, "ray": bool(ray), "ok": True, "wall_s": round(wall, 1), "recommendation": res["recommendation"]["config"],
             "restarts": res["timings"]["restarts"], "timings": res["timings"], "trials": len(state["trials"]),
             "measured": sum(1 for t in state["trials"] if t["status"] not in ("skipped",)),
             "slots_out": [s["name"] for s in state.get("slots") or [] if s.get("out")]}
+
+
+SCREENING = {"propose", "skip", "screened", "slot_failed", "slot_out"}
+
+
+def phase_times(log: str, t0: float, wall: float) -> dict:
+    """Wall seconds of the tune's phases from its decision log (whole-second stamps): the baseline
+    (with the A/A pass beside it on slots), the screening windows (from a proposal to the last outcome
+    before the next other event) and the rest (confirmations, rebases, drift checks, delivery)."""
+    from datetime import datetime
+
+    ev = [json.loads(x) for x in open(log, encoding="utf-8")]
+    ts = [datetime.fromisoformat(e["ts"]).timestamp() if e.get("ts") else None for e in ev]
+    base = next((t for e, t in zip(ev, ts, strict=True) if e["event"] == "baseline" and t), None)
+    screen, start, last = 0.0, None, None
+    for e, t in zip(ev, ts, strict=True):
+        if t is None:
+            continue
+        if e["event"] in SCREENING:
+            start = t if start is None else start
+            last = t
+        elif start is not None:
+            screen += last - start
+            start = None
+    if start is not None:
+        screen += last - start
+    b = max(0.0, base - t0) if base else None
+    return {"baseline": round(b, 1) if b is not None else None, "screening": round(screen, 1),
+            "rest": round(wall - (b or 0.0) - screen, 1)}
 
 
 def _stop_all(st: str) -> None:
@@ -156,12 +186,15 @@ def main(argv=None) -> int:
         ok = [r for r in rows if r["kind"] == q and r["ok"]]
         if ok:
             walls = sorted(r["wall_s"] for r in ok)
-            summary[str(q)] = {"median_wall_s": walls[len(walls) // 2], "runs": len(ok),
+            screens = sorted(r["phases_s"]["screening"] for r in ok)
+            summary[str(q)] = {"median_wall_s": walls[len(walls) // 2], "median_screening_s": screens[len(screens) // 2], "runs": len(ok),
                                "recommendations": sorted({json.dumps(r["recommendation"], sort_keys=True) for r in ok}),
                                "restarts": [r["restarts"] for r in ok], "trials": [r["trials"] for r in ok]}
     base = (summary.get("1") or {}).get("median_wall_s")
+    base_screen = (summary.get("1") or {}).get("median_screening_s")
     for v in summary.values():
         v["speedup_vs_q1"] = round(base / v["median_wall_s"], 2) if base else None
+        v["screening_speedup_vs_q1"] = round(base_screen / v["median_screening_s"], 2) if base_screen and v["median_screening_s"] else None
     out = {"bench": "slots", "cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
            "tune_args": TUNE + SEARCH[MODE[0]], "sim": sim(0)[2:], "sim_speed": SPEED[0], "sim_startup_s": STARTUP[0], "rows": rows, "summary": summary,
            "command": "python3 bench/bench_slots.py " + " ".join(argv if argv is not None else sys.argv[1:]),

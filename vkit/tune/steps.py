@@ -528,13 +528,19 @@ def _after_trial(runner: Runner, tid: str, slot: dict, res: tuple[str, str | Non
                             why=f"not measured: its slots ({', '.join(tried)}) failed under it; last: {why}")
 
 
+def _screened_here(runner: Runner, tid: str) -> None:
+    """One trial on this runner's server, its outcome logged (``screened``) as on slots."""
+    t = runner.run_trial(tid)
+    runner.log("screened", trial=tid, slot=runner.slot, status=t["status"], verdict=t.get("verdict"))
+
+
 def _screen_one_at_a_time(runner: Runner, step: str, proposer: Callable[[list], Any], progress: Callable[[str], None],
                           budget: int, stop_text: Callable[[list], str]) -> str:
     n = 0
     while True:
         open_t = _open_trial(runner, step)
         if open_t is not None:
-            runner.run_trial(open_t["id"])
+            _screened_here(runner, open_t["id"])
             n += 1
             continue
         hist = observations(runner, (step,))
@@ -556,7 +562,7 @@ def _screen_one_at_a_time(runner: Runner, step: str, proposer: Callable[[list], 
             runner.skip_trial(step, prop.config, prop.reason, same[0], same[1], prop.audit)
             continue
         t = runner.new_trial(step, prop.config, prop.reason, prop.audit)
-        runner.run_trial(t["id"])
+        _screened_here(runner, t["id"])
         runner.settle()
         n += 1
     return stop
