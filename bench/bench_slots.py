@@ -82,37 +82,34 @@ def one_tune(q: int, work: str, ray: str | None = None) -> dict:
         return {"q": q, "ray": bool(ray), "ok": False, "exit": r.returncode, "stderr": r.stderr[-600:]}
     res = json.loads(r.stdout)
     state = json.load(open(st, encoding="utf-8"))
-    phases = phase_times(os.path.join(work, "decisions.jsonl"), t0, wall)
+    phases = phase_times(state, os.path.join(work, "decisions.jsonl"), t0, wall)
     return {"phases_s": phases, "q": q, "ray": bool(ray), "ok": True, "wall_s": round(wall, 1), "recommendation": res["recommendation"]["config"],
             "restarts": res["timings"]["restarts"], "timings": res["timings"], "trials": len(state["trials"]),
             "measured": sum(1 for t in state["trials"] if t["status"] not in ("skipped",)),
             "slots_out": [s["name"] for s in state.get("slots") or [] if s.get("out")]}
 
 
-SCREENING = {"propose", "skip", "screened", "slot_failed", "slot_out"}
-
-
-def phase_times(log: str, t0: float, wall: float) -> dict:
-    """Wall seconds of the tune's phases from its decision log (whole-second stamps): the baseline
-    (with the A/A pass beside it on slots), the screening windows (from a proposal to the last outcome
-    before the next other event) and the rest (confirmations, rebases, drift checks, delivery)."""
+def phase_times(state: dict, log: str, t0: float, wall: float) -> dict:
+    """Wall seconds of the tune's phases (whole-second stamps): the baseline (with the A/A pass beside
+    it on slots: from the start to the first ``baseline`` event), the screening (the union of the
+    trials' [started, finished] intervals: while at least one trial ran) and the rest (confirmations,
+    rebases, drift checks, delivery)."""
     from datetime import datetime
 
-    ev = [json.loads(x) for x in open(log, encoding="utf-8")]
-    ts = [datetime.fromisoformat(e["ts"]).timestamp() if e.get("ts") else None for e in ev]
-    base = next((t for e, t in zip(ev, ts, strict=True) if e["event"] == "baseline" and t), None)
-    screen, start, last = 0.0, None, None
-    for e, t in zip(ev, ts, strict=True):
-        if t is None:
-            continue
-        if e["event"] in SCREENING:
-            start = t if start is None else start
-            last = t
-        elif start is not None:
-            screen += last - start
-            start = None
-    if start is not None:
-        screen += last - start
+    def at(s: str) -> float:
+        return datetime.fromisoformat(s).timestamp()
+
+    base = next((at(e["ts"]) for e in map(json.loads, open(log, encoding="utf-8")) if e["event"] == "baseline" and e.get("ts")), None)
+    spans = sorted((at(t["started"]), at(t["finished"])) for t in state["trials"]
+                   if t.get("started") and t.get("finished") and t["status"] != "skipped")
+    screen, end = 0.0, None
+    for a, z in spans:
+        if end is None or a > end:
+            screen += z - a
+            end = z
+        elif z > end:
+            screen += z - end
+            end = z
     b = max(0.0, base - t0) if base else None
     return {"baseline": round(b, 1) if b is not None else None, "screening": round(screen, 1),
             "rest": round(wall - (b or 0.0) - screen, 1)}

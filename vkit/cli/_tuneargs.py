@@ -116,7 +116,7 @@ def add_bo_args(s: argparse._ArgumentGroup) -> None:
                         "to 98%% of the constrained optimum on the simulator (bench/results/tuner.json, mean of 2 "
                         "scenarios): cei 7.0, ei 7.5, ucb 9.75, ehvi 13.25 (default auto)")
     s.add_argument("--batch-lie", choices=["kb", "cl-best", "cl-worst", "cl-mean"], default="kb",
-                   help="--mode bo with slots: how a batch's proposals after the first treat the ones not yet measured. kb: "
+                   help="--mode bo with slots: how a proposal made while other trials run treats those not yet measured. kb: "
                         "Kriging believer (at the surrogate's median); cl-best, cl-worst, cl-mean: a constant liar at the "
                         "best, worst or geometric-mean value seen (default kb)")
     s.add_argument("--bo-patience", type=int_at_least(0), default=4, metavar="K",
