@@ -231,7 +231,8 @@ def main(argv=None) -> int:
             r["ratio_to_best"] = got / t["best"]["capacity"] if t["best"]["capacity"] else None
             r["within_98pct"] = bool(r["ratio_to_best"] is not None and r["ratio_to_best"] >= TARGET_RATIO)
             r["promise_over_truth"] = (r["promised_req_s_wall"] / SPEED) / got if got else None
-        rows[name] = dict(r, measured=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        rev = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+        rows[name] = dict(r, measured=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), revision=rev or None)
         print(f"   {name}: {json.dumps(r)}", file=sys.stderr)
         _write(a.out, rows)
     return 0
