@@ -83,7 +83,11 @@ def one_tune(q: int, work: str, ray: str | None = None) -> dict:
     res = json.loads(r.stdout)
     state = json.load(open(st, encoding="utf-8"))
     phases = phase_times(state, os.path.join(work, "decisions.jsonl"), t0, wall)
-    return {"phases_s": phases, "q": q, "ray": bool(ray), "ok": True, "wall_s": round(wall, 1), "recommendation": res["recommendation"]["config"],
+    logs = [os.path.join(work, "decisions.jsonl")] + [os.path.join(work, os.path.dirname(x["state"]), "decisions.jsonl")
+                                                      for x in state.get("slots") or []]
+    # runs measured again because the client fell behind its schedule: this machine's cores, not the slots
+    again = sum(1 for p in logs if os.path.exists(p) for x in open(p, encoding="utf-8") if '"event": "remeasure"' in x)
+    return {"phases_s": phases, "remeasured": again, "q": q, "ray": bool(ray), "ok": True, "wall_s": round(wall, 1), "recommendation": res["recommendation"]["config"],
             "restarts": res["timings"]["restarts"], "timings": res["timings"], "trials": len(state["trials"]),
             "measured": sum(1 for t in state["trials"] if t["status"] not in ("skipped",)),
             "slots_out": [s["name"] for s in state.get("slots") or [] if s.get("out")]}
@@ -157,11 +161,13 @@ def main(argv=None) -> int:
     ap.add_argument("--sim-noise", choices=("on", "off"), default="on",
                     help="off: the simulators' noise off, so every q meets the same measurements and should deliver the same "
                          "recommendation (default on: the realistic noise)")
+    ap.add_argument("--num-prompts", type=int, default=100, help="prompts per benchmark run (default 100)")
     ap.add_argument("--search", choices=sorted(SEARCH), default="staged",
                     help="staged: steps 2 and 3, 4 candidates each (default); bo: 12 Bayesian evaluations of step 2's space")
     a = ap.parse_args(argv)
     SPEED[0] = a.sim_speed
     STARTUP[0] = a.sim_startup_s
+    TUNE[TUNE.index("--num-prompts") + 1] = str(a.num_prompts)
     QUIET[:] = ["--sim-noise", "0", "--sim-restart-noise", "0"] if a.sim_noise == "off" else []
     MODE[0] = a.search
     kinds = a.qs.split(",")
