@@ -677,3 +677,7 @@ class DecisionLog:
             return [v for _, v in read_json_lines(self.path, skip_bad=True)]
         except FileNotFoundError:
             return []
+
+    def holds(self, event: str, decision_id: str) -> bool:
+        """An ``event`` with this id is in the log (a write a stopped run made before its state caught up)."""
+        return any(e.get("id") == decision_id and e.get("event") == event for e in self.read())

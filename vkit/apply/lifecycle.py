@@ -247,7 +247,7 @@ class Lifecycle:
         if cand.get("status") != "applied":
             raise VkitError(f"no applied candidate to keep (candidate status: {cand.get('status')})", ExitCode.USAGE)
         self.policy.require(cand.get("checks") or [], before="keep")
-        if decision_id and any(e.get("id") == decision_id and e.get("event") == "keep" for e in self.sf.log.read()):
+        if decision_id and self.sf.log.holds("keep", decision_id):
             self.sf.set_kept(cand["config"], decision_id, decision)
             return decision_id
         did = self._log("keep", decision_id=decision_id, config=cand["config"], previous=st["kept"], reason=reason, decision=decision)

@@ -289,7 +289,7 @@ def _drive(runner: Runner, settings: Settings, mixed: Workload, plan: TunePlan, 
     sf.set_machine_state("BASELINE")
     staged = [x for x in steps if x in ("2", "3", "4m", "4")]
     # with slots, the A/A pass (what a comparison across devices carries) runs beside the baseline
-    b = tuning.baseline_beside_aa(runner, ctx.progress) if staged and len(runner.slots()) > 1 else runner.baseline()
+    b = tuning.baseline_beside_aa(runner, ctx.progress) if staged else runner.baseline()
     shown = ("slo_capacity", "ref_mean_tpot_ms") if settings.capacity is not None else ("output_throughput", "p95_ttft_ms", "mean_tpot_ms")
     ctx.progress("baseline: " + ", ".join(f"{k} {v:.4g} (σ {b['sigma'].get(k, 0):.1%})" for k, v in b["metrics"].items()
                                           if k in shown))

@@ -1078,7 +1078,7 @@ class Runner:
         if self.svc is not self.sf:
             k = self.svc.read()["kept"]
             self.sf.mirror_kept(k["config"], did, decision)
-            if not any(e.get("id") == did and e.get("event") == "keep" for e in self.sf.log.read()):
+            if not self.sf.log.holds("keep", did):
                 self.sf.log.append(self.tool_name, "keep", decision_id=did, config=k["config"], previous=previous, reason=reason,
                                    decision=decision, slot=self.slot)
         return did

@@ -248,19 +248,28 @@ def run_screening_step(runner: Runner, step: str, proposer: Callable[[list], Any
     return rec
 
 
-def _spent(runner: Runner, step: str) -> int:
-    """Trials of ``step`` that count toward its budget (a skipped candidate cost no restart: it does not)."""
-    hist = observations(runner, (step,))
-    skipped = sum(1 for t in runner.sf.read()["trials"] if t["step"] == step and t["status"] == "skipped")
-    return len(hist) - skipped
+def _spent(runner: Runner, step: str, running: bool = False) -> int:
+    """Trials of ``step`` that count toward its budget: the finished ones (a skipped candidate cost no
+    restart: it does not), and with ``running`` those proposed or running too."""
+    counted = ("done", "eliminated", "start_failed", "invalid") + (("proposed", "applied") if running else ())
+    return sum(1 for t in runner.sf.read()["trials"] if t["step"] == step and t["status"] in counted)
 
 
-def lies(runner: Runner, pending: list[dict]) -> list[search.Observation]:
+def _out_of_budget(runner: Runner, step: str, budget: int, progress: Callable[[str], None], running: bool = False) -> str | None:
+    """Why ``step`` proposes no more candidates (its trial budget or its time spent), or None."""
+    spent = _spent(runner, step, running)
+    if spent >= budget:
+        return f"budget of {budget} trials for step {step} spent"
+    return _over_time(runner, step, budget - spent, progress)
+
+
+def lies(runner: Runner, pending: list[dict], hist: list[search.Observation] | None = None) -> list[search.Observation]:
     """Batch proposals: the configurations proposed but not yet measured, as observations a proposer
     reads as measured and promising (the best value of each objective so far, a maximised one 10 % above
     it), so it proposes the next configuration of its plan instead of the same one again and does not
-    stop a sweep at a knee the pending values may not show. Never recorded: the real screening replaces them."""
-    hist = observations(runner)
+    stop a sweep at a knee the pending values may not show. Never recorded: the real screening replaces them.
+    ``hist``: ``observations(runner)`` when the caller has read it already."""
+    hist = observations(runner) if hist is None else hist
     objs = objectives(runner)
     best = {}
     for o in objs:
@@ -301,14 +310,8 @@ def _screen_on_slots(runner: Runner, step: str, proposer: Callable[[list], Any],
                 flight[tid] = (slot, ex.submit(_trial_on_slot, runner, slot, tid))
                 progress(f"{tid} on slot {slot['name']}")
             while free and spent_out is None:
-                spent = _spent(runner, step) + sum(1 for t in runner.sf.read()["trials"]
-                                                   if t["step"] == step and t["status"] in ("proposed", "applied"))
-                if spent >= budget:
-                    spent_out = f"budget of {budget} trials for step {step} spent"
-                    break
-                over = _over_time(runner, step, budget - spent, progress)
-                if over:
-                    spent_out = over
+                spent_out = _out_of_budget(runner, step, budget, progress, running=True)
+                if spent_out:
                     break
                 tid = _propose_on_slots(runner, step, proposer, flight, len(live))
                 if tid is None:
@@ -333,7 +336,8 @@ def _propose_on_slots(runner: Runner, step: str, proposer: Callable[[list], Any]
     inflight = sorted(flight)
     pending = [dict(runner.trial(t)["config"]) for t in inflight]
     while True:
-        prop = proposer(observations(runner) + lies(runner, pending))
+        hist = observations(runner)
+        prop = proposer(hist + lies(runner, pending, hist))
         if prop is None:
             return None
         same = runner.cannot_differ(prop.config)
@@ -404,7 +408,7 @@ def _aa_recorded(runner: Runner) -> tuple[dict | None, list[dict], dict]:
     live = runner.slots()
     kept = st["kept"]["config"]
     done = st.get("slot_effects")
-    return (done if done and done.get("config") == kept and done.get("finished") and len(live) >= 2 else None), live, kept
+    return (done if done and done.get("config") == kept and done.get("finished") else None), live, kept
 
 
 def _first_start_runs(runner: Runner, runs: list[str], slot: str) -> list[str]:
@@ -543,14 +547,8 @@ def _screen_one_at_a_time(runner: Runner, step: str, proposer: Callable[[list], 
             _screened_here(runner, open_t["id"])
             n += 1
             continue
-        hist = observations(runner, (step,))
-        skipped = sum(1 for t in runner.sf.read()["trials"] if t["step"] == step and t["status"] == "skipped")
-        if len(hist) - skipped >= budget:  # a skipped candidate cost no restart: it does not count
-            stop = f"budget of {budget} trials for step {step} spent"
-            break
-        over = _over_time(runner, step, budget - (len(hist) - skipped), progress)
-        if over:
-            stop = over
+        stop = _out_of_budget(runner, step, budget, progress)
+        if stop:
             break
         everything = observations(runner)
         prop = proposer(everything)
