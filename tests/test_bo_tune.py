@@ -4,6 +4,7 @@ evaluations in a row without a screened gain, and the acquisition chosen from th
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -58,3 +59,37 @@ def test_the_acquisition_and_patience_flags_are_checked():
     assert r.code == 2 and "--acquisition" in r.err
     r = call("sweep", "--mode", "bo", "--bo-patience", "-1", "--sandbox")
     assert r.code == 2 and "--bo-patience" in r.err
+
+
+def test_auto_under_the_capacity_objective_is_the_benchmarked_acquisition(state_path):
+    """--acquisition auto: the capacity objective's acquisition is bench_tuner_capacity's choice
+    (tune's two capacity objectives carry no SLO, where the library's own auto would be EHVI); the
+    throughput objective keeps the library's rule; an explicit choice is never replaced."""
+    from vkit import search
+    from vkit.tune import capacity as cap
+    from vkit.tune.runner import CapacityObjective
+
+    with open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench", "results",
+                           "tuner_capacity.json")) as f:
+        decided = json.load(f)["default_acquisition"]["acquisition"]
+    assert steps.CAPACITY_ACQUISITION == decided
+    plain = runner(state_path)
+    assert steps.bo_acquisition(plain, "auto") == "auto"
+    r = runner(state_path)
+    r.s.capacity = CapacityObjective(slo=cap.Slo({"p95_ttft_ms": 1000.0}), plan=cap.Plan())
+    assert steps.bo_acquisition(r, "auto") == decided and steps.bo_acquisition(r, "ucb") == "ucb"
+    # the proposer asks for it: past the Sobol start, a non-random proposal's audit names it
+    nxt, _ = steps.bo_proposer(r, r.policy, budget=8, seed=3)
+    hist: list = []
+    names = {"ehvi": "ehvi", "cei": "log_ei", "ei": "log_ei", "ucb": "ucb"}
+    for i in range(8):
+        p = nxt(hist)
+        if p.audit["phase"] == "acquisition":
+            assert p.audit["acquisition"]["name"].split("+")[0] == names[decided]
+            assert p.audit["replay"]["options"] == {"acquisition": decided}
+            break
+        seqs = p.config["max_num_seqs"]
+        hist.append(search.Observation(config=p.config, objectives={"slo_capacity": float(seqs) ** 0.5, "ref_mean_tpot_ms": 20.0 + seqs / 64},
+                                       step="bo", trial_id=f"t{i}"))
+    else:
+        pytest.fail("no acquisition-phase proposal within 8")

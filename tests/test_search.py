@@ -242,16 +242,35 @@ def test_staged_plan_walks_steps_2_3_4_on_a_deterministic_surface():
 
 def test_staged_plan_knee_without_slo_and_single_step():
     plan = StagedPlan(SPACE, {**BASE, "max_num_batched_tokens": 8192}, OBJ, slo=None, steps=("3",))
-    hist = []
+    hist, reasons = [], []
     while (p := plan.next(hist)) is not None:
         assert p.step == "3" and p.config["max_num_batched_tokens"] == 8192
         hist.append(measured(p.config, p.step))
+        reasons.append(p.reason)
     knee = plan.state(hist)["knee"]
-    # 64 → 128 adds +4.1% throughput: not yet the knee at 3%; with a 5% threshold it is
-    assert knee["x"] == 128 and not knee["found"]
+    # 64 → 128 adds +4.1% throughput: not yet the knee at 3%, so the sweep goes on past the
+    # candidates (x2: 256), where the gain is +0.2%: the knee is 128
+    assert [h.config["max_num_seqs"] for h in hist] == [8, 16, 32, 64, 128, 256]
+    assert "past the candidates: 128 still gained +4.1%" in reasons[-1]
+    assert knee["x"] == 128 and knee["found"] and knee["kind"] == "knee"
+    # with a 5% threshold the knee is 64, and the sweep never leaves the candidates
     plan5 = StagedPlan(SPACE, {**BASE, "max_num_batched_tokens": 8192}, OBJ, slo=None, steps=("3",), gain_threshold=0.05)
     assert plan5.state(hist)["knee"]["x"] == 64
     assert "knee at max_num_seqs=64: 128 adds +4.1% throughput (< 5%) for +150.0% P95" in plan5.stop_reason(hist)
+
+
+def test_staged_sweep_past_the_candidates_stops_at_the_range_and_after_three_doublings():
+    """A sweep still gaining at 128 doubles at most three times (256, 512, 1024), inside the range."""
+    rising = lambda cfg, step: Observation(config=cfg, step=step, objectives={  # noqa: E731
+        "goodput": 100.0 * cfg["max_num_seqs"], "p95_ttft_ms": 500.0}, repeats=[])
+    wide = [SPACE[0], Param("max_num_seqs", "int", 8, 4096, log=True, candidates=[8, 16, 32, 64, 128])]
+    for space, tail in ((wide, [256, 512, 1024]), (SPACE, [256, 512])):
+        plan = StagedPlan(space, {**BASE, "max_num_batched_tokens": 8192}, OBJ, slo=None, steps=("3",))
+        hist = []
+        while (p := plan.next(hist)) is not None:
+            hist.append(rising(p.config, p.step))
+        assert [h.config["max_num_seqs"] for h in hist] == [8, 16, 32, 64, 128, *tail]
+        assert plan.state(hist)["knee"]["x"] == tail[-1] and not plan.state(hist)["knee"]["found"]
 
 
 def test_staged_safe_seqs_follow_the_load():

@@ -110,11 +110,13 @@ MODE_HELP = ("staged (default: seed 000's steps; see --staged-candidates) or bo 
 def add_bo_args(s: argparse._ArgumentGroup) -> None:
     """--mode bo's acquisition and early stop (tune and sweep)."""
     s.add_argument("--acquisition", choices=["auto", "cei", "ehvi", "ei", "ucb"], default="auto",
-                   help="--mode bo: what the next proposal maximises. auto: constrained EI under an SLO or with one or four to "
-                        "five objectives, EHVI for two or three without an SLO; ehvi (start failures and the SLO as "
-                        "P(feasible)), cei, ei (plain EI), ucb (GP-UCB) on the first maximised objective. Median restarts "
-                        "to 98%% of the constrained optimum on the simulator (bench/results/tuner.json, mean of 2 "
-                        "scenarios): cei 7.0, ei 7.5, ucb 9.75, ehvi 13.25 (default auto)")
+                   help="--mode bo: what the next proposal maximises. auto: under tune's capacity objective cei; otherwise "
+                        "constrained EI under an SLO or with one or four to five objectives, EHVI for two or three without "
+                        "an SLO; ehvi (start failures and the SLO as P(feasible)), cei, ei (plain EI), ucb (GP-UCB) on the "
+                        "first maximised objective. Median restarts to 98%% of the optimum on the simulator, mean of 2 "
+                        "scenarios: throughput under an SLO, 2 parameters (bench/results/tuner.json): cei 7.0, ei 7.5, ucb "
+                        "9.75, ehvi 13.25; SLO capacity, tune's 5 parameters (bench/results/tuner_capacity.json, 21 = not "
+                        "within 20): cei and ei 14.0, ehvi 16.75, ucb 21 (default auto)")
     s.add_argument("--batch-lie", choices=["kb", "cl-best", "cl-worst", "cl-mean"], default="kb",
                    help="--mode bo with slots: how a proposal made while other trials run treats those not yet measured. kb: "
                         "Kriging believer (at the surrogate's median); cl-best, cl-worst, cl-mean: a constant liar at the "

@@ -7,7 +7,9 @@
   lowest P95 when none does (the SLO is a hard requirement, throughput is not);
 - step 3: ``max_num_seqs`` over its candidates, ascending, at that budget, stopping at the knee
   (:func:`knee_of_sweep`); a start failure or the first candidate that breaks the SLO ends
-  the sweep too;
+  the sweep too. A sweep still gaining at its last candidate goes on by doubling, up to
+  ``EXTEND_OCTAVES`` more values inside the parameter's range (the policy's list stops at 128,
+  where a large GPU's SLO capacity is still climbing: bench/results/tuner_capacity.json);
 - step 4: a 2 × 2 grid around the knee: for each of the two parameters, the geometric
   midpoints between the knee's value and its neighbouring candidates (e.g. seqs 64 between 32
   and 128 → 48 and 96; tokens 8192 between 4096 and 16384 → 6144 and 12288), snapped to the
@@ -30,6 +32,7 @@ from vkit.search.types import Objective, Observation, Proposal
 TOKENS = "max_num_batched_tokens"
 SEQS = "max_num_seqs"
 DEFAULT_SAFE_SEQS = 64  # seed 000: "a safe value (32 or 64)"
+EXTEND_OCTAVES = 3  # step 3 past its last candidate while the sweep still gains: x2, x4, x8 at most
 
 
 def knee_of_sweep(xs, throughput, p95, gain_threshold: float = 0.03, slo: float | None = None,
@@ -132,6 +135,9 @@ class StagedPlan:
         self.slo = float(slo[self.lat]) if self.lat in slo else None
         self.tok_c = self._candidates(self.pt, 4, tokens_candidates)
         self.seq_c = self._candidates(self.ps, 5, seqs_candidates)
+        # visited only while the sweep finds no knee: the loop below stops at the first one
+        self.seq_ext = sorted({self.ps.snap(self.seq_c[-1] * 2 ** k) for k in range(1, EXTEND_OCTAVES + 1)
+                               if self.seq_c[-1] * 2 ** k <= self.ps.high} - set(self.seq_c))
         if safe_seqs is None:
             safe_seqs = DEFAULT_SAFE_SEQS
             if load_concurrency:
@@ -220,11 +226,13 @@ class StagedPlan:
         if "3" in self.steps:
             xs, thr, lat = [], [], []
             knee = None
-            for s in self.seq_c:
+            for s in self.seq_c + self.seq_ext:
                 o = self._lookup(history, self._cfg(best_tokens, s))
                 if o is None:
+                    past = (f" (past the candidates: {xs[-1]} still gained {thr[-1] / thr[-2] - 1:+.1%})"
+                            if s in self.seq_ext and len(thr) > 1 and thr[-2] > 0 else "")
                     st["next"] = ("3", self._cfg(best_tokens, s),
-                                  f"step 3: {self.ps.name}={s} at {self.pt.name}={best_tokens}")
+                                  f"step 3: {self.ps.name}={s} at {self.pt.name}={best_tokens}{past}")
                     return st
                 st["step3"].append({"x": s, **_brief(o, self.thr, self.lat)})
                 if not self._ok(o):
@@ -249,7 +257,7 @@ class StagedPlan:
         # step 4
         if "4" in self.steps:
             grid = []
-            for s in self._around(self.ps, self.seq_c, knee_seqs):
+            for s in self._around(self.ps, self.seq_c + self.seq_ext, knee_seqs):
                 for b in self._around(self.pt, self.tok_c, best_tokens):
                     cfg = self._cfg(b, s)
                     if cfg not in grid:

@@ -961,6 +961,10 @@ def kb_observations(runner: Runner) -> list[dict]:
 BO_NAMES = ("max_num_batched_tokens", "max_num_seqs", "gpu_memory_utilization", *("enable_chunked_prefill", "enable_prefix_caching"))
 BO_BOUNDS = {"gpu_memory_utilization": (0.85, 0.98)}
 BO_PATIENCE = 4  # early stop: this many evaluations in a row without a screened gain over the kept configuration
+# --acquisition auto under the capacity objective, as bench/bench_tuner_capacity.py decided it in this
+# space (bench/results/tuner_capacity.json); under the throughput objective auto is vkit.search.propose's
+# own rule (constrained EI with an SLO), as bench/bench_tuner.py measured it.
+CAPACITY_ACQUISITION = "cei"
 
 
 def bo_space(runner: Runner, policy: Policy) -> list:
@@ -984,6 +988,12 @@ def bo_stalled(runner: Runner, patience: int = BO_PATIENCE) -> int | None:
     return run if patience and run >= patience else None
 
 
+def bo_acquisition(runner: Runner, acquisition: str) -> str:
+    """The acquisition a Bayesian search of this run uses: ``auto`` under the capacity objective
+    becomes :data:`CAPACITY_ACQUISITION`; anything else is as asked."""
+    return CAPACITY_ACQUISITION if acquisition == "auto" and runner.s.capacity is not None else acquisition
+
+
 def bo_proposer(runner: Runner, policy: Policy, budget: int, seed: int,
                 prior: list[search.Observation] | None = None, acquisition: str = "auto",
                 patience: int = BO_PATIENCE, batch_lie: str = "kb") -> tuple[Callable, Callable]:
@@ -991,6 +1001,7 @@ def bo_proposer(runner: Runner, policy: Policy, budget: int, seed: int,
     space = bo_space(runner, policy)
     base = dict(st["kept"]["config"])
     prior = list(prior or [])
+    acquisition = bo_acquisition(runner, acquisition)
     opts = {} if acquisition == "auto" else {"acquisition": acquisition}
     n0 = search.n_initial(budget + len(prior))
     stalled: dict[str, int] = {}
