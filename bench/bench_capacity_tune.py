@@ -6,10 +6,12 @@ Per scenario (model, GPU, tensor parallelism, prompt/output lengths, SLO in the 
 virtual time):
 
 - Ground truth, from the virtual-time predictor (``vkit.sim.predict``, no server, no noise): the
-  SLO capacity of every configuration on the policy's lattice (max_num_batched_tokens x
-  max_num_seqs candidates, the starting configuration too): the highest exact-rate Poisson rate
+  SLO capacity of every configuration on the policy's lattice (max_num_batched_tokens
+  candidates x max_num_seqs candidates and the three doublings past them that step 3 may go on
+  to, the starting configuration too): the highest exact-rate Poisson rate
   whose P95 TTFT and mean TPOT meet the SLO over a 500-request run, bisected in log rate to 1 %.
-  The best of them is the optimum over the search space.
+  The best of them is the optimum over the search space (rows measured before step 3 went past
+  its candidates compared against seqs 8–128 only; each row names its truth's digest).
 - The product run: ``bin/tune --objective capacity --steps 2,3,4`` on a live ``bin/sim_server``
   of the scenario (``--sim-speed 4``, the simulator's default noise: 2 % within a process, 1.5 %
   between starts), started from a conservative configuration, with ``make demo``'s capacity
@@ -55,7 +57,7 @@ OUT = os.path.join(ROOT, "bench", "results", "capacity_tune.json")
 TRUTH = os.path.join(ROOT, "bench", "results", "capacity_truth.json")
 SPEED = 4.0
 TOKENS = [2048, 4096, 8192, 16384, 32768]
-SEQS = [8, 16, 32, 64, 128]
+SEQS = [8, 16, 32, 64, 128, 256, 512, 1024]  # the policy's list, then step 3's doublings past it
 TARGET_RATIO = 0.98
 
 SCENARIOS = {
@@ -228,6 +230,7 @@ def main(argv=None) -> int:
             r["best_capacity"] = t["best"]["capacity"]
             r["best_config"] = t["best"]["config"]
             r["start_capacity"] = t["start"]
+            r["truth_digest"], r["truth_seqs"] = t["digest"], SEQS
             r["ratio_to_best"] = got / t["best"]["capacity"] if t["best"]["capacity"] else None
             r["within_98pct"] = bool(r["ratio_to_best"] is not None and r["ratio_to_best"] >= TARGET_RATIO)
             r["promise_over_truth"] = (r["promised_req_s_wall"] / SPEED) / got if got else None
