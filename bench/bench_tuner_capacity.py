@@ -44,7 +44,10 @@ tune's own Bayesian space:
   policy's lists) run beside them as references.
 
 Writes bench/results/tuner_capacity.json. Run: python3 bench/bench_tuner_capacity.py [--seeds 8]
-[--budget 20] [--jobs 2] (one worker a scenario; about 20 minutes on 2 cores).
+[--budget 20] [--jobs 2] [--methods bo,staged] [--out FILE] (one worker a scenario; 26 minutes on 2
+cores, the qwen32b scenario the longer). The bo and random rows depend only on the seeds, the
+truth and vkit.search's Bayesian proposer, so a change to the staged plan alone can be measured
+with ``--methods staged --optimum-from bench/results/tuner_capacity.json`` into another file.
 """
 
 from __future__ import annotations
@@ -165,7 +168,7 @@ def measured(truth: dict, draws: dict, name: str, seed: int, key: tuple) -> list
 
 
 def run_scenario(args) -> dict:
-    name, seeds, budget = args
+    name, seeds, budget, labels = args
     sc = SCENARIOS[name]
     sp, draws = space(), noise()
     base = {"max_model_len": sc["max_model_len"], **START, "gpu_memory_utilization": GPU_DEFAULT}
@@ -178,7 +181,8 @@ def run_scenario(args) -> dict:
     for s in range(seeds):
         seed = SEED + s
         row = {"seed": seed, "methods": {}}
-        for label, (mode, opts) in METHODS.items():
+        for label in labels:
+            mode, opts = METHODS[label]
             t1 = time.perf_counter()
             hist: list[search.Observation] = []
             while len(hist) < budget:
@@ -209,13 +213,17 @@ def _pick(hist: list[search.Observation]) -> int | None:
 
 
 # -- scoring --------------------------------------------------------------------------------------------
-def score(out: dict) -> dict:
+def score(out: dict, also: dict | None = None) -> dict:
+    """Per method over seeds. ``also``: an optimum found by another run ({config, capacity}), so a
+    run of some methods is scored against the same optimum as the run of all."""
     known = {json.dumps(r["config"], sort_keys=True): r for r in out["table"] if r is not None}
+    if also:
+        known.setdefault(json.dumps(also["config"], sort_keys=True), also)
     best_row = max(known.values(), key=lambda r: r["capacity"])
     best = best_row["capacity"]
     refset = {json.dumps(c, sort_keys=True) for c in reference_set(space())}
     methods = {}
-    for label in METHODS:
+    for label in out["replicates"][0]["methods"]:
         rows = []
         for rep in out["replicates"]:
             m = rep["methods"][label]
@@ -254,16 +262,18 @@ def score(out: dict) -> dict:
             "truth": sorted((r for r in out["table"] if r is not None), key=lambda r: -r["capacity"])}
 
 
-def choose(per: dict, budget: int) -> dict:
+def choose(per: dict, budget: int) -> dict | None:
     """The bo acquisition with the fewest median restarts to 98 % (mean over scenarios; censored =
-    budget + 1), then the larger share within 98 % at 20."""
+    budget + 1), then the larger share within 98 % at 20 (None when no bo acquisition ran)."""
     key = {}
-    for label, (mode, _) in METHODS.items():
-        if mode != "bo":
+    for label in next(iter(per.values()))["methods"]:
+        if METHODS[label][0] != "bo":
             continue
         med = [r["methods"][label]["restarts_to_98pct_median"] for r in per.values()]
         share = [r["methods"][label]["within_98pct_at_20_share"] for r in per.values()]
         key[label] = (float(np.mean([budget + 1 if x is None else x for x in med])), -float(np.mean(share)))
+    if not key:
+        return None
     best = min(key, key=lambda k: key[k])
     return {"label": best, "acquisition": METHODS[best][1].get("acquisition", "ehvi"),
             "mean_median_restarts": {k: v[0] for k, v in key.items()},
@@ -287,23 +297,31 @@ def main(argv=None) -> int:
     ap.add_argument("--budget", type=int, default=BUDGET, help="evaluations per search (default 20)")
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="worker processes, one a scenario (default 2)")
     ap.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated scenario names")
+    ap.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, of {','.join(METHODS)} (default all)")
+    ap.add_argument("--optimum-from", metavar="FILE", default=None,
+                    help="score against the optimum of this earlier result as well (for a run of some --methods)")
     ap.add_argument("--out", default=RESULTS, help="result file (default bench/results/tuner_capacity.json)")
     a = ap.parse_args(argv)
     names = [s for s in a.scenarios.split(",") if s]
-    bad = [n for n in names if n not in SCENARIOS]
-    if bad or a.seeds < 1 or a.budget < 2:
-        ap.error(f"unknown scenario {bad[0]!r}" if bad else "--seeds must be >= 1 and --budget >= 2")
+    labels = [s for s in a.methods.split(",") if s]
+    bad = [n for n in names if n not in SCENARIOS] + [m for m in labels if m not in METHODS]
+    if bad or not labels or a.seeds < 1 or a.budget < 2:
+        ap.error(f"unknown scenario or method {bad[0]!r}" if bad else "--seeds must be >= 1, --budget >= 2, a method named")
     t0 = time.time()
     with mp.Pool(min(a.jobs, len(names))) as pool:
-        outs = pool.map(run_scenario, [(n, a.seeds, a.budget) for n in names], chunksize=1)
-    per = {o["scenario"]: {"scenario": SCENARIOS[o["scenario"]], **score(o)} for o in outs}
+        outs = pool.map(run_scenario, [(n, a.seeds, a.budget, labels) for n in names], chunksize=1)
+    earlier = {}
+    if a.optimum_from:
+        with open(a.optimum_from) as f:
+            earlier = {n: r["optimum"] for n, r in json.load(f)["scenarios"].items()}
+    per = {o["scenario"]: {"scenario": SCENARIOS[o["scenario"]], **score(o, earlier.get(o["scenario"]))} for o in outs}
     default = choose(per, a.budget)
     revision = _revision()
     result = {"bench": "tuner_capacity", "revision": revision, "python": platform.python_version(), "numpy": np.__version__,
               "cpus": os.cpu_count(), "jobs": a.jobs, "seed": SEED, "seeds": a.seeds, "budget": a.budget,
               "measurement": noise(), "space": [p.to_dict() for p in space()],
               "objectives": [o.to_dict() for o in CAPACITY_OBJECTIVES],
-              "methods": {k: {"mode": m, "options": o} for k, (m, o) in METHODS.items()},
+              "methods": {k: {"mode": METHODS[k][0], "options": METHODS[k][1]} for k in labels},
               "scenarios": per, "default_acquisition": default,
               "digest": hashlib.sha256(json.dumps([SCENARIOS, START], sort_keys=True).encode()).hexdigest()[:16],
               "seconds": round(time.time() - t0, 1)}
