@@ -74,10 +74,15 @@ START = {"max_num_batched_tokens": 2048, "max_num_seqs": 16}
 
 
 # -- ground truth ---------------------------------------------------------------------------------
+def run_at(sc: dict, cfg: dict, rate: float) -> dict:
+    """The predictor's noiseless run of ``cfg`` at an exact Poisson ``rate`` (500 requests)."""
+    return predict(Scenario(model=sc["model"], gpu=sc["gpu"], tp=sc["tp"], isl=sc["isl"], osl=sc["osl"], rate=rate,
+                            num_prompts=500, warmup=0, seed=0, exact_rate=True,
+                            serve={"max_model_len": sc["max_model_len"], **cfg}))
+
+
 def _holds(sc: dict, cfg: dict, rate: float) -> bool:
-    r = predict(Scenario(model=sc["model"], gpu=sc["gpu"], tp=sc["tp"], isl=sc["isl"], osl=sc["osl"], rate=rate,
-                         num_prompts=500, warmup=0, seed=0, exact_rate=True,
-                         serve={"max_model_len": sc["max_model_len"], **cfg}))
+    r = run_at(sc, cfg, rate)
     ok = r["ttft_s"]["p95"] * 1e3 <= sc["slo"]["p95_ttft_ms"]
     if "mean_tpot_ms" in sc["slo"]:
         ok = ok and r["tpot_s"]["mean"] * 1e3 <= sc["slo"]["mean_tpot_ms"]

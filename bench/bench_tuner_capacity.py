@@ -70,14 +70,13 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bench_capacity_tune import SCENARIOS as CAPACITY_SCENARIOS  # noqa: E402
-from bench_capacity_tune import START, true_capacity  # noqa: E402
+from bench_capacity_tune import START, run_at, true_capacity  # noqa: E402
 from bench_tuner import _median, _noise_seed  # noqa: E402
 
 from vkit import search  # noqa: E402
 from vkit.cli._common import load_policy  # noqa: E402
 from vkit.search.space import key_of  # noqa: E402
 from vkit.sim.config import SimStartupError  # noqa: E402
-from vkit.sim.predict import Scenario, predict  # noqa: E402
 from vkit.sim.serve import SimSettings  # noqa: E402
 from vkit.tune.capacity import Plan  # noqa: E402
 from vkit.tune.runner import Settings  # noqa: E402
@@ -118,10 +117,7 @@ def noise() -> dict:
 
 # -- the truth of one configuration -----------------------------------------------------------------
 def _tpot_ms(sc: dict, cfg: dict, rate: float) -> float:
-    r = predict(Scenario(model=sc["model"], gpu=sc["gpu"], tp=sc["tp"], isl=sc["isl"], osl=sc["osl"], rate=rate,
-                         num_prompts=500, warmup=0, seed=0, exact_rate=True,
-                         serve={"max_model_len": sc["max_model_len"], **cfg}))
-    return r["tpot_s"]["mean"] * 1e3
+    return run_at(sc, cfg, rate)["tpot_s"]["mean"] * 1e3
 
 
 class Truth:

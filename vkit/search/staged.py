@@ -135,9 +135,10 @@ class StagedPlan:
         self.slo = float(slo[self.lat]) if self.lat in slo else None
         self.tok_c = self._candidates(self.pt, 4, tokens_candidates)
         self.seq_c = self._candidates(self.ps, 5, seqs_candidates)
-        # visited only while the sweep finds no knee: the loop below stops at the first one
+        # the doublings are visited only while the sweep finds no knee: step 3 stops at the first one
         self.seq_ext = sorted({self.ps.snap(self.seq_c[-1] * 2 ** k) for k in range(1, EXTEND_OCTAVES + 1)
                                if self.seq_c[-1] * 2 ** k <= self.ps.high} - set(self.seq_c))
+        self.seq_sweep = self.seq_c + self.seq_ext
         if safe_seqs is None:
             safe_seqs = DEFAULT_SAFE_SEQS
             if load_concurrency:
@@ -226,7 +227,7 @@ class StagedPlan:
         if "3" in self.steps:
             xs, thr, lat = [], [], []
             knee = None
-            for s in self.seq_c + self.seq_ext:
+            for s in self.seq_sweep:
                 o = self._lookup(history, self._cfg(best_tokens, s))
                 if o is None:
                     past = (f" (past the candidates: {xs[-1]} still gained {thr[-1] / thr[-2] - 1:+.1%})"
@@ -257,7 +258,7 @@ class StagedPlan:
         # step 4
         if "4" in self.steps:
             grid = []
-            for s in self._around(self.ps, self.seq_c + self.seq_ext, knee_seqs):
+            for s in self._around(self.ps, self.seq_sweep, knee_seqs):
                 for b in self._around(self.pt, self.tok_c, best_tokens):
                     cfg = self._cfg(b, s)
                     if cfg not in grid:
