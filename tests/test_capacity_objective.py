@@ -82,7 +82,7 @@ def _search(knee: float) -> tuple[cap.Capacity, dict | None]:
         first.append(s)
         return s
 
-    res = cap.search(measure, cap.Slo({"p95_ttft_ms": 400.0}), cap.Plan(start=10.0, tolerance=0.1))
+    res = cap.search(measure, cap.Slo({"p95_ttft_ms": 400.0}), cap.Plan(start=10.0, tolerance=0.1, method="bracket"))
     return res, first[0]
 
 
@@ -162,7 +162,7 @@ def test_the_capacity_is_the_servers_not_the_clients_ceiling():
     slo = cap.Slo({"p95_ttft_ms": 200.0})
     for ceiling in (120.0, 1000.0, 10_000.0):
         measure, _ = fake_server(knee=100.0)
-        res = cap.search(measure, slo, cap.Plan(start=8.0, hi_limit=ceiling, tolerance=0.05))
+        res = cap.search(measure, slo, cap.Plan(start=8.0, hi_limit=ceiling, tolerance=0.05, method="bracket"))
         # P95 TTFT = 50 / (1 - r/100) = 200 at r = 75, whatever the ceiling; the bracket is the noise's width
         assert res.capacity <= 75.0 <= res.upper and res.upper / res.capacity - 1 < 0.1, (ceiling, res.capacity, res.upper)
 

@@ -151,7 +151,8 @@ STAGE_DEPS = {
     "apply": {"measure"},
     "tune": {"measure", "validate", "decide", "apply", "search"},
     "search": set(),
-    "sim": set(),
+    # a virtual run (predict.bench_summary) summarises its requests with bench_stream's own pure functions
+    "sim": {"measure.summary", "measure.batchse"},
     "report": {"tune.result"},  # the report renders the tune's typed result
 }
 

@@ -47,7 +47,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     c.add_argument("--capacity-start", type=positive_float, default=None, metavar="R",
                    help="capacity: the first baseline search's first load: req/s (default 4), or with --trace its speed-up "
                         "(default 1)")
-    capacity_cli.add_search_flags(c, "capacity-", max_points=8)
+    capacity_cli.add_search_flags(c, "capacity-", max_points=8, method="bracket")
     c.add_argument("--verify-seconds", type=non_negative_float, default=60.0, metavar="S",
                    help="capacity: at the end, the recommendation's promised load run once for S seconds on a fresh start "
                         "(a short load point cannot show a queue that grows slowly), judged as a load point is: it holds on "

@@ -53,8 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
                      "point's three-way verdict, the curve and the binding SLO; JSON on stdout.")
     p.epilog = ("The load flags of bench_stream (--request-rate, --max-concurrency, --records, --label) are the "
                 "search's own and are refused here.\n\n" + _epilog(EXAMPLES, {
-                    0: "capacity found, with a load that clearly fails above it",
-                    1: "no load clearly holds the SLO, or none clearly fails up to --max-load",
+                    0: "capacity found (model: an estimate with its interval closed on both sides)",
+                    1: "no load holds the SLO, or the interval is open above (every load up to --max-load holds)",
                     2: "bad flag, unknown SLO metric, a load flag given"}))
     c = p.add_argument_group("capacity")
     c.add_argument("--slo", action="append", default=[], metavar="METRIC=MS",
@@ -73,10 +73,21 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def add_search_flags(c, prefix: str, max_points: int) -> None:
+def add_search_flags(c, prefix: str, max_points: int, method: str = "model") -> None:
     """The search's own flags, shared with tune (which names them ``--capacity-...``, ``prefix``
     "capacity-"; the point-level ones keep their names there)."""
     what = "capacity: " if prefix else ""
+    c.add_argument(f"--{prefix}method", choices=["model", "bracket"], default=method,
+                   help=f"{what}model: every point enters a monotone model of each SLO's margin against load, the capacity "
+                        "is where the binding margin crosses zero, with a 95 %% interval, and the search stops when the "
+                        "interval is within --precision; bracket: the older bisection to --tolerance (default %(default)s)")
+    c.add_argument(f"--{prefix}precision", type=fraction_arg(), default=0.05, metavar="F",
+                   help=f"{what}model: stop when the 95 %% interval's larger side is within F of the capacity (default 0.05)")
+    c.add_argument(f"--{prefix}max-runs", type=int_at_least(2), default=24, metavar="N",
+                   help=f"{what}model: runs in all at most (default 24)")
+    c.add_argument("--max-point-seconds", type=positive_float, default=60.0, metavar="S",
+                   help=f"{what}open loop, model: a run sized for its percentile's sampling error sends at most load x S "
+                        "requests (default 60)")
     c.add_argument(f"--{prefix}tolerance", type=fraction_arg(), default=0.10, metavar="F",
                    help=f"{what}stop when the bracket's upper end is within F of the capacity (default 0.10)")
     c.add_argument(f"--{prefix}max-points", type=int_at_least(2), default=max_points, metavar="N",
@@ -102,7 +113,9 @@ def search_plan(args: argparse.Namespace, prefix: str, mode: str, start: float, 
                     hi_limit=hi_limit, tolerance=getattr(args, f"{dest}tolerance"),
                     max_points=getattr(args, f"{dest}max_points"), repeats=getattr(args, f"{dest}repeats"),
                     noise=getattr(args, f"{dest}noise"), max_send_lag_ms=args.max_send_lag_ms, keep_up=args.keep_up,
-                    point_seconds=args.point_seconds)
+                    point_seconds=args.point_seconds, method=getattr(args, f"{dest}method"),
+                    precision=getattr(args, f"{dest}precision"), max_runs=getattr(args, f"{dest}max_runs"),
+                    max_point_seconds=args.max_point_seconds)
 
 
 def _run(args: argparse.Namespace, io: IO) -> int:
@@ -133,13 +146,33 @@ def _run(args: argparse.Namespace, io: IO) -> int:
     if args.output:
         atomic_write_text(args.output, json.dumps(doc, indent=2, sort_keys=True) + "\n")
     io.emit_json(doc)
-    unit = doc["unit"]
+    io.progress(said(doc))
     if doc["capacity"] is None:
-        io.progress(f"no capacity: {doc['stop']}")
         return ExitCode.REJECTED
-    io.progress(f"capacity {doc['capacity']:g} {unit} (fails by {doc['upper']:g} {unit})" if doc["upper"] else
-                f"capacity {doc['capacity']:g} {unit}; {doc['stop']}")
     return ExitCode.OK if doc["upper"] is not None else ExitCode.REJECTED
+
+
+def said(doc: dict) -> str:
+    """The search's answer in one line: the estimate and its interval, the binding SLO, the boundary's
+    shape, and what it cost."""
+    unit = doc["unit"]
+    cost = f"{doc['points']} loads, {doc['runs']} runs, {doc.get('requests', 0):,} requests"
+    if doc.get("request_seconds") is not None:
+        cost += f" ({doc['request_seconds']:,.0f} request-seconds)"
+    if doc.get("method") != "model":
+        if doc["capacity"] is None:
+            return f"no capacity: {doc['stop']}; {cost}"
+        return (f"capacity {doc['capacity']:g} {unit} (fails by {doc['upper']:g} {unit}); {cost}" if doc["upper"] else
+                f"capacity {doc['capacity']:g} {unit}; {doc['stop']}; {cost}")
+    lo, hi = doc["interval"]
+    if doc["capacity"] is None:
+        where = f"at least {lo:.4g} {unit}" if lo is not None else "no load holds the SLO"
+        return f"no capacity: {where}; {doc['stop']}; {cost}"
+    side = doc["estimate"].get("half_width")
+    ci = f"[{lo:.4g}, {hi:.4g}]" if lo is not None and hi is not None else f"[{lo or '?'}, {hi or '?'}]"
+    return (f"capacity {doc['capacity']:.4g} {unit}, {100 * doc['level']:.0f} % interval {ci}"
+            + (f" (±{100 * side:.1f} %)" if side is not None else "")
+            + f", binding {doc['binding_slo']}, {doc.get('boundary') or '?'} boundary; {cost}; stop: {doc['stop']}")
 
 
 def main(argv: list[str] | None = None, stdin=None, stdout=None, stderr=None) -> int:

@@ -7,8 +7,18 @@ import datetime as _dt
 import math
 from typing import TYPE_CHECKING, Any
 
+from vkit.measure.batchse import run_log_se
 from vkit.measure.client import Result
-from vkit.measure.summary import describe_ms, dist, goodput_ok, max_overlap, mean_in_flight, peak_per_second, tpot_of
+from vkit.measure.summary import (
+    describe_ms,
+    dist,
+    goodput_ok,
+    max_overlap,
+    mean_in_flight,
+    peak_per_second,
+    queue_growth,
+    tpot_of,
+)
 
 if TYPE_CHECKING:
     from vkit.measure.loadgen import BenchConfig
@@ -142,7 +152,8 @@ def completion_rate(intervals: list[tuple[float, float]]) -> float | None:
 def _vkit_fields(cfg: BenchConfig, model: str, results: list[Result], warm: list[Result], ok: list[Result],
                  failed: list[Result], partial: bool, duration: float, intervals: list[tuple[float, float]],
                  phase: dict[str, list[float]], queue_ms: float | None, extra: dict) -> dict:
-    """The summary's ``"vkit"`` object: the gauge, errors, phase speeds, and ``cfg.meta`` and ``extra``."""
+    """The summary's ``"vkit"`` object: the gauge, errors, phase speeds, the TTFT trend over the run
+    (``queue_growth``: did the server's queue grow within it), and ``cfg.meta`` and ``extra``."""
     errors: dict[str, int] = {}
     for r in failed:
         key = (r.error or "unknown")[:160]
@@ -159,6 +170,8 @@ def _vkit_fields(cfg: BenchConfig, model: str, results: list[Result], warm: list
         "errors": errors,
         "mean_in_flight": mean_in_flight(intervals, duration),
         "completion_rate": completion_rate(intervals),
+        "queue_growth": queue_growth([r.start for r in ok], [r.ttft for r in ok]),
+        "se_log": _se_log(ok),
         "requested_output_tokens": sum(x for x in requested if x) if all(requested) else None,
         "ignore_eos": bool(cfg.requests and cfg.requests[0].ignore_eos),
         "time_to_done": describe_ms([r.done for r in ok if r.done is not None], "done"),
@@ -173,3 +186,11 @@ def _vkit_fields(cfg: BenchConfig, model: str, results: list[Result], warm: list
         **cfg.meta,
         **extra,
     }
+
+
+def _se_log(ok: list[Result]) -> dict[str, float]:
+    """The batch-means SE of each latency statistic's log (vkit.measure.batchse), requests in send order."""
+    order = sorted(ok, key=lambda r: r.start)
+    return run_log_se({"ttft": [r.ttft for r in order],
+                       "tpot": [tpot_of(r.latency, r.ttft, r.completion_tokens) for r in order],
+                       "e2el": [r.latency for r in order]})

@@ -35,6 +35,7 @@ from vkit.sim.calibrated import CostParams, PhysCost
 from vkit.sim.config import ServeOptions, resolve
 from vkit.sim.engine import CostModel, Engine, EngineConfig, Request
 from vkit.sim.profiles import get_gpu, get_model
+from vkit.sim.steptime import Noise
 
 # ServeOptions fields a scenario may set (vllm serve flags, in ServeOptions' names).
 SERVE_FIELDS = (
@@ -65,6 +66,12 @@ class Scenario:
     burst_start: bool = False
     # Poisson: gaps scaled so the run offers exactly ``rate`` on average (bench_stream --exact-rate)
     exact_rate: bool = False
+    # the simulator's noise (vkit.sim.steptime.Noise): sd of a run's level, sd of a start's level,
+    # the run's draw key and the start's (runs of one start share its level, each run draws its own)
+    noise: float = 0.0
+    restart_noise: float = 0.0
+    noise_seed: str = "0"
+    start_seed: str = "0"
 
     def counts(self) -> tuple[int, int]:
         if self.concurrency:
@@ -124,7 +131,12 @@ def build(sc: Scenario, params: CostParams | None = None):
     rec = _Recorder(cost)
     if sc.isl + sc.osl > r.max_model_len:
         raise UsageError(f"input + output length {sc.isl + sc.osl} exceeds max_model_len {r.max_model_len}")
-    engine = Engine(cfg, rec, lambda req: 1000 + (req.num_output % 97), 2, None)
+    noise = None
+    if sc.noise > 0 or sc.restart_noise > 0:
+        # a new run level after 10 ms of idle virtual time, as sim_server at --sim-speed 1
+        noise = Noise(sc.noise, seed=sc.noise_seed, regime_gap_s=0.01)
+        noise.x_start = random.Random(f"start:{sc.start_seed}").gauss(0.0, sc.restart_noise) if sc.restart_noise > 0 else 0.0
+    engine = Engine(cfg, rec, lambda req: 1000 + (req.num_output % 97), 2, noise)
     return engine, r, rec
 
 
@@ -298,7 +310,7 @@ def run_trace(sc: Scenario, params: CostParams | None = None, max_steps: int = 5
     arrival_step = np.zeros(n_req, dtype=np.int64)
     sched_step = np.full(n_req, -1, dtype=np.int64)
     token_steps = np.zeros((n_req, sc.osl), dtype=np.int64)
-    blocked, preempted, running, kv_usage, starts = [], [], [], [], []
+    blocked, preempted, running, kv_usage, starts, actual = [], [], [], [], [], []
     nxt = 0
     done = 0
     t = 0.0
@@ -362,6 +374,7 @@ def run_trace(sc: Scenario, params: CostParams | None = None, max_steps: int = 5
         running.append(len(res.scheduled))
         kv_usage.append(engine.kv_usage())
         starts.append(t)
+        actual.append(res.duration)
         t += res.duration
         step += 1
         if step > max_steps:
@@ -373,7 +386,8 @@ def run_trace(sc: Scenario, params: CostParams | None = None, max_steps: int = 5
         sched_step=sched_step, token_steps=token_steps,
         arrival_time=np.asarray(arrivals) if arrivals is not None else None,
         step_start=np.asarray(starts) if arrivals is not None else None,
-        durations=np.asarray([rec.cost.step_time(*row) for row in rec.rows]),
+        # with noise, the durations the run had (a replay with another cost model would drop it)
+        durations=np.asarray(actual) if engine.noise is not None else np.asarray([rec.cost.step_time(*row) for row in rec.rows]),
         warmup=warmup,
     )
 
@@ -400,3 +414,49 @@ def predict(sc: Scenario, params: CostParams | None = None) -> dict:
     out["cost_params"] = asdict(params) if params is not None else None
     out["time"] = "virtual seconds (simulated, not measured)"
     return out
+
+
+PCTS = (50, 90, 95, 99)
+
+
+def _describe_ms(x_s: np.ndarray, metric: str) -> dict:
+    a = np.asarray(x_s, dtype=float) * 1000.0
+    out = {f"mean_{metric}_ms": float(a.mean()), f"median_{metric}_ms": float(np.median(a)), f"std_{metric}_ms": float(a.std())}
+    out.update({f"p{p}_{metric}_ms": float(v) for p, v in zip(PCTS, np.percentile(a, PCTS), strict=True)})
+    return out
+
+
+def bench_summary(sc: Scenario, params: CostParams | None = None) -> dict:
+    """One open-loop run of the scenario as bench_stream would summarise it (its keys, in virtual
+    milliseconds): latency statistics of the measured requests (the warm-up left out), throughput,
+    the completion rate, a send lag of 0 (virtual time never falls behind) and, where the summary
+    module has it, the queue's growth over the run. For searches run on the predictor directly."""
+    if sc.rate is None:
+        raise UsageError("bench_summary is for open-loop (--request-rate) scenarios")
+    tr = run_trace(sc, params)
+    w = tr.warmup
+    end = tr.step_start + tr.durations
+    arr = tr.arrival_time[w:]
+    tok = end[tr.token_steps[w:]]
+    ttft, e2el = tok[:, 0] - arr, tok[:, -1] - arr
+    osl = tok.shape[1]
+    tpot = (tok[:, -1] - tok[:, 0]) / (osl - 1) if osl > 1 else np.zeros(len(arr))
+    itl = np.diff(tok, axis=1).ravel() if osl > 1 else np.zeros(1)
+    n = len(arr)
+    dur = max(float(tok[:, -1].max() - arr.min()), 1e-9)
+    ends = np.sort(tok[:, -1])
+    s = {"completed": n, "failed": 0, "num_prompts": n, "request_rate": sc.rate, "duration": dur,
+         "request_throughput": n / dur, "output_throughput": n * sc.osl / dur,
+         "total_token_throughput": n * (sc.isl + sc.osl) / dur, "total_input_tokens": n * sc.isl,
+         "total_output_tokens": n * sc.osl, "max_concurrent_requests": None}
+    for x, m in ((ttft, "ttft"), (tpot, "tpot"), (itl, "itl"), (e2el, "e2el")):
+        s.update(_describe_ms(x, m))
+    vk = {"completion_rate": (n - 1) / (ends[-1] - ends[0]) if n > 1 and ends[-1] > ends[0] else None,
+          "dispatch_lag_ms": {"p99": 0.0}, "partial": False, "virtual": True}
+    from vkit.measure.batchse import run_log_se
+    from vkit.measure.summary import queue_growth
+
+    vk["queue_growth"] = queue_growth(arr.tolist(), ttft.tolist())
+    vk["se_log"] = run_log_se({"ttft": ttft.tolist(), "tpot": tpot.tolist(), "e2el": e2el.tolist()})
+    s["vkit"] = vk
+    return s

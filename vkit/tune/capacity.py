@@ -30,6 +30,7 @@ import numpy as np
 from vkit.decide.runs import GAUGE_TOP, GAUGE_VKIT
 from vkit.errors import UsageError
 from vkit.measure.gauge import build_config, measure
+from vkit.tune import boundary
 from vkit.validate import invariants
 
 HOLDS, FAILS, UNCLEAR, INVALID = "holds", "fails", "unclear", "invalid"
@@ -96,8 +97,17 @@ class Plan:
     keep_up: float = 0.95  # open loop: the server must complete at least this share of the offered rate
     point_seconds: float = 20.0  # open loop: each run sends at least load x this many requests
     step: float = 2.0  # bracketing: the factor between one load and the next until the SLO changes side
+    method: str = "model"  # "model": the boundary estimate with its interval (vkit.tune.boundary); "bracket": the old bisection
+    precision: float = 0.05  # model: stop when the interval's larger side is within this share of the capacity
+    max_runs: int = 24  # model: runs in all at most
+    model_repeats: int = 6  # model: runs per load at most (replicates near the crossing are how the interval narrows)
+    max_point_seconds: float = 60.0  # open loop, model: a run sized for its percentile's error sends at most load x this
 
     def __post_init__(self):
+        if self.method not in ("model", "bracket"):
+            raise UsageError(f"method must be model or bracket, got {self.method!r}")
+        if not 0 < self.precision < 1 or self.max_runs < 2:
+            raise UsageError("need 0 < precision < 1 and max runs >= 2")
         if self.mode not in ("rate", "concurrency", "trace"):
             raise UsageError(f"mode must be rate, concurrency or trace, got {self.mode!r}")
         if not 0 < self.lo_limit <= self.start <= self.hi_limit:
@@ -185,18 +195,30 @@ def judge_run(summary: dict | None, slo: Slo, plan: Plan, load: float | None = N
     margins = slo.margins(summary)
     # a trace's load is its speed-up: the rate it offered is the summary's (the trace's own mean x speed-up)
     offered = load if plan.mode == "rate" else summary.get("request_rate") if plan.mode == "trace" else None
+    keep = None
     if isinstance(offered, (int, float)) and offered > 0 and math.isfinite(offered):
         # Overload shows as a server that cannot complete what is offered: a failure whatever the
         # latencies say (a short run may end before the queue has grown), never a binding margin.
         rt = sending_rate(summary)
         keep = math.log(rt / (plan.keep_up * offered)) if rt > 0 else -math.inf
+        growth = (summary.get("vkit") or {}).get("queue_growth") or {}
+        # material only where TTFT rose by a quarter of its tightest limit (a trend of a few ms at a light
+        # load is a growing queue by the test, not a threat to the SLO)
+        ttft_limit = min((v for k, v in slo.limits.items() if "_ttft_" in k), default=None)
+        material = ttft_limit is None or (growth.get("rise_ms") or 0.0) >= 0.25 * ttft_limit
+        if growth.get("growing") and material and rt > 0:
+            # a queue that grew through the run: the load is not sustainable, whatever share of it
+            # completed before the run ended: the margin is the completed share itself (no allowance)
+            keep = min(keep, math.log(rt / offered), -0.01)
         if keep < 0:
             margins["throughput"] = keep
     metrics = {k: float(summary[k]) for k in CURVE_KEYS if isinstance(summary.get(k), (int, float))}
     tpot = summary.get("mean_tpot_ms")
     if isinstance(tpot, (int, float)) and tpot > 0:
         metrics["per_user_output_tok_s"] = 1000.0 / tpot
-    return {"valid": True, "why": None, "margin": min(margins.values()), "margins": margins, "metrics": metrics}
+    se = {k: boundary.sampling_se(summary, k) for k in slo.limits}
+    return {"valid": True, "why": None, "margin": min(margins.values()), "margins": margins, "metrics": metrics,
+            "keep": keep, "se": se, "requests": metrics.get("completed", 0.0)}
 
 
 def verdict_of(point: Point, plan: Plan) -> str | None:
@@ -223,13 +245,22 @@ class Capacity:
     slo: Slo
     points: list[Point]
     capacity: float | None  # highest load that clearly holds below every load that does not
-    upper: float | None  # lowest load that clearly fails
+    upper: float | None  # lowest load that clearly fails (model: the interval's upper end)
     stop: str
+    model: boundary.Estimate | None = None  # the boundary model's estimate (method "model")
+
+    def measured_at(self) -> tuple[Point | None, Point | None]:
+        """(the point the figures at the capacity come from, the point above it): the highest held
+        load at or below the capacity and the lowest failing one (model: by the fitted curve)."""
+        pts = sorted(self.points, key=lambda p: p.load)
+        if self.model is None:
+            return (next((p for p in pts if p.load == self.capacity), None), next((p for p in pts if p.load == self.upper), None))
+        held = [p for p in pts if p.verdict == HOLDS]
+        return (held[-1] if held else None), next((p for p in pts if p.verdict == FAILS), None)
 
     def as_dict(self, accelerators: int | None = None) -> dict:
         pts = sorted(self.points, key=lambda p: p.load)
-        at = next((p for p in pts if p.load == self.capacity), None)
-        up = next((p for p in pts if p.load == self.upper), None)
+        at, up = self.measured_at()
         m = at.as_dict()["metrics"] if at else {}
         unit = {"rate": "req/s", "concurrency": "streams", "trace": "x trace speed-up"}[self.plan.mode]
         out = {
@@ -241,7 +272,19 @@ class Capacity:
             "stop": self.stop,
             "curve": [p.as_dict() for p in pts],
             "runs": sum(len(p.runs) for p in pts),
+            "points": len(pts),
+            "method": self.plan.method,
         }
+        valid = [(p.load, r) for p in pts for r in p.runs if r["valid"]]
+        out["requests"] = int(sum(r["metrics"].get("completed", 0) for _, r in valid))
+        if self.plan.mode == "rate":  # requests over the offered rate: the seconds of load the search cost
+            out["request_seconds"] = float(sum(r["metrics"].get("completed", 0) / load for load, r in valid))
+        if self.model is not None:
+            e = self.model
+            out.update({"estimate": e.as_dict(), "interval": [e.lo, e.hi], "capacity": e.capacity, "upper": e.hi,
+                        "at_least": e.lo, "level": e.level, "precision": self.plan.precision,
+                        "boundary": e.shape, "holds": at.load if at else None, "fails": up.load if up else None,
+                        "binding_slo": e.binding or out["binding_slo"]})
         if accelerators:
             out["accelerators"] = accelerators
             out["per_accelerator"] = {k: (v / accelerators if v is not None else None)
@@ -314,6 +357,17 @@ def _between(plan: Plan, lo: Point, hi: Point, tried: set[float]) -> float | Non
 
 def search(measure: Measure, slo: Slo, plan: Plan, progress: Callable[[str], None] = lambda s: None,
            hint: float | None = None) -> Capacity:
+    """The capacity: by ``plan.method``, the boundary model's estimate with its interval
+    (:mod:`vkit.tune.capsearch`) or the bracket (:func:`bracket_search`)."""
+    if plan.method == "model":
+        from vkit.tune import capsearch
+
+        return capsearch.search(measure, slo, plan, progress, hint=hint)
+    return bracket_search(measure, slo, plan, progress, hint)
+
+
+def bracket_search(measure: Measure, slo: Slo, plan: Plan, progress: Callable[[str], None] = lambda s: None,
+                   hint: float | None = None) -> Capacity:
     """Bracket and narrow the SLO boundary; every run through ``measure(load, k)``. With ``hint``
     (where the answer probably is: the kept configuration's capacity) above the start, the second
     point is the hint when the start holds, and the bracketing steps count from there: the start
@@ -376,12 +430,12 @@ def live_measure(opts, url: str, out_dir: str, plan: Plan, command: list[str] | 
     mode = plan.mode
     runs = [0]
 
-    def run(load: float, k: int) -> dict | None:
+    def run(load: float, k: int, requests: int | None = None) -> dict | None:
         # every run its own prompts (dataset seed + the run's number): none finds its prefixes cached
         seed = opts.seed + runs[0]
         runs[0] += 1
         if mode == "rate":
-            n = max(opts.num_prompts, math.ceil(load * plan.point_seconds))
+            n = max(opts.num_prompts, math.ceil(load * plan.point_seconds), requests or 0)
             o = replace(opts, seed=seed, request_rate=load, max_concurrency=None, num_prompts=n, exact_rate=True)
         elif mode == "trace":  # the recorded arrivals, load times faster (the trace's own prompts, every run)
             o = replace(opts, seed=seed, trace_speedup=load, request_rate=math.inf, max_concurrency=None)
@@ -420,6 +474,9 @@ def estimate(doc_capacity: dict, plan: Plan) -> tuple[float, float]:
     that of a uniform position in it, log(upper / capacity) / sqrt(12). Nothing clearly held: half
     the lowest load offered (the estimate is then a bound); no clear failure: the capacity itself,
     with the tolerance as the interval."""
+    model = doc_capacity.get("estimate")
+    if model is not None:
+        return _model_estimate(doc_capacity, model, plan)
     lo, hi = doc_capacity.get("capacity"), doc_capacity.get("upper")
     if lo is None:
         low = min((p["load"] for p in doc_capacity.get("curve") or []), default=plan.lo_limit)
@@ -427,6 +484,19 @@ def estimate(doc_capacity: dict, plan: Plan) -> tuple[float, float]:
     if hi is None or hi <= lo:
         return float(lo), math.log1p(plan.tolerance) / math.sqrt(12.0)
     return float(math.sqrt(lo * hi)), math.log(hi / lo) / math.sqrt(12.0)
+
+
+def _model_estimate(doc_capacity: dict, model: dict, plan: Plan) -> tuple[float, float]:
+    """The boundary model's (estimate, sd in log units): its interval as a normal sd. An interval
+    open above (every load held): its lower end, with the precision as the sd; nothing held: half
+    the lowest load, with a doubling as the sd."""
+    lo, hi = model["interval"]
+    if model.get("capacity") is not None and lo and hi:
+        return float(model["capacity"]), math.log(hi / lo) / (2 * boundary.Z95)
+    if lo:
+        return float(lo), math.log1p(plan.precision)
+    low = min((p["load"] for p in doc_capacity.get("curve") or []), default=plan.lo_limit)
+    return max(plan.lo_limit, min(low, hi or low)) / 2.0, math.log(2.0) / math.sqrt(12.0)
 
 
 def capacity_document(result: Capacity, first: dict | None, opts, seed: int, reference: float | None,
@@ -438,15 +508,18 @@ def capacity_document(result: Capacity, first: dict | None, opts, seed: int, ref
     d = result.as_dict(accelerators)
     est, sd = estimate(d, result.plan)
     pts = {p["load"]: p for p in d["curve"]}
-    at = (pts.get(d["capacity"]) or {}).get("metrics") or {}
+    held, _ = result.measured_at()
+    at = (pts.get(held.load) or {}).get("metrics") or {} if held else {}
     if reference is None:
-        reference = d["capacity"]  # the first search of a tune: its own capacity becomes the reference load
+        # the first search of a tune: its own capacity (the highest load it held) becomes the reference load
+        reference = held.load if held else None
     ref_pt = pts.get(reference) if reference is not None else None
     ref = (ref_pt or {}).get("metrics") or {}
     valid = [r for p in result.points for r in p.runs if r["valid"]]
     # The most requests in flight at the loads that decide the answer (every point up to the lowest
     # clear failure): a max_num_seqs at or above it never bound there, so it cannot change the answer.
-    deciding = [r for p in result.points if d["upper"] is None or p.load <= d["upper"] for r in p.runs if r["valid"]]
+    top = d.get("fails", d["upper"])
+    deciding = [r for p in result.points if top is None or p.load <= top for r in p.runs if r["valid"]]
     peak = max((r["metrics"].get("max_concurrent_requests", 0) for r in deciding), default=0)
     first = first or {}
     fv = first.get("vkit") or {}
@@ -460,7 +533,8 @@ def capacity_document(result: Capacity, first: dict | None, opts, seed: int, ref
         "request_rate": f"capacity:{result.plan.mode}",
         "slo_capacity": est,
         "slo_capacity_sd": sd,
-        "capacity_holds": d["capacity"],
+        # a load the server holds and one it fails: the model's interval ends, else the bracket's
+        "capacity_holds": d["interval"][0] if "estimate" in d else d["capacity"],
         "capacity_fails": d["upper"],
         "capacity_req_s": d["capacity_req_s"],
         "capacity_output_tok_s": d["capacity_output_tok_s"],

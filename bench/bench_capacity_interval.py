@@ -1,0 +1,236 @@
+#!/usr/bin/env python3
+"""Is the capacity's interval honest, and what does it cost? Hundreds of capacity searches in virtual
+time against a known truth, the boundary model (``Plan.method="model"``) beside the bracket it
+replaces (``"bracket"``), on the same seeds.
+
+- **The server**: the virtual-time predictor (``vkit.sim.predict.bench_summary``: the simulator's V1
+  scheduler and cost model, no sockets, no clock) with the simulator's run-level noise (2 % sd of a
+  run's step-time level, redrawn after 10 ms of idle virtual time, plus the Ornstein–Uhlenbeck wander
+  and per-step jitter of ``vkit.sim.steptime.Noise``), Poisson arrivals at the exact offered rate, a
+  fresh arrival seed every run, the first 10 % of each run's requests left out as warm-up. One
+  search measures one start: no between-restart draw (that part of σ is the gate's, across starts).
+- **The truth**: the same predictor without noise; per load, ``TRUTH_SEEDS`` runs of
+  ``TRUTH_REQUESTS`` requests on the same arrival seeds at every load, each judged as a search judges a run (the SLOs' margins, the keep-up
+  rule at 0.95 of the offered rate, a queue that grew within the run); the capacity is the highest load
+  at which their mean margin is >= 0, bisected in log load to 0.2 %.
+- **Scenarios** (``SCENARIOS``): a smooth TTFT-bound boundary (long prompts), a cliff (16 sequences:
+  the queue grows the moment they are all busy), a mean-TPOT-bound boundary (long outputs), and a
+  keep-up-bound one (latency SLOs so loose that only the throughput binds).
+- **Scored** per scenario and method: median and 90th percentile of |estimate / truth − 1|, the share of
+  searches whose 95 % interval holds the truth (the model; the bracket's [holds, fails] for
+  reference), searches with no answer, and the median load points, runs and request-seconds (requests
+  / offered rate: the seconds of load a search costs).
+
+Writes bench/results/capacity_interval.json. Run: python3 bench/bench_capacity_interval.py
+[--searches 200] [--bracket-searches 50] [--scenarios a,b] [--jobs 2] (about 40 minutes on 2 cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import hashlib
+import inspect
+import json
+import math
+import multiprocessing as mp
+import os
+import platform
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from vkit.sim.predict import Scenario, bench_summary  # noqa: E402
+from vkit.tune import capacity as cap  # noqa: E402
+
+OUT = os.path.join(ROOT, "bench", "results", "capacity_interval.json")
+NOISE = 0.02  # the simulator's default --sim-noise
+TRUTH_REQUESTS = 6000
+TRUTH_SEEDS = 6
+TRUTH = os.path.join(ROOT, "bench", "results", "capacity_interval_truth.json")
+KEEP_UP = 0.95
+
+SCENARIOS = {
+    "ttft-smooth": {"model": "llama-3.1-8b", "gpu": "H200", "tp": 1, "isl": 2048, "osl": 64,
+                    "serve": {"max_model_len": 4096, "max_num_batched_tokens": 8192, "max_num_seqs": 256},
+                    "slo": {"p95_ttft_ms": 500.0, "mean_tpot_ms": 100.0}, "start": 4.0},
+    "cliff-seqs": {"model": "llama-3.1-8b", "gpu": "H200", "tp": 1, "isl": 512, "osl": 128,
+                   "serve": {"max_model_len": 1024, "max_num_batched_tokens": 8192, "max_num_seqs": 16},
+                   "slo": {"p95_ttft_ms": 200.0, "mean_tpot_ms": 50.0}, "start": 4.0},
+    "tpot-long-output": {"model": "llama-3.1-8b", "gpu": "H200", "tp": 1, "isl": 256, "osl": 384,
+                         "serve": {"max_model_len": 1024, "max_num_batched_tokens": 8192, "max_num_seqs": 256},
+                         "slo": {"p95_ttft_ms": 2000.0, "mean_tpot_ms": 9.0}, "start": 4.0},
+    "keep-up": {"model": "llama-3.1-8b", "gpu": "H200", "tp": 1, "isl": 512, "osl": 128,
+                "serve": {"max_model_len": 1024, "max_num_batched_tokens": 8192, "max_num_seqs": 16},
+                "slo": {"p95_ttft_ms": 60000.0, "mean_tpot_ms": 50.0}, "start": 4.0},
+}
+
+
+def scenario(sc: dict, rate: float, n: int, seed: int, noise: float = 0.0, key: str = "0") -> Scenario:
+    return Scenario(model=sc["model"], gpu=sc["gpu"], tp=sc["tp"], isl=sc["isl"], osl=sc["osl"], rate=rate,
+                    num_prompts=n, seed=seed, exact_rate=True, serve=dict(sc["serve"]), noise=noise, noise_seed=key)
+
+
+# -- the truth ------------------------------------------------------------------------------------
+def _holds(sc: dict, rate: float) -> bool:
+    """The SLO holds at ``rate`` when the mean over ``TRUTH_SEEDS`` long noise-free runs of each run's
+    margin, judged as a search judges a run (the SLOs, the keep-up rule, a growing queue), is >= 0."""
+    slo, plan = cap.Slo(dict(sc["slo"])), cap.Plan(keep_up=KEEP_UP)
+    m = [cap.judge_run(bench_summary(scenario(sc, rate, TRUTH_REQUESTS, 10_000 + s)), slo, plan, rate)["margin"]
+         for s in range(TRUTH_SEEDS)]
+    return float(np.mean(m)) >= 0
+
+
+def _digest(sc: dict) -> str:
+    h = hashlib.sha256(json.dumps([sc, TRUTH_REQUESTS, TRUTH_SEEDS, KEEP_UP], sort_keys=True).encode())
+    for f in sorted(glob.glob(os.path.join(ROOT, "vkit", "sim", "*.py"))):
+        h.update(open(f, "rb").read())
+    h.update(inspect.getsource(cap.judge_run).encode())  # how a run is judged is part of the truth
+    return h.hexdigest()[:16]
+
+
+def cached_truth(name: str) -> float:
+    """The scenario's true capacity, cached in capacity_interval_truth.json under a digest of the
+    scenario, the simulator's source and the source of the run's judge (capacity.judge_run)."""
+    cache = json.load(open(TRUTH)) if os.path.exists(TRUTH) else {}
+    key = _digest(SCENARIOS[name])
+    if (cache.get(name) or {}).get("digest") != key:
+        t0 = time.time()
+        entry = {"digest": key, "capacity": true_capacity(SCENARIOS[name]), "cpu_s": time.time() - t0}
+        cache = json.load(open(TRUTH)) if os.path.exists(TRUTH) else {}  # again: another process may have written
+        cache[name] = entry
+        tmp = f"{TRUTH}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(cache, f, indent=1, sort_keys=True)
+            f.write("\n")
+        os.replace(tmp, TRUTH)
+    return cache[name]["capacity"]
+
+
+def true_capacity(sc: dict) -> float:
+    lo, hi = 1.0, 2.0
+    while not _holds(sc, lo):
+        lo, hi = lo / 2, lo
+    while _holds(sc, hi):
+        lo, hi = hi, hi * 2
+    while hi / lo > 1.002:
+        mid = math.sqrt(lo * hi)
+        lo, hi = (mid, hi) if _holds(sc, mid) else (lo, mid)
+    return math.sqrt(lo * hi)
+
+
+# -- one search -----------------------------------------------------------------------------------
+def one_search(args) -> dict:
+    name, method, rep = args
+    sc = SCENARIOS[name]
+    slo = cap.Slo(dict(sc["slo"]))
+    plan = cap.Plan(start=sc["start"], method=method, keep_up=KEEP_UP)
+    count = [0]
+
+    def measure(load: float, k: int, n: int | None = None) -> dict:
+        count[0] += 1
+        i = count[0]
+        n = n or max(100, math.ceil(load * plan.point_seconds))
+        return bench_summary(scenario(sc, load, n, seed=1_000_000 * rep + i, noise=NOISE, key=f"{name}:{rep}:{i}"))
+
+    t0 = time.time()
+    res = cap.search(measure, slo, plan)
+    d = res.as_dict()
+    out = {"scenario": name, "method": method, "rep": rep, "points": d["points"], "runs": d["runs"],
+           "requests": d["requests"], "request_seconds": d.get("request_seconds"), "stop": d["stop"],
+           "cpu_s": time.time() - t0, "binding": d["binding_slo"]}
+    if method == "model":
+        out.update(estimate=d["capacity"], lo=d["interval"][0], hi=d["interval"][1], shape=d.get("boundary"),
+                   bounds=d["estimate"].get("bounds"))
+    else:
+        lo, hi = d["capacity"], d["upper"]
+        out.update(estimate=math.sqrt(lo * hi) if lo and hi else lo, lo=lo, hi=hi)
+    return out
+
+
+def score(rows: list[dict], truth: float) -> dict:
+    err = [abs(r["estimate"] / truth - 1) for r in rows if r["estimate"]]
+    cover = [r["lo"] is not None and r["hi"] is not None and r["lo"] <= truth <= r["hi"] for r in rows]
+    width = [r["hi"] / r["lo"] - 1 for r in rows if r["lo"] and r["hi"]]
+    return {
+        "searches": len(rows),
+        "no_answer": sum(1 for r in rows if not r["estimate"]),
+        "median_abs_error": float(np.median(err)) if err else None,
+        "p90_abs_error": float(np.quantile(err, 0.9)) if err else None,
+        "coverage": float(np.mean(cover)) if cover else None,
+        "below_interval": sum(1 for r in rows if r["lo"] is not None and truth < r["lo"]),
+        "above_interval": sum(1 for r in rows if r["hi"] is not None and truth > r["hi"]),
+        "median_width": float(np.median(width)) if width else None,
+        "median_points": float(np.median([r["points"] for r in rows])),
+        "median_runs": float(np.median([r["runs"] for r in rows])),
+        "median_request_seconds": float(np.median([r["request_seconds"] or 0 for r in rows])),
+        "median_requests": float(np.median([r["requests"] for r in rows])),
+        "binding": {b: sum(1 for r in rows if r["binding"] == b) for b in sorted({str(r["binding"]) for r in rows})},
+        "shape": {s: sum(1 for r in rows if r.get("shape") == s) for s in sorted({str(r.get("shape")) for r in rows})}
+        if rows and "shape" in rows[0] else None,
+    }
+
+
+def _revision() -> str | None:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip() or None
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--searches", type=int, default=200, help="model searches per scenario (default 200)")
+    ap.add_argument("--bracket-searches", type=int, default=50, help="bracket searches per scenario, same seeds (default 50)")
+    ap.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated (default all)")
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--out", default=OUT)
+    ap.add_argument("--rows", default=None, metavar="FILE", help="also write every search's row here (JSON Lines)")
+    a = ap.parse_args(argv)
+    names = [s for s in a.scenarios.split(",") if s]
+    bad = [s for s in names if s not in SCENARIOS]
+    if bad:
+        print(f"bench_capacity_interval: unknown scenario(s) {', '.join(bad)}; one of {', '.join(SCENARIOS)}", file=sys.stderr)
+        return 2
+    result = json.load(open(a.out)) if os.path.exists(a.out) else {}
+    result.update({"revision": _revision(), "machine": platform.node(), "noise": NOISE, "keep_up": KEEP_UP,
+                   "plan": {k: v for k, v in vars(cap.Plan()).items()}})
+    result.setdefault("scenarios", {})
+    with mp.Pool(a.jobs) as pool:
+        for name in names:
+            t0 = time.time()
+            truth = cached_truth(name)
+            print(f"{name}: truth {truth:.4g} req/s ({time.time() - t0:.0f} s)", file=sys.stderr)
+            rows: dict[str, list] = {"model": [], "bracket": []}
+            jobs = [(name, "model", i) for i in range(a.searches)] + [(name, "bracket", i) for i in range(a.bracket_searches)]
+            for k, r in enumerate(pool.imap_unordered(one_search, jobs), 1):
+                rows[r["method"]].append(r)
+                if k % 25 == 0 or k == len(jobs):
+                    el = time.time() - t0
+                    print(f"  {k}/{len(jobs)} searches, {el:.0f} s, ETA {el / k * (len(jobs) - k):.0f} s", file=sys.stderr)
+            if a.rows:
+                with open(a.rows, "a") as f:
+                    for r in rows["model"] + rows["bracket"]:
+                        f.write(json.dumps({**r, "truth": truth}) + "\n")
+            result["scenarios"][name] = {"config": SCENARIOS[name], "truth": truth,
+                                         "model": score(rows["model"], truth),
+                                         "bracket": score(rows["bracket"], truth) if rows["bracket"] else None,
+                                         "wall_s": time.time() - t0}
+            print(json.dumps({name: {m: result["scenarios"][name][m] for m in ("truth", "model", "bracket")}}, indent=1),
+                  file=sys.stderr)
+            tmp = a.out + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump(result, f, indent=1, sort_keys=True)
+                f.write("\n")
+            os.replace(tmp, a.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

