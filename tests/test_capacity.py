@@ -164,7 +164,10 @@ def test_capacity_of_a_live_simulator_agrees_with_the_predictor(tmp_path):
         out = io.StringIO()
         rc = capacity.main(["--url", sim.url, "--model", "sim-model", "--random-input-len", "1024", "--random-output-len",
                             "128", "--num-prompts", "200", "--point-seconds", "0", "--slo", f"p95_ttft_ms={SLO_WALL_MS:g}",
-                            "--start", "8", "--run-dir", str(tmp_path / "runs"), "-q"], stdout=out, stderr=io.StringIO())
+                            "--start", "8", "--run-dir", str(tmp_path / "runs"), "-q",
+                            # the model's runs are longer: on 2 shared cores the client's p99 send lag passes 5 ms
+                            # at 40-50 req/s when other tests run beside it (the client's limit, not the server's)
+                            "--max-send-lag-ms", "20"], stdout=out, stderr=io.StringIO())
     doc = json.loads(out.getvalue())
     assert rc == 0, doc["stop"]
     lo, hi = (x / SPEED for x in doc["interval"])

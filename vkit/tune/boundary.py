@@ -281,7 +281,7 @@ def _fit(p: _Points, centre: np.ndarray) -> np.ndarray:
     return out
 
 
-PRIOR_DF = 6.0  # the prior noise counts as this many degrees of freedom
+PRIOR_DF = 3.0  # the prior noise counts as this many degrees of freedom
 
 
 def pooled_sigma(runs: list[Run], noise: dict[str, float], prior_df: float = PRIOR_DF) -> tuple[dict[str, float], float]:

@@ -206,7 +206,8 @@ def judge_run(summary: dict | None, slo: Slo, plan: Plan, load: float | None = N
         # load is a growing queue by the test, not a threat to the SLO)
         ttft_limit = min((v for k, v in slo.limits.items() if "_ttft_" in k), default=None)
         material = ttft_limit is None or (growth.get("rise_ms") or 0.0) >= 0.25 * ttft_limit
-        if growth.get("growing") and material and rt > 0:
+        # (the model's searches only: tune's bracket searches keep the rule they were measured with)
+        if plan.method == "model" and growth.get("growing") and material and rt > 0:
             # a queue that grew through the run: the load is not sustainable, whatever share of it
             # completed before the run ended: the margin is the completed share itself (no allowance)
             keep = min(keep, math.log(rt / offered), -0.01)

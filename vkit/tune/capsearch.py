@@ -98,6 +98,8 @@ def next_load(plan: Plan, est: boundary.Estimate, points: list[Point]) -> tuple[
             # no run could measure the server there (the client, not the server): between it and the highest valid load
             below = [m for m in measured if m < ceiling]
             mid = plan.snap(math.sqrt(below[-1] * ceiling)) if below else None
+            if mid is not None and mid in by and by[mid].verdict != INVALID and ceiling / below[-1] - 1 > plan.precision:
+                return again(mid, why + f" (below {ceiling:g}, where no run could measure the server)")
             if mid is None or ceiling / below[-1] - 1 <= plan.precision or mid in by:
                 return None, f"above {ceiling:g} no run could measure the server: the capacity is at least {measured[-1]:g}" \
                     if measured else f"no load could be measured (at {ceiling:g})"
@@ -136,6 +138,11 @@ def next_load(plan: Plan, est: boundary.Estimate, points: list[Point]) -> tuple[
             return None, f"no load holds the SLO down to {plan.lo_limit:g}"
         return new(max(plan.lo_limit, low / plan.step), "no load holds: down")
     hw = est.half_width()
+    # replicates at both loads that straddle the crossing before an interval is trusted: a run's own
+    # SE understates a tail latency's spread near the knee (its queue's excursions outlast any batch)
+    thin = [x for x in est.bracket if x in by and sum(r["valid"] for r in by[x].runs) < 2]
+    if hw is not None and hw <= plan.precision and thin:
+        return again(thin[0], f"{thin[0]:g} straddles the crossing: a second run before the interval is trusted")
     if hw is not None and hw <= plan.precision:
         return None, f"the {est.level:.0%} interval is within ±{100 * plan.precision:g} % (±{100 * hw:.1f} %)"
     if est.lo is None:
