@@ -31,6 +31,8 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from vkit.errors import UsageError
+from vkit.measure.batchse import run_log_se
+from vkit.measure.summary import describe_ms, queue_growth
 from vkit.sim.calibrated import CostParams, PhysCost
 from vkit.sim.config import ServeOptions, resolve
 from vkit.sim.engine import CostModel, Engine, EngineConfig, Request
@@ -416,16 +418,6 @@ def predict(sc: Scenario, params: CostParams | None = None) -> dict:
     return out
 
 
-PCTS = (50, 90, 95, 99)
-
-
-def _describe_ms(x_s: np.ndarray, metric: str) -> dict:
-    a = np.asarray(x_s, dtype=float) * 1000.0
-    out = {f"mean_{metric}_ms": float(a.mean()), f"median_{metric}_ms": float(np.median(a)), f"std_{metric}_ms": float(a.std())}
-    out.update({f"p{p}_{metric}_ms": float(v) for p, v in zip(PCTS, np.percentile(a, PCTS), strict=True)})
-    return out
-
-
 def bench_summary(sc: Scenario, params: CostParams | None = None) -> dict:
     """One open-loop run of the scenario as bench_stream would summarise it (its keys, in virtual
     milliseconds): latency statistics of the measured requests (the warm-up left out), throughput,
@@ -450,12 +442,9 @@ def bench_summary(sc: Scenario, params: CostParams | None = None) -> dict:
          "total_token_throughput": n * (sc.isl + sc.osl) / dur, "total_input_tokens": n * sc.isl,
          "total_output_tokens": n * sc.osl, "max_concurrent_requests": None}
     for x, m in ((ttft, "ttft"), (tpot, "tpot"), (itl, "itl"), (e2el, "e2el")):
-        s.update(_describe_ms(x, m))
+        s.update(describe_ms(x, m))  # bench_stream's own statistics
     vk = {"completion_rate": (n - 1) / (ends[-1] - ends[0]) if n > 1 and ends[-1] > ends[0] else None,
           "dispatch_lag_ms": {"p99": 0.0}, "partial": False, "virtual": True}
-    from vkit.measure.batchse import run_log_se
-    from vkit.measure.summary import queue_growth
-
     vk["queue_growth"] = queue_growth(arr.tolist(), ttft.tolist())
     vk["se_log"] = run_log_se({"ttft": ttft.tolist(), "tpot": tpot.tolist(), "e2el": e2el.tolist()})
     s["vkit"] = vk

@@ -37,11 +37,11 @@ one model:
   bootstrap curves never crossing), the interval runs from the lower bounds' 2.5th percentile to the
   upper bounds' 97.5th. A bootstrap whose curves do not cross within the measured loads leaves that
   end of the interval open (``None``): the data do not bound it.
-- **Measured against a known truth**: ``bench/bench_capacity_interval.py`` (hundreds of searches in
-  virtual time per scenario; coverage, error, cost, beside the bracket search).
 - **Smooth or cliff**: the binding margin's slope at the crossing, per unit of log load: a margin
   that drops by more than 10 per e-fold of load (a 10 % load step moves the latency by e-fold)
   is a cliff; a keep-up (throughput) boundary is a cliff by nature.
+- **Measured against a known truth**: ``bench/bench_capacity_interval.py`` (hundreds of searches in
+  virtual time per scenario; coverage, error, cost, beside the bracket search).
 """
 
 from __future__ import annotations
@@ -89,12 +89,6 @@ class Estimate:
             return None
         return max(self.hi / self.capacity - 1.0, 1.0 - self.lo / self.capacity)
 
-    def sd_log(self) -> float | None:
-        """The interval as a normal sd in log units (its log width over 2 x 1.96)."""
-        if self.lo is None or self.hi is None or self.lo <= 0:
-            return None
-        return math.log(self.hi / self.lo) / (2 * Z95)
-
     def as_dict(self) -> dict:
         return {"capacity": self.capacity, "interval": [self.lo, self.hi], "level": self.level,
                 "binding": self.binding, "shape": self.shape, "slope": self.slope, "where": self.where,
@@ -137,15 +131,6 @@ def sampling_se(summary: dict, key: str) -> float:
         return 0.0
     slope = (math.log(qb) - math.log(qa)) / dp
     return math.sqrt(p * (1 - p) / n) * slope
-
-
-def requests_for(summary: dict, key: str, target_se: float) -> int | None:
-    """Requests a run needs for the SE of ``key``'s log to be ``target_se``, scaled from one run's
-    own SE (SE ∝ 1 / sqrt n); None when the run cannot say."""
-    se, n = sampling_se(summary, key), summary.get("completed")
-    if se <= 0 or not isinstance(n, (int, float)) or n < 2 or target_se <= 0:
-        return None
-    return int(math.ceil(n * (se / target_se) ** 2))
 
 
 # -- the monotone fit ------------------------------------------------------------------------------

@@ -98,9 +98,7 @@ def next_load(plan: Plan, est: boundary.Estimate, points: list[Point]) -> tuple[
             # no run could measure the server there (the client, not the server): between it and the highest valid load
             below = [m for m in measured if m < ceiling]
             mid = plan.snap(math.sqrt(below[-1] * ceiling)) if below else None
-            if mid is not None and mid in by and by[mid].verdict != INVALID and ceiling / below[-1] - 1 > plan.precision:
-                return again(mid, why + f" (below {ceiling:g}, where no run could measure the server)")
-            if mid is None or ceiling / below[-1] - 1 <= plan.precision or mid in by:
+            if mid is None or ceiling / below[-1] - 1 <= plan.precision or (mid in by and by[mid].verdict == INVALID):
                 return None, f"above {ceiling:g} no run could measure the server: the capacity is at least {measured[-1]:g}" \
                     if measured else f"no load could be measured (at {ceiling:g})"
             load, why = mid, why + f" (below {ceiling:g}, where no run could measure the server)"
