@@ -218,7 +218,7 @@ def main(argv=None) -> int:
                 with open(a.rows, "a") as f:
                     for r in rows["model"] + rows["bracket"]:
                         f.write(json.dumps({**r, "truth": truth}) + "\n")
-            result["scenarios"][name] = {"config": SCENARIOS[name], "truth": truth,
+            result["scenarios"][name] = {"config": SCENARIOS[name], "truth": truth, "revision": result["revision"],
                                          "model": score(rows["model"], truth),
                                          "bracket": score(rows["bracket"], truth) if rows["bracket"] else None,
                                          "wall_s": time.time() - t0}

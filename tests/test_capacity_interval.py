@@ -132,3 +132,14 @@ def test_everything_holding_gives_a_lower_bound_and_no_capacity():
     runs = [boundary.Run(float(x), {"a": 1.0 - x / 100}) for x in (2, 4, 8)]
     est = boundary.estimate(runs, {"*": 0.05})
     assert est.where == "above" and est.capacity is None and est.lo is not None and est.hi is None
+
+
+def test_an_interval_open_below_keeps_the_estimate_and_takes_its_sd_from_the_bounded_side():
+    """A crossing whose lower end the bootstrap could not bound (the binding margin's lowest load is
+    the crossing's own neighbour): the gate compares the model's estimate, with the sd its bounded side
+    gives, never a stand-in far below it (it was half the lowest load: 32 for a capacity of 77.6 req/s)."""
+    plan = cap.Plan(method="model")
+    est, sd = cap.estimate({"estimate": {"capacity": 77.58, "interval": [None, 81.61]}, "curve": [{"load": 63.95}]}, plan)
+    assert est == 77.58 and sd == pytest.approx(math.log(81.61 / 77.58) / 1.96, rel=1e-3)
+    est, sd = cap.estimate({"estimate": {"capacity": 77.58, "interval": [74.0, 81.61]}, "curve": []}, plan)
+    assert est == 77.58 and sd == pytest.approx(math.log(81.61 / 74.0) / (2 * 1.96), rel=1e-3)

@@ -45,8 +45,14 @@ def test_demo_script_tunes_the_slo_capacity_steps_1_to_3(tmp_path):
     ref = st["capacity_reference"]["load"]
     assert f"SLO capacity (req/s; per-user tok/s at {ref:.4g} req/s):" in out
     assert re.search(r"kept: holds [\d.]+, fails [\d.–]+, \d+ tok/s, [\d.]+ tok/s per user, binding \w+", flat)
-    # the drift sentinel is not run under the capacity objective, and the report says why
-    assert "drift sentinel not run under the capacity objective" in flat
+    # the drift sentinel under the capacity objective: the kept configuration checked after each step at the
+    # low end of its capacity's interval (one or two runs, not a whole search), each check in the report
+    checks = st["drift_checks"]
+    assert len(checks) == len(st["steps"]) - 1 and all(c["detector"] == "capacity_low_end" for c in checks), checks
+    md = open(st["tune"]["report"]["md"], encoding="utf-8").read()
+    for c in checks:
+        assert c["load"] < c["capacity"] and 1 <= c["runs"] <= 2, c
+        assert f"| `{c['after_trial']}` | {'yes' if c['changed'] else 'no'} | {c['why']} |" in md, c
     # the knee, the Pareto configurations with dominance rates, the recommendation and the flags to deploy
     assert "Knee: " in out and "dominance rate" in out and "Recommendation:" in out
     deploy = out.split("Deploy with:\n", 1)[1]

@@ -1,10 +1,12 @@
 """Repeats from the power analysis: the sequential rule's own pairs-to-decide, the confirmation
-blocks a tune plans from the measured σ components (and refuses up front when its budget
-cannot decide), and the screening runs that σ's two parts pay for."""
+blocks a tune plans from the measured σ components (and refuses, before any confirmation run,
+when its budget cannot decide; a step only after its screening), and the screening runs that
+σ's two parts pay for."""
 
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -111,7 +113,7 @@ def test_screening_runs_stop_where_the_between_restart_part_dominates(state_path
     assert n == 2 and "no between-restart part" in why
 
 
-def test_an_underpowered_confirmation_measures_nothing_and_an_underpowered_step_starts_no_trial(state_path):
+def test_an_underpowered_confirmation_measures_nothing_and_an_underpowered_step_is_refused_after_its_screening(state_path):
     comps = {"output_throughput": comp(0.01, 0.005), "p95_ttft_ms": comp(0.25, 0.1, w_ci=[0.2, 0.5], b_ci=[0.05, 0.4])}
     r = runner_with(state_path, comps, confirm_blocks=2)
     calls = []
@@ -120,8 +122,17 @@ def test_an_underpowered_confirmation_measures_nothing_and_an_underpowered_step_
     t = r.new_trial("2", {"max_num_seqs": 128}, "test")
     conf = r.confirm_and_keep(t["id"], selected_from=3)
     assert conf["decision"] == "underpowered" and not conf["a_runs"] and not conf["b_runs"] and calls == []
-    said = []
-    rec = steps.run_screening_step(r, "3", lambda hist: pytest.fail("no candidate may be proposed"), said.append, 3,
-                                   lambda hist: "done")
-    assert rec["result"].startswith("not run: cannot reach a verdict") and rec["trials"] == [] and calls == []
-    assert any(e.get("event") == "underpowered" for e in r.sf.log.read())
+
+    # the step screens its candidate first (the power analysis decides nothing before), then its winner's
+    # confirmation is refused: the guard's σ is far too large for its tolerance, whatever the winner's effect
+    def screened(tid, **kw):
+        calls.append("screen")
+        return r.update_trial(tid, status="done", valid=True, verdict="accept", metrics={"output_throughput": 150.0},
+                              gate={"primary": {"metric": "output_throughput", "estimate_log": math.log(1.5), "sigma": 0.011}})
+
+    r.run_trial, r.settle = screened, lambda: None
+    proposals = iter([SimpleNamespace(config={"max_num_seqs": 256}, reason="test", audit={})])
+    rec = steps.run_screening_step(r, "3", lambda hist: next(proposals, None), lambda m: None, 3, lambda hist: "done")
+    assert calls == ["screen"] and len(rec["trials"]) == 1 and rec["confirmed"]["decision"] == "underpowered"
+    assert "cannot reach a verdict" in rec["result"] and "p95_ttft_ms" in rec["result"] and not rec["plan"]["fits"]
+    assert any(e.get("event") == "underpowered" and e.get("step") == "3" for e in r.sf.log.read())

@@ -25,7 +25,9 @@ one model:
   carries (``vkit.se_log``: a queue's latencies are autocorrelated, so the textbook error of a
   percentile understates it), else the percentile's error from its request count and spread.
 - **The keep-up margin** enters only where a run failed it (a server that keeps up sits at
-  ``log(1 / keep_up)`` whatever its load: no distance to the boundary).
+  ``log(1 / keep_up)`` whatever its load: no distance to the boundary). Where it binds, the load
+  below it that kept up is the crossing's lower bound (the chord through the other SLOs' margins
+  there says nothing of it).
 - **The estimate and its interval**: the estimate is the middle of the curve's two bounds in log
   load. The interval comes from a parametric bootstrap (each point's centre redrawn around the
   fitted curve with its SE, σ itself redrawn from its scaled inverse chi-square on the pooled degrees
@@ -192,6 +194,18 @@ def _crossing(lx: np.ndarray, g: np.ndarray) -> tuple[float, float, int]:
     return lo, max(lo, hi), j
 
 
+def _bounds(p: "_Points", fit: np.ndarray) -> tuple[float, float, int]:
+    """:func:`_crossing` of the binding margin (the least of the SLOs' fitted margins). Where the SLO
+    that fails at the first failing load was not measured at the load below it (a keep-up margin,
+    which enters only where a run failed it), the chord through that load's other margins says
+    nothing of it: the lower bound is the load that held itself."""
+    g = fit.min(axis=0)
+    lo, hi, j = _crossing(p.lx, g)
+    if 0 < j < len(p.loads) and not np.isfinite(p.centre[int(np.argmin(fit[:, j])), j - 1]):
+        lo = float(p.lx[j - 1])
+    return lo, hi, j
+
+
 WINDOW = 2  # loads on each side of the crossing that the local line goes through
 
 
@@ -303,13 +317,15 @@ def estimate(runs: list[Run], noise: dict[str, float], boot: int = 400, seed: in
     fit = _fit(p, p.centre)
     g = fit.min(axis=0)
     loads = p.loads
-    x_lo, x_hi, j = _crossing(p.lx, g)
+    x_lo, x_hi, j = _bounds(p, fit)
     # points far from the curve: a run that stalled (or a curve that bends between two points)
     resid = np.abs(np.where(np.isfinite(p.centre), p.centre - np.where(np.isfinite(fit), fit, p.centre), 0.0))
     sd = np.sqrt(np.where(np.isfinite(p.var), p.var, np.inf))
     suspect = sorted({loads[jj] for jj in np.nonzero(resid > 3 * sd)[1]})
     rng = np.random.default_rng(seed)
     key = int(np.argmin(fit[:, j])) if 0 < j < len(loads) else None
+    if key is not None and not np.isfinite(p.centre[key, j - 1]):
+        key = None  # the binding SLO was not measured below the crossing (a load that kept up): no line to fit
     x_ln, curv = _local_line(p.lx, p.centre[key], p.var[key], j) if key is not None else (None, None)
     lows, highs, lines = np.empty(boot), np.empty(boot), np.full(boot, np.nan)
     for b in range(boot):
@@ -317,7 +333,7 @@ def estimate(runs: list[Run], noise: dict[str, float], boot: int = 400, seed: in
         scale = math.sqrt(df / rng.chisquare(df))
         c = fit + rng.standard_normal(fit.shape) * np.sqrt(p.var) * scale
         c = np.where(np.isfinite(p.centre), c, np.nan)
-        lows[b], highs[b], jb = _crossing(p.lx, _fit(p, c).min(axis=0))
+        lows[b], highs[b], jb = _bounds(p, _fit(p, c))
         if x_ln is not None and 0 < jb < len(loads):
             xb = _local_line(p.lx, c[key], p.var[key], jb)[0]
             lines[b] = np.nan if xb is None else xb

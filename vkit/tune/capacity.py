@@ -489,11 +489,15 @@ def estimate(doc_capacity: dict, plan: Plan) -> tuple[float, float]:
 
 def _model_estimate(doc_capacity: dict, model: dict, plan: Plan) -> tuple[float, float]:
     """The boundary model's (estimate, sd in log units): its interval as a normal sd. An interval
-    open above (every load held): its lower end, with the precision as the sd; nothing held: half
-    the lowest load, with a doubling as the sd."""
+    open at one end around a crossing: the side the data bound, taken as both; an interval open
+    above (every load held): its lower end, with the precision as the sd; nothing held: half the
+    lowest load, with a doubling as the sd."""
     lo, hi = model["interval"]
-    if model.get("capacity") is not None and lo and hi:
-        return float(model["capacity"]), math.log(hi / lo) / (2 * boundary.Z95)
+    c = model.get("capacity")
+    if c is not None and lo and hi:
+        return float(c), math.log(hi / lo) / (2 * boundary.Z95)
+    if c is not None and (lo or hi):
+        return float(c), abs(math.log((lo or hi) / c)) / boundary.Z95
     if lo:
         return float(lo), math.log1p(plan.precision)
     low = min((p["load"] for p in doc_capacity.get("curve") or []), default=plan.lo_limit)

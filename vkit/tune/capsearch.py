@@ -28,18 +28,32 @@ from typing import Callable
 from vkit.tune import boundary
 from vkit.tune.capacity import FAILS, HOLDS, INVALID, UNCLEAR, Capacity, Measure, Plan, Point, Slo, judge_run
 
-NOISE_THROUGHPUT = 0.01  # prior sd of the keep-up margin between runs: an exact-rate run's completion rate barely moves
+NOISE_THROUGHPUT = 0.03  # prior sd of the keep-up margin between runs (measured: 0.024 over ten 80-190-request runs below a keep-up boundary)
+
+
+KEEP_UP_REACH = 1.25  # the keep-up margin enters from the lowest load that fell short of it / this
 
 
 def model_runs(points: list[Point]) -> list[boundary.Run]:
-    """The valid runs of every point as the boundary model's runs (the keep-up margin where it failed)."""
+    """The valid runs of every point as the boundary model's runs: the keep-up margin of every run at
+    and above the lowest load where a run fell short of it (and a little below). A run that kept up by a hair and one that
+    fell short by a hair are the same load's noise, and a short run's completion rate is noisy (72
+    requests: about 12 %): a load that fell short by chance below loads that kept up must meet their
+    margins in the monotone fit, or it alone would set the capacity. Further below the margin is
+    left out (a server that keeps up sits at log(1 / keep_up) whatever its load: no distance to
+    the boundary)."""
     out = []
+    short = [p.load for p in points for r in p.runs if r["valid"] and r.get("keep") is not None and r["keep"] < 0]
+    # and the loads just below it (within KEEP_UP_REACH): a load that kept up close to one that fell short
+    # may have kept up by chance (its margin, with its noise, bounds the crossing from below; alone, the
+    # load itself would be a hard bound)
+    first = min(short, default=math.inf) / KEEP_UP_REACH
     for p in points:
         for r in p.runs:
             if not r["valid"]:
                 continue
             m = {k: v for k, v in r["margins"].items() if k != boundary.THROUGHPUT}
-            if r.get("keep") is not None and r["keep"] < 0:
+            if p.load >= first and r.get("keep") is not None:
                 # the keep-up margin says how far past the boundary a run is, not how far below it: a
                 # server that keeps up sits at log(1 / keep_up) whatever its load
                 m[boundary.THROUGHPUT] = r["keep"]

@@ -26,7 +26,7 @@ from vkit.errors import Abnormal, ExitCode, UsageError, VkitError
 from vkit.interrupts import Interrupts
 from vkit.jsonio import load_json_lines
 from vkit.state import StateFile, now_iso
-from vkit.tune import knowledge
+from vkit.tune import capsentinel, knowledge
 from vkit.tune import steps as tuning
 from vkit.tune.result import TuneResult
 from vkit.tune.runner import Runner, Settings, Workload
@@ -204,10 +204,15 @@ def stop_other_slots(runner: Runner) -> None:
 
 
 def check_drift(runner: Runner, warn: Callable[[str], None]) -> dict:
-    """The drift sentinel between two steps; on a change the baseline is measured again. Not run
-    under the capacity objective: each check would be a whole capacity search (said in the result)."""
+    """The drift sentinel between two steps; on a change the baseline is measured again. Under the
+    capacity objective, the kept configuration at the low end of its capacity's interval (one or two
+    runs: ``vkit.tune.capsentinel``), not a whole capacity search."""
     if runner.s.capacity is not None:
-        return {"changed": False, "skipped": "capacity objective: a sentinel would be a whole capacity search"}
+        d = capsentinel.sentinel(runner)
+        if d["changed"]:
+            warn(f"drift: {d['why']}; re-measuring the baseline")
+            runner.baseline(force=True)
+        return d
     d = runner.sentinel()
     if d["changed"]:
         warn(f"drift: the kept configuration's throughput moved {d.get('shift') or 0:+.1%}; re-measuring the baseline")
@@ -482,9 +487,7 @@ def build_result(runner: Runner, settings: Settings, t0: float) -> TuneResult:
         stop_rule="; ".join(f"step {s['step']}: {s.get('stop_rule')}" for s in st.get("steps", [])),
         drift=[{"after_trial": d.get("after_trial"), "changed": d.get("changed"), "runs": d.get("runs"),
                 "min_runs": d.get("min_runs"), "detail": d.get("why")} for d in st.get("drift_checks", [])],
-        warnings=warnings + [f"knowledge base: {x}" for x in (tune_run.get("knowledge") or {}).get("ignored", [])[:3]]
-        + (["drift sentinel not run under the capacity objective (each check would be a whole capacity search): "
-            "check the kept configuration with `drift --kept` or a soak before delivery"] if settings.capacity is not None else []),
+        warnings=warnings + [f"knowledge base: {x}" for x in (tune_run.get("knowledge") or {}).get("ignored", [])[:3]],
         knowledge=tune_run.get("knowledge"),
         soak=_soak(runner),
         timings=_timings(st, time.time() - t0, restarts),

@@ -22,8 +22,9 @@ Measurement design:
 - Confirmation: the winner of a step is re-measured on *fresh, interleaved* runs (B A A B
   blocks: it cancels linear drift) and gated with ``--fresh --selected-from K`` (the winner's
   curse), with σ pooled from the baseline; only an accept is kept. Its blocks come from the
-  sequential rule's own power analysis at the measured σ components (``confirm_plan``), capped
-  by ``confirm_blocks``; a confirmation that cannot reach a verdict within that budget says so
+  sequential rule's own power analysis at the measured σ components (``confirm_plan``: a step's
+  winner at its screened effect less the winner's curse, ``vkit.tune.power``), capped by
+  ``confirm_blocks``; a confirmation that cannot reach a verdict within that budget says so
   before any run, and spends nothing (``--yes`` grants the larger budget instead).
 """
 
@@ -50,6 +51,7 @@ from vkit.jsonio import read_json_file
 from vkit.measure.gauge import BenchOptions, build_config, measure
 from vkit.state import StateFile, atomic_write_text, default_owner, launch_argv, now_iso
 from vkit.tune import capacity as _cap
+from vkit.tune.power import Effect, budget_plan
 from vkit.validate import invariants
 
 SENTINEL_CHECKS = 4  # sentinel checks a tune makes (after steps 2, 3, 4 and 5): the level check's Bonferroni count
@@ -381,13 +383,14 @@ class Runner:
         return None if c is None else c[0] + self.screen_size()[0] * c[1]
 
     def confirm_cost(self) -> float | None:
-        """Seconds the step's confirmation takes: its planned B A A B blocks, each two restarts and
-        four runs, and one restart into the first."""
+        """Seconds the step's confirmation takes: its planned B A A B blocks (at the threshold; the whole
+        budget where that plan does not fit: a winner far above the threshold is still confirmed), each two
+        restarts and four runs, and one restart into the first."""
         c = self.costs()
         if c is None:
             return None
         plan = self.confirm_plan()
-        blocks = plan["blocks"] if plan["fits"] else 0
+        blocks = plan["blocks"] if plan["fits"] else plan["cap"]
         return (c[0] + blocks * (2 * c[0] + 4 * c[1])) if blocks else 0.0
 
     # -- how many runs: the power analysis at the measured σ components ---------------
@@ -414,11 +417,14 @@ class Runner:
         return n, (f"σ within {w:.1%}, between restarts {b:.1%}: {n} run(s) on one process "
                    f"(within²/between² = {(w / b) ** 2:.2f}; budget {cap})")
 
-    def confirm_plan(self, primary: str | None = None, guards: list[str] | None = None, key: str = "baseline") -> dict:
+    def confirm_plan(self, primary: str | None = None, guards: list[str] | None = None, key: str = "baseline",
+                     effect: Effect | None = None) -> dict:
         """B A A B blocks for a confirmation, from the gate's own sequential power analysis
         (``rule.pairs_to_decide``) at the σ a confirmation's runs carry (two runs to a process:
         ``comparison_sigma(…, 2)``), for the primary at its threshold max(2σ, floor) (σ of one run on a
-        fresh start, ``comparison_sigma(…, 1)``) and each guard at its tolerance. ``fits``: within ``confirm_blocks``, or granted (``--yes``); otherwise
+        fresh start, ``comparison_sigma(…, 1)``), or at ``effect`` (a step's winner: its screened effect
+        corrected for the winner's curse), and each guard at its tolerance; blocks against the budget by
+        ``power.budget_plan``. ``fits``: within ``confirm_blocks``, or granted (``--yes``); otherwise
         ``why`` says what it would take, and nothing is measured."""
         from vkit.decide.analysis import threshold_of
         from vkit.decide.rule import Boundaries, pairs_to_decide
@@ -428,10 +434,9 @@ class Runner:
         bnd = Boundaries.build(gs)
         comps = self.components(key)
         sig0 = ((self.sf.read().get(key) or {}).get("sigma") or {})
-        rows, pairs = [], 2
+        rows = []
         specs = [_gate.parse_metric(primary or self.s.primary, "primary"),
                  *_gate.parse_guards(self.s.guards if guards is None else guards)]
-        need_low = 2
         for sp in specs:
             comp = comps.get(sp.name)
             sigma = comparison_sigma(comp, 2) if comp else sig0.get(sp.name)
@@ -447,38 +452,12 @@ class Runner:
             n = pairs_to_decide(sigma, abs(gap), gs, futility=sp.role == "primary", bnd=bnd)
             # the σ of a few runs is itself uncertain: at its favourable end, with the threshold it would then have
             low, one_low = max(low, 1e-6), max(one_low, 1e-6)
-            n_low = pairs_to_decide(low, abs(threshold_of(sp, one_low, gs)[1]), gs, futility=sp.role == "primary", bnd=bnd)
+            t_low, gap_low = threshold_of(sp, one_low, gs)
+            n_low = pairs_to_decide(low, abs(gap_low), gs, futility=sp.role == "primary", bnd=bnd)
             rows.append({"metric": sp.name, "role": sp.role, "sigma": round(sigma, 5), "sigma_low": round(low, 5),
-                         "threshold": round(t, 4), "pairs": n, "pairs_low": n_low})
-            pairs = None if n is None or pairs is None else max(pairs, n)
-            need_low = None if n_low is None or need_low is None else max(need_low, n_low)
-        cap = self.s.confirm_blocks
-        hard = 4 * max(cap, 1)  # even --yes does not grant a confirmation of more than 4x the budget
-        blocks = None if pairs is None else max(1, math.ceil(pairs / 2))
-        blocks_low = None if need_low is None else max(1, math.ceil(need_low / 2))
-        out = {"pairs": pairs, "blocks": blocks, "pairs_low": need_low, "cap": cap, "metrics": rows, "granted": False}
-        if blocks is not None and blocks <= cap:
-            out.update(fits=True, why=f"{pairs} pairs ({blocks} B A A B block(s)) decide at the measured σ; budget {cap}")
-        elif blocks is not None and self.s.grant_budget and blocks <= hard:
-            out.update(fits=True, granted=True,
-                       why=f"{pairs} pairs ({blocks} blocks) decide at the measured σ, over the budget of {cap}: granted by --yes")
-        elif blocks_low is not None and blocks_low <= cap:
-            # over the budget at the point estimate, within it at the low end of σ's interval: the budget is run
-            # (the sequential rule stops early if σ was overestimated), and said to be possibly short
-            out.update(fits=True, blocks=cap,
-                       why=f"{pairs if pairs is not None else 'more than 200'} pairs decide at the measured σ, "
-                           f"{need_low} at the low end of its 90 % interval: the budget of {cap} block(s) may end undecided")
-        else:
-            worst = max(rows, key=lambda r: r["pairs_low"] if r["pairs_low"] is not None else math.inf, default=None)
-            need = "more than 200 pairs" if need_low is None else f"{need_low} pairs ({blocks_low} B A A B blocks)"
-            hint = "" if blocks is None or blocks > hard else f"; rerun with --confirm-blocks {blocks} (or --yes)"
-            out["fits"] = False
-            out["why"] = (f"cannot reach a verdict within the budget: {need} even at the low end of σ's 90 % interval"
-                          + (f" ({worst['metric']} σ {worst['sigma_low']:.1%} per run against its {worst['threshold']:.0%} "
-                             f"{'threshold' if worst['role'] == 'primary' else 'tolerance'}; {worst['sigma']:.1%} measured)"
-                             if worst else "")
-                          + f", the budget is {cap} block(s){hint}")
-        return out
+                         "threshold": round(t, 4), "threshold_low": round(t_low, 4), "gap": round(abs(gap), 5),
+                         "gap_low": round(abs(gap_low), 5), "pairs": n, "pairs_low": n_low})
+        return budget_plan(rows, self.s.confirm_blocks, self.s.grant_budget, effect, gs, bnd)
 
     def elapsed_s(self) -> float | None:
         """Seconds since the tuning run under way started (None outside a tune)."""
@@ -1028,11 +1007,13 @@ class Runner:
 
     # -- CONFIRM + KEEP ---------------------------------------------------------
     def confirm_and_keep(self, tid: str, selected_from: int, workload: Workload | None = None,
-                         primary: str | None = None, guards: list[str] | None = None, key: str = "baseline") -> dict:
+                         primary: str | None = None, guards: list[str] | None = None, key: str = "baseline",
+                         effect: Effect | None = None) -> dict:
         """Fresh interleaved runs of trial ``tid``'s configuration against the kept one (B A A B blocks),
-        gated with --fresh --selected-from K; an accept is kept (a gate decision, logged)."""
+        gated with --fresh --selected-from K; an accept is kept (a gate decision, logged). ``effect``: the
+        winner's screened effect, corrected for the winner's curse, that the blocks are planned for."""
         t = self.trial(tid)
-        conf = self._confirm(tid, "confirmations", selected_from, workload, primary, guards, key)
+        conf = self._confirm(tid, "confirmations", selected_from, workload, primary, guards, key, effect)
         if conf.get("decision") == "kept":
             return conf
         if conf.get("decision") != "accept":
@@ -1092,7 +1073,7 @@ class Runner:
         return self._confirm(tid, "delivery_confirmations", selected_from, None, primary, guards or [])
 
     def _confirm(self, tid: str, list_key: str, selected_from: int, workload: Workload | None,
-                 primary: str | None, guards: list[str] | None, key: str = "baseline") -> dict:
+                 primary: str | None, guards: list[str] | None, key: str = "baseline", effect: Effect | None = None) -> dict:
         """B A A B blocks of trial ``tid`` (B) against the kept configuration (A), gated after each
         block until a decision or the planned blocks (``confirm_plan``, at most ``confirm_blocks``
         unless granted); one the budget cannot decide is refused before any run (``underpowered``).
@@ -1107,7 +1088,7 @@ class Runner:
             conf = None  # confirmed against an earlier kept configuration: that verdict no longer applies
         if conf is None:
             conf = self._new_conf(tid, selected_from, primary, kept_cfg)
-            conf["plan"] = self.confirm_plan(primary, guards, key)
+            conf["plan"] = self.confirm_plan(primary, guards, key, effect)
             if not conf["plan"]["fits"]:
                 conf.update(decision="underpowered", why=conf["plan"]["why"], finished=now_iso())
                 self.progress(f"confirm {tid}: not measured: {conf['why']}")

@@ -23,10 +23,12 @@ from vkit import search
 from vkit.apply import launcher
 from vkit.apply.launcher import serve_argv
 from vkit.apply.policy import Policy, to_serve_flags
+from vkit.decide.specs import parse_metric
 from vkit.errors import ExitCode, Rejected, VkitError
 from vkit.search import gpumem
 from vkit.state import now_iso
-from vkit.tune.runner import Runner, Workload
+from vkit.tune import power
+from vkit.tune.runner import Runner, Workload, comparison_sigma, comparison_sigma_low
 
 OBJECTIVES = [search.Objective("output_throughput", "max"), search.Objective("p95_ttft_ms", "min")]
 # The capacity objective: SLO capacity (req/s), and interactivity as mean TPOT at the reference load
@@ -219,13 +221,12 @@ def step1_workload(runner: Runner) -> Workload | None:
 def run_screening_step(runner: Runner, step: str, proposer: Callable[[list], Any], progress: Callable[[str], None],
                        budget: int, stop_text: Callable[[list], str]) -> dict:
     """Propose → trial (APPLY/VERIFY/VALIDATE/GATE-screen) until the proposer is done or the budget is
-    spent; then confirm the best screened candidate (fresh, interleaved) and KEEP it or REVERT."""
+    spent; then confirm the best screened candidate (fresh, interleaved), its blocks planned for its
+    screened effect less the winner's curse, and KEEP it or REVERT. The power analysis decides nothing
+    before the screening: a step is underpowered only when its winner cannot be confirmed."""
     done = _finished(runner, step)
     if done:
         return done
-    refused = _underpowered(runner, step, runner.confirm_plan(), progress)
-    if refused is not None:
-        return refused
     if len(runner.slots()) > 1:
         stop = _screen_on_slots(runner, step, proposer, progress, budget, stop_text)
     else:
@@ -233,14 +234,18 @@ def run_screening_step(runner: Runner, step: str, proposer: Callable[[list], Any
     hist = observations(runner, (step,))
     best = _best_screened(runner, step)
     rec: dict[str, Any] = {"step": step, "name": STEP_NAMES.get(step, step), "trials": [h.trial_id for h in hist], "stop_rule": stop}
-    if best is None:
-        rec["result"] = "no candidate beat the kept configuration on screening; nothing to confirm"
+    rivals = [t for t in runner.sf.read()["trials"] if t["step"] == step and t["status"] in ("done", "eliminated")]
+    effect = None if best is None else screened_effect(runner, best, rivals)
+    if best is None or (effect is not None and effect.observed <= 0):
+        rec["result"] = "no candidate beat the kept configuration on screening; nothing to confirm" + (
+            "" if best is None else f" (the best screened, {best['id']}, measured {math.expm1(effect.observed):+.1%})")
     else:
         k = max(1, len([h for h in hist if h.feasible]))
-        conf = runner.confirm_and_keep(best["id"], selected_from=k)
+        conf = runner.confirm_and_keep(best["id"], selected_from=k, effect=effect)
         rec["confirmed"] = {"trial_id": best["id"], "decision": conf.get("decision"), "why": conf.get("why")}
         rec["result"] = (f"kept {best['id']} ({' '.join(to_serve_flags(best['changes']))})" if conf.get("decision") == "kept"
                          else f"best screened {best['id']} not kept: {conf.get('decision')} — {conf.get('why')}")
+        _underpowered(runner, rec, conf, progress)
     runner.settle()
     rec["finished"] = now_iso()
     _record_step(runner, rec)
@@ -565,18 +570,58 @@ def _screen_one_at_a_time(runner: Runner, step: str, proposer: Callable[[list], 
         n += 1
     return stop
 
-def _underpowered(runner: Runner, step: str, plan: dict, progress: Callable[[str], None]) -> dict | None:
-    """A step whose winner could not be confirmed within the budget is not started: its screening
-    would be spent on a verdict the confirmation cannot give. Recorded with what it would take, and
-    returned; None when the plan fits or the step has already started (a resumed run goes on)."""
-    if plan["fits"] or any(t["step"] == step for t in runner.sf.read()["trials"]):
+def _screened_log_ratio(runner: Runner, t: dict, spec: Any, key: str) -> float | None:
+    """Trial ``t``'s effect on the primary as its screening measured it: the screening gate's log-ratio
+    estimate against baseline ``key`` (positive: better); from the means when no gate recorded one."""
+    est = ((t.get("gate") or {}).get("primary") or {}).get("estimate_log")
+    if isinstance(est, (int, float)):
+        return float(est)
+    base = ((runner.sf.read().get(key) or {}).get("metrics") or {}).get(spec.name)
+    mine = (t.get("metrics") or {}).get(spec.name)
+    ok = all(isinstance(v, (int, float)) and v > 0 for v in (base, mine))
+    return spec.direction * math.log(mine / base) if ok else None
+
+
+def screened_effect(runner: Runner, t: dict, rivals: list[dict], key: str = "baseline",
+                    primary: str | None = None) -> power.Effect | None:
+    """The winner ``t``'s screened effect and the sd of its screening mean (per-run σ at its runs on one
+    process, over √n: within²/n + between²), for the confirmation to plan for after the winner's-curse
+    correction (:class:`power.Effect`). The correction counts the contenders: the winner and those of
+    ``rivals`` (the other candidates it was selected from) whose screened effect lies within 3 sd of
+    the winner's; one further below could not have come first by luck, and selects nothing. On a flat
+    surface every candidate contends (the correction is the full one over k); a winner far above the
+    rest is corrected by nothing. None when there is no σ to plan with (planned at the threshold)."""
+    spec = parse_metric(primary or runner.s.primary, "primary")
+    obs = _screened_log_ratio(runner, t, spec, key)
+    per_run = ((t.get("gate") or {}).get("primary") or {}).get("sigma")
+    n = max(1, len(t.get("runs") or []))
+    comp = runner.components(key).get(spec.name)
+    if not isinstance(per_run, (int, float)) and comp:
+        per_run = comparison_sigma(comp, n)
+    if obs is None or not isinstance(per_run, (int, float)) or not per_run > 0:
         return None
-    rec = {"step": step, "name": STEP_NAMES.get(step, step), "trials": [], "plan": plan, "result": "not run: " + plan["why"],
-           "stop_rule": "the power analysis at the measured σ needs more confirmation blocks than the budget", "finished": now_iso()}
-    _record_step(runner, rec)
-    runner.log("underpowered", step=step, plan=plan)
-    progress(f"step {step} not run: {plan['why']}")
-    return rec
+    sd = per_run / math.sqrt(n)
+    low = (comparison_sigma_low(comp, n) if comp else None) or per_run
+    est = [_screened_log_ratio(runner, r, spec, key) for r in rivals if r["id"] != t["id"]]
+    near = [e for e in est if e is None or e >= obs - 3 * sd]  # one with no estimate is counted: it errs low
+    return power.Effect(observed=obs, k=1 + len(near), sigma=sd, sigma_low=min(sd, low / math.sqrt(n)), trial_id=t["id"])
+
+
+def _underpowered(runner: Runner, rec: dict, conf: dict, progress: Callable[[str], None]) -> None:
+    """A step whose best screened candidate cannot be confirmed within the budget (its confirmation,
+    planned for its screened effect less the winner's curse, was refused before any run): the step's
+    record carries the plan, and the stop rule and the log say so. The screening was run first: its
+    trials are in the record, and a resumed run whose step had started goes on (nothing is refused
+    before a candidate is screened)."""
+    if conf.get("decision") != "underpowered":
+        return
+    plan = conf.get("plan") or {}
+    rec["plan"] = plan
+    if "stop_rule" in rec:
+        rec["stop_rule"] += ("; the power analysis at the measured σ needs more confirmation blocks than the budget "
+                             "for the best screened candidate's effect")
+    runner.log("underpowered", step=rec["step"], trial_id=conf.get("trial_id"), plan=plan)
+    progress(f"step {rec['step']}: {conf.get('trial_id')} not confirmed: {plan.get('why')}")
 
 
 def _over_time(runner: Runner, step: str, left: int, progress: Callable[[str], None]) -> str | None:
@@ -788,9 +833,6 @@ def run_gpu_memory_step(runner: Runner, policy: Policy, progress: Callable[[str]
     done = _finished(runner, "4m")
     if done:
         return done
-    refused = _underpowered(runner, "4m", runner.confirm_plan(), progress)
-    if refused is not None:
-        return refused
     st = runner.sf.read()
     kept0 = dict(st["kept"]["config"])
     lo, hi, lo_why = gpu_memory_bounds(runner, policy)
@@ -866,8 +908,10 @@ def _validate_gpu_memory(runner: Runner, lo: float, found: dict, kv: dict, kv_ke
         row: dict[str, Any] = {"trial_id": t["id"], "value": cand, "kv_cache_tokens": cand_kv, "verdict": t.get("verdict"),
                                "metric_gain_screening": _rel_gain((t.get("metrics") or {}).get(pm), base_pm)}
         if not ev and t["status"] == "done" and t.get("valid") and t.get("verdict") in ("accept", "undecided"):
-            conf = runner.confirm_and_keep(t["id"], selected_from=len(validations) + 1)
+            # the value was chosen by its starts (the bisection), not by its screening: no winner's curse to correct
+            conf = runner.confirm_and_keep(t["id"], selected_from=len(validations) + 1, effect=screened_effect(runner, t, []))
             row["confirmation"] = {"decision": conf.get("decision"), "why": conf.get("why")}
+            _underpowered(runner, {"step": "4m"}, conf, progress)
             row["metric_gain_confirmed"] = _vs_kept(runner, conf).get(pm)
             after = load_failure(runner, dict(t, runs=[*(conf.get("b_runs") or [])]))
             if conf.get("decision") == "kept" and after:
@@ -1100,10 +1144,6 @@ def run_step5(runner: Runner, mixed: Workload, progress: Callable[[str], None]) 
     for key, arm_flips in arms.items():
         w = workloads[key]
         runner.baseline(workload=w, key=key)
-        refused = _underpowered(runner, "5", runner.confirm_plan(primary, guards, key=key), progress)
-        if refused is not None:
-            runner.settle()
-            return refused
         ids = []
         for name, value in arm_flips:
             cfg = dict(runner.sf.read()["kept"]["config"], **{name: value})
@@ -1121,8 +1161,10 @@ def run_step5(runner: Runner, mixed: Workload, progress: Callable[[str], None]) 
                     best = t
         if best is not None:
             conf = runner.confirm_and_keep(best["id"], selected_from=len(arm_trials), workload=w, primary=primary,
-                                           guards=guards, key=key)
+                                           guards=guards, key=key,
+                                           effect=screened_effect(runner, best, arm_trials, key, primary))
             rec.setdefault("confirmed", []).append({"trial_id": best["id"], "decision": conf.get("decision"), "why": conf.get("why")})
+            _underpowered(runner, rec, conf, progress)
             results.append(f"{best['id']} {conf.get('decision')}")
         else:
             results.append(f"{', '.join(f'{n}={v}' for n, v in arm_flips)}: no flip improved P99 TTFT without costing throughput")

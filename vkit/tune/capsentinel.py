@@ -1,0 +1,110 @@
+"""The drift sentinel under the capacity objective: the kept configuration checked at the low end of
+its capacity's interval, one or two runs instead of a whole capacity search.
+
+The baseline's searches give the kept configuration's capacity C and σ, the sd of one search's
+answer on a fresh start (between restarts and within the search: ``Runner.baseline``). On an unchanged
+server a fresh start holds the SLO at ``C·exp(−Z·σ)`` (Z = 2: about 97.7 % of starts, one-sided),
+so the sentinel restarts the kept configuration and runs the gauge's workload at that load:
+
+- the run holds (its margin above zero): no drift;
+- it fails: a second run at the same load; both failing, with their mean margin clear of zero by
+  twice its standard error (``capacity.verdict_of``), is a drift: the machine no longer carries what
+  its baseline said, and the tune measures the baseline again. One failing run and one holding run
+  is the noise the interval allows.
+
+A machine that slowed by s (in log capacity) fails the check when s exceeds Z·σ plus the noise of
+two runs; a smaller slowdown stays within what the baseline's own σ lets the gate absorb.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from vkit.state import launch_argv, now_iso
+from vkit.tune import capacity as _cap
+
+if TYPE_CHECKING:
+    from vkit.tune.runner import Runner
+
+Z = 2.0  # the check's load: Z σ below the kept capacity
+RUNS = 2  # at most this many runs a check
+
+
+def check_load(baseline: dict, plan: _cap.Plan) -> tuple[float, float, float] | None:
+    """(load, capacity, σ) of the check, from the kept configuration's baseline; None when it has no
+    capacity with a σ (nothing to judge against)."""
+    c = (baseline.get("metrics") or {}).get("slo_capacity")
+    s = (baseline.get("sigma") or {}).get("slo_capacity")
+    if not (isinstance(c, (int, float)) and c > 0 and isinstance(s, (int, float)) and s >= 0):
+        return None
+    return plan.snap(c * math.exp(-Z * s)), float(c), float(s)
+
+
+def judge(point: _cap.Point, plan: _cap.Plan) -> str | None:
+    """'holds' / 'drift' once the runs at the check's load say so, 'unclear' when they cannot (runs
+    that could not measure the server); None: one more run."""
+    m = point.margins()
+    if m.size and m[-1] > 0:
+        return "holds"
+    if m.size >= 2 and _cap.verdict_of(point, replace(plan, repeats=RUNS)) == _cap.FAILS:
+        return "drift"
+    if len(point.runs) >= RUNS:
+        return "holds" if m.size >= 2 else "unclear"
+    return None
+
+
+def sentinel(runner: Runner) -> dict:
+    """The check (see the module's docstring), recorded as a drift check; on a drift, the change
+    (``drift``, the alarm time that resets the kept series) as the series sentinel records one."""
+    c = runner.s.capacity
+    assert c is not None
+    st = runner.sf.read()
+    trials = st.get("trials") or []
+    base = {"after_trial": trials[-1]["id"] if trials else None, "detector": "capacity_low_end", "shift": None}
+    at = check_load(st.get("baseline") or {}, c.plan)
+    if at is None:
+        out = dict(base, changed=False, why="no capacity with a σ in the baseline: no drift verdict")
+        runner.sf.record_drift_check(dict(out, ts=now_iso()))
+        runner.log("drift_check", **out)
+        return out
+    load, cap, sigma = at
+    runner.restore_kept(fresh=True)
+    w = runner.s.workload
+    d = os.path.join(runner.runs_dir, "sentinel")
+    k = 1 + (len(os.listdir(d)) if os.path.isdir(d) else 0)  # never overwrite an earlier check
+    run = _cap.live_measure(replace(w.options, seed=w.seed + 70_000 + 10 * k), runner.svc.read()["service"]["url"],
+                            os.path.join(d, f"check{k}"), c.plan, command=["--state", runner.sf.path],
+                            interrupts=runner.interrupts, launch_argv=launch_argv(st))
+    point, verdict, runs = _cap.Point(load), None, []
+    for i in range(RUNS):
+        t0 = time.time()
+        summary = run(load, i)
+        # a run like any other: on the process it ran on, in the time accounting
+        where = ((summary or {}).get("vkit") or {}).get("capacity_check", {}).get("path") or os.path.join(d, f"check{k}", str(i))
+        runner.sf.record_run_start(os.path.relpath(where, runner.sf.dir), runner.start_key(), seconds=time.time() - t0)
+        j = _cap.judge_run(summary, c.slo, c.plan, load)
+        point.runs.append(j)
+        runs.append({"margin": j["margin"], "why": j["why"]})
+        runner.progress(f"sentinel {load:g}: " + (f"margin {j['margin']:+.3f}" if j["margin"] is not None else j["why"]))
+        verdict = judge(point, c.plan)
+        if verdict is not None:
+            break
+    changed = verdict == "drift"
+    m = point.margins()
+    out = dict(base, changed=changed, load=load, capacity=cap, sigma=sigma, runs=len(runs), margins=[r["margin"] for r in runs],
+               last=float(m[-1]) if m.size else None,
+               why=(f"the kept configuration fails its SLO at {load:g}, {Z:g} σ ({sigma:.1%}) below its capacity {cap:.4g}, "
+                    f"on {len(runs)} runs (mean margin {m.mean():+.3f})" if changed else
+                    f"the kept configuration holds its SLO at {load:g}, {Z:g} σ below its capacity {cap:.4g}"
+                    if verdict == "holds" else f"fewer than {RUNS} valid runs at {load:g}: no drift verdict"))
+    change = None
+    if changed:
+        change = {"reset": now_iso(), "changed": True, "change_date": now_iso(), "change_run": None, "shift": None,
+                  "detector": "capacity_low_end", "source": "tune sentinel"}
+    runner.sf.record_drift_check(dict(out, ts=now_iso()), change)
+    runner.log("drift_check", **out)
+    return out
