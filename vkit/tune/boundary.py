@@ -199,11 +199,16 @@ def _bounds(p: "_Points", fit: np.ndarray) -> tuple[float, float, int]:
     that fails at the first failing load was not measured at the load below it (a keep-up margin,
     which enters only where a run failed it), the chord through that load's other margins says
     nothing of it: the lower bound is the load that held itself."""
-    g = fit.min(axis=0)
-    lo, hi, j = _crossing(p.lx, g)
-    if 0 < j < len(p.loads) and not np.isfinite(p.centre[int(np.argmin(fit[:, j])), j - 1]):
+    lo, hi, j = _crossing(p.lx, fit.min(axis=0))
+    if 0 < j < len(p.loads) and _unmeasured_below(p, fit, j):
         lo = float(p.lx[j - 1])
     return lo, hi, j
+
+
+def _unmeasured_below(p: "_Points", fit: np.ndarray, j: int) -> bool:
+    """The SLO that binds at load ``j`` has no margin at load ``j - 1`` (a keep-up margin at a load
+    that kept up)."""
+    return not np.isfinite(p.centre[int(np.argmin(fit[:, j])), j - 1])
 
 
 WINDOW = 2  # loads on each side of the crossing that the local line goes through
@@ -323,9 +328,8 @@ def estimate(runs: list[Run], noise: dict[str, float], boot: int = 400, seed: in
     sd = np.sqrt(np.where(np.isfinite(p.var), p.var, np.inf))
     suspect = sorted({loads[jj] for jj in np.nonzero(resid > 3 * sd)[1]})
     rng = np.random.default_rng(seed)
-    key = int(np.argmin(fit[:, j])) if 0 < j < len(loads) else None
-    if key is not None and not np.isfinite(p.centre[key, j - 1]):
-        key = None  # the binding SLO was not measured below the crossing (a load that kept up): no line to fit
+    # no line to fit where the binding SLO was not measured below the crossing (a load that kept up)
+    key = int(np.argmin(fit[:, j])) if 0 < j < len(loads) and not _unmeasured_below(p, fit, j) else None
     x_ln, curv = _local_line(p.lx, p.centre[key], p.var[key], j) if key is not None else (None, None)
     lows, highs, lines = np.empty(boot), np.empty(boot), np.full(boot, np.nan)
     for b in range(boot):

@@ -29,8 +29,6 @@ from vkit.tune import boundary
 from vkit.tune.capacity import FAILS, HOLDS, INVALID, UNCLEAR, Capacity, Measure, Plan, Point, Slo, judge_run
 
 NOISE_THROUGHPUT = 0.03  # prior sd of the keep-up margin between runs (measured: 0.024 over ten 80-190-request runs below a keep-up boundary)
-
-
 KEEP_UP_REACH = 1.25  # the keep-up margin enters from the lowest load that fell short of it / this
 
 
@@ -54,8 +52,6 @@ def model_runs(points: list[Point]) -> list[boundary.Run]:
                 continue
             m = {k: v for k, v in r["margins"].items() if k != boundary.THROUGHPUT}
             if p.load >= first and r.get("keep") is not None:
-                # the keep-up margin says how far past the boundary a run is, not how far below it: a
-                # server that keeps up sits at log(1 / keep_up) whatever its load
                 m[boundary.THROUGHPUT] = r["keep"]
             out.append(boundary.Run(p.load, m, dict(r.get("se") or {})))
     return out

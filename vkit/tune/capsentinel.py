@@ -67,10 +67,7 @@ def sentinel(runner: Runner) -> dict:
     base = {"after_trial": trials[-1]["id"] if trials else None, "detector": "capacity_low_end", "shift": None}
     at = check_load(st.get("baseline") or {}, c.plan)
     if at is None:
-        out = dict(base, changed=False, why="no capacity with a σ in the baseline: no drift verdict")
-        runner.sf.record_drift_check(dict(out, ts=now_iso()))
-        runner.log("drift_check", **out)
-        return out
+        return _record(runner, dict(base, changed=False, why="no capacity with a σ in the baseline: no drift verdict"))
     load, cap, sigma = at
     runner.restore_kept(fresh=True)
     w = runner.s.workload
@@ -79,7 +76,7 @@ def sentinel(runner: Runner) -> dict:
     run = _cap.live_measure(replace(w.options, seed=w.seed + 70_000 + 10 * k), runner.svc.read()["service"]["url"],
                             os.path.join(d, f"check{k}"), c.plan, command=["--state", runner.sf.path],
                             interrupts=runner.interrupts, launch_argv=launch_argv(st))
-    point, verdict, runs = _cap.Point(load), None, []
+    point, verdict = _cap.Point(load), None
     for i in range(RUNS):
         t0 = time.time()
         summary = run(load, i)
@@ -88,23 +85,29 @@ def sentinel(runner: Runner) -> dict:
         runner.sf.record_run_start(os.path.relpath(where, runner.sf.dir), runner.start_key(), seconds=time.time() - t0)
         j = _cap.judge_run(summary, c.slo, c.plan, load)
         point.runs.append(j)
-        runs.append({"margin": j["margin"], "why": j["why"]})
         runner.progress(f"sentinel {load:g}: " + (f"margin {j['margin']:+.3f}" if j["margin"] is not None else j["why"]))
         verdict = judge(point, c.plan)
         if verdict is not None:
             break
-    changed = verdict == "drift"
-    m = point.margins()
-    out = dict(base, changed=changed, load=load, capacity=cap, sigma=sigma, runs=len(runs), margins=[r["margin"] for r in runs],
-               last=float(m[-1]) if m.size else None,
-               why=(f"the kept configuration fails its SLO at {load:g}, {Z:g} σ ({sigma:.1%}) below its capacity {cap:.4g}, "
-                    f"on {len(runs)} runs (mean margin {m.mean():+.3f})" if changed else
-                    f"the kept configuration holds its SLO at {load:g}, {Z:g} σ below its capacity {cap:.4g}"
-                    if verdict == "holds" else f"fewer than {RUNS} valid runs at {load:g}: no drift verdict"))
-    change = None
-    if changed:
-        change = {"reset": now_iso(), "changed": True, "change_date": now_iso(), "change_run": None, "shift": None,
-                  "detector": "capacity_low_end", "source": "tune sentinel"}
-    runner.sf.record_drift_check(dict(out, ts=now_iso()), change)
+    m, n = point.margins(), len(point.runs)
+    if verdict == "drift":
+        why = (f"the kept configuration fails its SLO at {load:g}, {Z:g} σ ({sigma:.1%}) below its capacity {cap:.4g}, "
+               f"on {n} runs (mean margin {m.mean():+.3f})")
+    elif verdict == "holds":
+        why = f"the kept configuration holds its SLO at {load:g}, {Z:g} σ below its capacity {cap:.4g}"
+    else:
+        why = f"fewer than {RUNS} valid runs at {load:g}: no drift verdict"
+    out = dict(base, changed=verdict == "drift", load=load, capacity=cap, sigma=sigma, runs=n,
+               margins=[r["margin"] for r in point.runs], last=float(m[-1]) if m.size else None, why=why)
+    return _record(runner, out, drift=out["changed"])
+
+
+def _record(runner: Runner, out: dict, drift: bool = False) -> dict:
+    """The check in the state's drift checks and the decision log; a drift also as the change (the
+    alarm time that resets the kept series), as the series sentinel records one."""
+    now = now_iso()
+    change = {"reset": now, "changed": True, "change_date": now, "change_run": None, "shift": None,
+              "detector": "capacity_low_end", "source": "tune sentinel"} if drift else None
+    runner.sf.record_drift_check(dict(out, ts=now), change)
     runner.log("drift_check", **out)
     return out

@@ -209,13 +209,12 @@ def check_drift(runner: Runner, warn: Callable[[str], None]) -> dict:
     runs: ``vkit.tune.capsentinel``), not a whole capacity search."""
     if runner.s.capacity is not None:
         d = capsentinel.sentinel(runner)
-        if d["changed"]:
-            warn(f"drift: {d['why']}; re-measuring the baseline")
-            runner.baseline(force=True)
-        return d
-    d = runner.sentinel()
+        what = d["why"]
+    else:
+        d = runner.sentinel()
+        what = f"the kept configuration's throughput moved {d.get('shift') or 0:+.1%}"
     if d["changed"]:
-        warn(f"drift: the kept configuration's throughput moved {d.get('shift') or 0:+.1%}; re-measuring the baseline")
+        warn(f"drift: {what}; re-measuring the baseline")
         runner.baseline(force=True)
     return d
 
