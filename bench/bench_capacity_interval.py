@@ -24,7 +24,8 @@ replaces (``"bracket"``), on the same seeds.
   / offered rate: the seconds of load a search costs).
 
 Writes bench/results/capacity_interval.json. Run: python3 bench/bench_capacity_interval.py
-[--searches 200] [--bracket-searches 50] [--scenarios a,b] [--jobs 2] (about 40 minutes on 2 cores).
+[--searches 200] [--bracket-searches 50] [--scenarios a,b] [--jobs 2] [--out FILE] (about 2 hours on 2 cores for
+the four scenarios; separate --scenarios with separate --out files can run side by side).
 """
 
 from __future__ import annotations
