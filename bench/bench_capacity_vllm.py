@@ -43,15 +43,12 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from tests.sim_helpers import free_port  # noqa: E402
+from tests.test_vllm_real import ENV, MODEL, VENV, VLLM  # noqa: E402  (the server as the tests start it)
 from vkit.apply import launcher  # noqa: E402
 from vkit.state import StateFile  # noqa: E402
 
 OUT = os.path.join(ROOT, "bench", "results", "capacity_vllm.json")
-VENV = os.environ.get("VKIT_VLLM_VENV") or os.path.join(ROOT, ".venv-vllm")
-VLLM = os.path.join(VENV, "bin", "vllm")
-MODEL = os.path.join(VENV, "tiny-llama")
-ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "0", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
-       "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 ISL, OSL, VOCAB = 128, 64, 2000
 KEEP_UP = 0.95
 POINT_S = 20.0
@@ -130,7 +127,7 @@ def ladder(url: str, start_rate: float, factor: float, out_dir: str, slo: dict, 
                 return False
         return True
 
-    rate, held, first_fail = start_rate, None, None
+    rate, first_fail = start_rate, None
     while not rung(rate):
         first_fail, rate = rate, rate / factor
         if rate < start_rate / factor ** 6:
@@ -156,16 +153,15 @@ def search(url: str, seed: int, run_dir: str, slo: dict, start_load: float) -> d
     r = bin_tool("capacity", "--url", url, "--model", MODEL, "--random-input-len", str(ISL), "--random-output-len",
                  str(OSL), "--vocab-size", str(VOCAB), "--num-prompts", "100", "--slo", f"p95_ttft_ms={slo['p95_ttft_ms']:g}",
                  "--slo", f"mean_tpot_ms={slo['mean_tpot_ms']:g}", "--start", f"{start_load:g}", "--seed", str(seed),
-                 "--run-dir", run_dir, "-o", os.path.join(run_dir + ".json"), "--json", "-q")
+                 "--run-dir", run_dir, "-o", run_dir + ".json", "--json", "-q")
     wall = time.time() - t0
     try:
         doc = json.loads(r.stdout)
     except ValueError:
         return {"seed": seed, "exit": r.returncode, "error": r.stderr.strip()[-300:], "wall_s": wall}
-    d = doc  # capacity's document: the estimate, its interval, the curve and the cost
-    return {"seed": seed, "exit": r.returncode, "capacity": d.get("capacity"), "interval": d.get("interval"),
-            "binding_slo": d.get("binding_slo"), "boundary": d.get("boundary"), "stop": d.get("stop"),
-            "points": d.get("points"), "runs": d.get("runs"), "request_seconds": d.get("request_seconds"), "wall_s": wall}
+    # capacity's document: the estimate, its interval, the curve and the cost
+    kept = ("capacity", "interval", "binding_slo", "boundary", "stop", "points", "runs", "request_seconds")
+    return {"seed": seed, "exit": r.returncode, **{k: doc.get(k) for k in kept}, "wall_s": wall}
 
 
 def score(searches: list, truth: dict) -> dict:
@@ -227,8 +223,6 @@ def main(argv=None) -> int:
     # a stop (Ctrl-C, or SIGTERM: a background job ignores SIGINT) stops the server on its way out
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     work = tempfile.mkdtemp(prefix="capvllm-")
-    from tests.sim_helpers import free_port
-
     port = free_port()
     state = os.path.join(work, "vkit.json")
     os.environ.update(ENV)

@@ -269,7 +269,9 @@ def _dist(x: np.ndarray) -> dict:
     return {"mean": float(x.mean()), "p50": float(p50), "p95": float(p95), "p99": float(p99)}
 
 
-def _poisson_arrivals(rng: random.Random, rate: float, n: int, exact: bool = False) -> list[float]:
+def _poisson_arrivals(rng: random.Random, rate: float, n: int, exact: bool = False, tail: int = 0) -> list[float]:
+    """``n`` Poisson arrivals (``exact``: their gaps scaled to offer exactly ``rate``), then ``tail``
+    more of the same stream, unscaled: the unmeasured arrivals of a steady run."""
     t, out = 0.0, []
     for _ in range(n):
         t += rng.expovariate(rate)
@@ -277,6 +279,10 @@ def _poisson_arrivals(rng: random.Random, rate: float, n: int, exact: bool = Fal
     if exact and n > 1 and out[-1] > out[0]:
         k = ((n - 1) / rate) / (out[-1] - out[0])
         out = [out[0] + (a - out[0]) * k for a in out]
+    t = out[-1] if out else 0.0
+    for _ in range(tail):
+        t += rng.expovariate(rate)
+        out.append(t)
     return out
 
 
@@ -309,15 +315,9 @@ def run_trace(sc: Scenario, params: CostParams | None = None, max_steps: int = 5
     vocab = get_model(sc.model).vocab
     rng = random.Random(sc.seed)
     base = [rng.randrange(256, vocab) for _ in range(sc.isl)]
-    arrivals = _poisson_arrivals(rng, sc.rate, n_req, sc.exact_rate) if sc.rate else None
-    total = n_req
-    if arrivals is not None and sc.steady:
-        # the tail: the same Poisson stream, on past the measured requests (as many again at most)
-        t_tail = arrivals[-1]
-        for _ in range(n_req):
-            t_tail += rng.expovariate(sc.rate)
-            arrivals.append(t_tail)
-        total = len(arrivals)
+    # steady: the tail, as many again at most, arrives after the measured requests
+    arrivals = _poisson_arrivals(rng, sc.rate, n_req, sc.exact_rate, n_req if sc.steady else 0) if sc.rate else None
+    total = n_req if arrivals is None else len(arrivals)
     budget = r.max_num_batched_tokens
     chunked = r.enable_chunked_prefill
     a_stamp: dict[int, int] = {}
