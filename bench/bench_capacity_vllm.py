@@ -148,12 +148,12 @@ def ladder(url: str, start_rate: float, factor: float, out_dir: str, slo: dict, 
     return {"holds": held, "fails": first_fail}
 
 
-def search(url: str, seed: int, run_dir: str, slo: dict, start_load: float) -> dict:
+def search(url: str, seed: int, run_dir: str, slo: dict, start_load: float, extra: tuple = ()) -> dict:
     t0 = time.time()
     r = bin_tool("capacity", "--url", url, "--model", MODEL, "--random-input-len", str(ISL), "--random-output-len",
                  str(OSL), "--vocab-size", str(VOCAB), "--num-prompts", "100", "--slo", f"p95_ttft_ms={slo['p95_ttft_ms']:g}",
                  "--slo", f"mean_tpot_ms={slo['mean_tpot_ms']:g}", "--start", f"{start_load:g}", "--seed", str(seed),
-                 "--run-dir", run_dir, "-o", run_dir + ".json", "--json", "-q")
+                 "--run-dir", run_dir, "-o", run_dir + ".json", "--json", "-q", *extra)
     wall = time.time() - t0
     try:
         doc = json.loads(r.stdout)
@@ -195,6 +195,9 @@ def main(argv=None) -> int:
     ap.add_argument("--ttft-ms", type=float, default=45.0)
     ap.add_argument("--tpot-ms", type=float, default=5.0)
     ap.add_argument("--out", default=OUT)
+    ap.add_argument("--capacity-arg", action="append", default=[], metavar="ARG",
+                    help="one more argument for every search's bin/capacity, e.g. --capacity-arg=--max-runs=14 "
+                         "(repeatable; the section then carries them)")
     a = ap.parse_args(argv)
     if not (os.path.exists(VLLM) and os.path.exists(os.path.join(MODEL, "config.json"))):
         # `make bench` runs every bench: without real vLLM this one says so and measures nothing
@@ -203,7 +206,7 @@ def main(argv=None) -> int:
         return 0
     slo = {"p95_ttft_ms": a.ttft_ms, "mean_tpot_ms": a.tpot_ms}
     result = json.load(open(a.out)) if os.path.exists(a.out) else {}
-    key = f"max_num_seqs={a.max_num_seqs}"
+    key = " ".join([f"max_num_seqs={a.max_num_seqs}", *a.capacity_arg])
     servers = result.setdefault("servers", {})
     clients = [c for c in a.ladder.split(",") if c]
     sec = servers.get(key)
@@ -241,7 +244,7 @@ def main(argv=None) -> int:
             log(f"{name}: holds {sec[name]['holds']}, fails {sec[name]['fails']} ({sec[name]['runs']} runs, "
                 f"{sec[name]['wall_s']:.0f} s)")
         for i in range(a.searches):
-            s = search(url, i, os.path.join(work, f"search-{i}"), slo, a.start)
+            s = search(url, i, os.path.join(work, f"search-{i}"), slo, a.start, tuple(a.capacity_arg))
             sec["searches"].append(s)
             sec["score"] = {name: score(sec["searches"], sec[name]) for name in ("ladder", "ladder_vkit") if name in sec}
             save()

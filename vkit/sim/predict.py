@@ -476,6 +476,7 @@ def bench_summary(sc: Scenario, params: CostParams | None = None) -> dict:
     for x, m in ((ttft, "ttft"), (tpot, "tpot"), (itl, "itl"), (e2el, "e2el")):
         s.update(describe_ms(x, m))  # bench_stream's own statistics
     vk = {"completion_rate": (n - 1) / (ends[-1] - ends[0]) if n > 1 and ends[-1] > ends[0] else None,
+          "send_rate": (n - 1) / (arr[-1] - arr[0]) if n > 1 and arr[-1] > arr[0] else None,
           "dispatch_lag_ms": {"p99": 0.0}, "partial": False, "virtual": True}
     vk["queue_growth"] = queue_growth(arr.tolist(), ttft.tolist())
     vk["se_log"] = run_log_se({"ttft": ttft.tolist(), "tpot": tpot.tolist(), "e2el": e2el.tolist()})

@@ -193,8 +193,12 @@ def judge_run(summary: dict | None, slo: Slo, plan: Plan, load: float | None = N
     if why:
         return {"valid": False, "why": why, "margin": None, "margins": {}, "metrics": {}}
     margins = slo.margins(summary)
-    # a trace's load is its speed-up: the rate it offered is the summary's (the trace's own mean x speed-up)
+    # a trace's load is its speed-up: the rate it offered is the summary's (the trace's own mean x speed-up);
+    # either way, where the summary has it, the rate these requests were actually sent at
     offered = load if plan.mode == "rate" else summary.get("request_rate") if plan.mode == "trace" else None
+    sent = (summary.get("vkit") or {}).get("send_rate")
+    if offered is not None and isinstance(sent, (int, float)) and sent > 0:
+        offered = float(sent)
     keep = None
     if isinstance(offered, (int, float)) and offered > 0 and math.isfinite(offered):
         # Overload shows as a server that cannot complete what is offered: a failure whatever the
