@@ -30,7 +30,7 @@ import numpy as np
 from vkit.decide.runs import GAUGE_TOP, GAUGE_VKIT
 from vkit.errors import UsageError
 from vkit.measure.gauge import build_config, measure
-from vkit.tune import boundary
+from vkit.tune import boundary, pooled
 from vkit.validate import invariants
 
 HOLDS, FAILS, UNCLEAR, INVALID = "holds", "fails", "unclear", "invalid"
@@ -222,8 +222,12 @@ def judge_run(summary: dict | None, slo: Slo, plan: Plan, load: float | None = N
     if isinstance(tpot, (int, float)) and tpot > 0:
         metrics["per_user_output_tok_s"] = 1000.0 / tpot
     se = {k: boundary.sampling_se(summary, k) for k in slo.limits}
+    # a percentile SLO's run percentiles: the model pools the runs of a load (vkit.tune.pooled)
+    pk = {k: pooled.percentile_key(k) for k in slo.limits}
+    qs = {k: pooled.quantiles(summary, pk[k][1]) for k in slo.limits if pk[k]}
     return {"valid": True, "why": None, "margin": min(margins.values()), "margins": margins, "metrics": metrics,
-            "keep": keep, "se": se, "requests": metrics.get("completed", 0.0)}
+            "keep": keep, "se": se, "requests": metrics.get("completed", 0.0),
+            "quantiles": {k: q for k, q in qs.items() if q}}
 
 
 def verdict_of(point: Point, plan: Plan) -> str | None:

@@ -25,7 +25,7 @@ import inspect
 import math
 from typing import Callable
 
-from vkit.tune import boundary
+from vkit.tune import boundary, pooled
 from vkit.tune.capacity import FAILS, HOLDS, INVALID, UNCLEAR, Capacity, Measure, Plan, Point, Slo, judge_run
 
 NOISE_THROUGHPUT = 0.03  # prior sd of the keep-up margin between runs (measured: 0.024 over ten 80-190-request runs below a keep-up boundary)
@@ -47,13 +47,27 @@ def model_runs(points: list[Point]) -> list[boundary.Run]:
     # load itself would be a hard bound)
     first = min(short, default=math.inf) / KEEP_UP_REACH
     for p in points:
-        for r in p.runs:
-            if not r["valid"]:
-                continue
-            m = {k: v for k, v in r["margins"].items() if k != boundary.THROUGHPUT}
+        valid = [r for r in p.runs if r["valid"]]
+        shift = pooled_shifts(valid)
+        for r in valid:
+            m = {k: v + shift.get(k, 0.0) for k, v in r["margins"].items() if k != boundary.THROUGHPUT}
             if p.load >= first and r.get("keep") is not None:
                 m[boundary.THROUGHPUT] = r["keep"]
             out.append(boundary.Run(p.load, m, dict(r.get("se") or {})))
+    return out
+
+
+def pooled_shifts(runs: list[dict]) -> dict[str, float]:
+    """Per percentile SLO, the shift that moves the mean of one load's run margins to the margin of
+    the percentile over all their requests (:mod:`vkit.tune.pooled`: a short run's tail percentile
+    reads low; the pooled one much less). Only over runs that all carry the percentiles and a finite
+    margin; nothing for a single run."""
+    out = {}
+    for key in {k for r in runs for k in r.get("quantiles") or {}}:
+        level = pooled.percentile_key(key)
+        ok = [r for r in runs if key in (r.get("quantiles") or {}) and math.isfinite(r["margins"].get(key, math.nan))]
+        if level and len(ok) == len(runs) >= 2:
+            out[key] = pooled.pooled_shift([(max(r.get("requests") or 1.0, 1.0), r["quantiles"][key]) for r in ok], level[0])
     return out
 
 
