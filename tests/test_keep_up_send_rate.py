@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import random
 
+import numpy as np
 import pytest
 
 from vkit.measure.runsummary import completion_rate, send_rate
@@ -77,3 +78,31 @@ def test_the_benchmarks_search_that_ended_at_a_hundredth_of_the_capacity_now_fin
 
     d = cap.search(measure, slo, plan).as_dict()
     assert abs(d["capacity"] / CLIFF_TRUTH - 1) < 0.1 and d["binding_slo"] == "p95_ttft_ms"
+
+
+def test_the_keep_up_margin_carries_its_own_standard_error():
+    # 101 requests sent at 20/s span 5 s; E2EL sd 500 ms: the completions' span moves by about
+    # sqrt(2) x 0.5 s, the margin by sqrt(2) x 0.5 / 5 = 0.141
+    s = {"completed": 101, "std_e2el_ms": 500.0, "vkit": {"send_rate": 20.0}}
+    assert cap.keep_up_se(s) == pytest.approx(math.sqrt(2) * 0.1)
+    # a summary that cannot say gives 0 (the prior noise carries it), never a made-up figure
+    assert cap.keep_up_se({"completed": 101, "vkit": {"send_rate": 20.0}}) == 0.0
+    assert cap.keep_up_se({"completed": 1, "std_e2el_ms": 500.0, "vkit": {"send_rate": 20.0}}) == 0.0
+
+
+def test_the_keep_up_standard_error_matches_the_spread_of_short_runs_near_saturation():
+    # the keep-up scenario's server (the cliff's, 16 sequences) at its truth (19.43 req/s), 100-request
+    # runs: the margins' spread over 16 arrival seeds is what each run's own SE says, within a factor of 2
+    # (the prior of 0.03 the model used alone understated it 3-4x: the keep-up searches' intervals
+    # then missed the truth on its high side, 24 of 200 at 3c0f8c3)
+    slo, plan = cap.Slo(dict(CLIFF_SLO, p95_ttft_ms=60000.0)), cap.Plan(keep_up=0.95)
+    keeps, ses = [], []
+    for i in range(16):
+        s = bench_summary(Scenario(rate=19.43, num_prompts=100, seed=900 + i, noise=0.02, noise_seed=f"se:{i}", **CLIFF))
+        j = cap.judge_run(s, slo, plan, 19.43)
+        keeps.append(j["keep"])
+        ses.append(j["se"]["throughput"])
+    sd = float(np.std(keeps, ddof=1))
+    rms = math.sqrt(float(np.mean(np.square(ses))))
+    assert 0.5 < rms / sd < 2.0, (rms, sd)
+    assert sd > 2 * 0.03  # what the prior alone would have said

@@ -174,6 +174,19 @@ def sending_rate(summary: dict) -> float:
     return done / max(window, 0.5 * dur)
 
 
+def keep_up_se(summary: dict) -> float:
+    """The SE of a run's keep-up margin ``log(completion rate / send rate)`` from its own requests:
+    the completions' span is the sends' span plus the last request's latency less the first's, so
+    the margin moves by about ``sqrt(2) x sd(E2EL) / (send span)``: 0.1 in a 100-request run near
+    saturation, where latencies spread by seconds. 0 when the summary cannot say (the prior noise
+    then carries it)."""
+    sd, n = summary.get("std_e2el_ms"), summary.get("completed")
+    sent = (summary.get("vkit") or {}).get("send_rate")
+    if not all(isinstance(x, (int, float)) and x > 0 for x in (sd, n, sent)) or n < 2:
+        return 0.0
+    return math.sqrt(2.0) * float(sd) / 1000.0 * float(sent) / (float(n) - 1.0)
+
+
 def judge_run(summary: dict | None, slo: Slo, plan: Plan, load: float | None = None) -> dict:
     """One run's margins and curve figures, or why it cannot count. Open loop, the server must
     also keep up: ``throughput`` margin ``log(achieved / (keep_up x offered))``."""
@@ -222,6 +235,8 @@ def judge_run(summary: dict | None, slo: Slo, plan: Plan, load: float | None = N
     if isinstance(tpot, (int, float)) and tpot > 0:
         metrics["per_user_output_tok_s"] = 1000.0 / tpot
     se = {k: boundary.sampling_se(summary, k) for k in slo.limits}
+    if keep is not None:
+        se[boundary.THROUGHPUT] = keep_up_se(summary)
     # a percentile SLO's run percentiles: the model pools the runs of a load (vkit.tune.pooled)
     pk = {k: pooled.percentile_key(k) for k in slo.limits}
     qs = {k: pooled.quantiles(summary, pk[k][1]) for k in slo.limits if pk[k]}
