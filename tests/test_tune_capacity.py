@@ -87,16 +87,22 @@ def test_capacity_tune_keeps_by_capacity_skips_what_cannot_differ_and_reports_th
     t = doc["timings"]
     assert t["restarts"] == restarts and t["runs"] == len(starts) and t["restart_s"] > 0 and t["run_s"] > 0
     rc = doc["recommendation"]["capacity"]
-    assert rc["req_s"] > 0 and rc["output_tok_s"] > 0 and doc["recommendation"]["binding_slo"] in (
-        "p95_ttft_ms", "mean_tpot_ms", "throughput")
+    assert doc["recommendation"]["binding_slo"] in ("p95_ttft_ms", "mean_tpot_ms", "throughput"), r.err[-3000:]
     # the promise: 3-second runs from the searches' figure on a fresh start, stepping down until a load
     # clearly held on two runs
+    assert rc["searched_req_s"] > 0 and rc["verified"]["seconds"] == 3, (rc, r.err[-3000:])
     runs = rc["verified"]["runs"]
-    assert rc["verified"]["seconds"] == 3 and runs[-1]["holds"] and not any(r["holds"] for r in runs[:-1])
-    assert runs[0]["load"] == rc["searched_req_s"] and rc["req_s"] == runs[-1]["load"] <= rc["searched_req_s"]
-    loads = [r["load"] for r in runs]
-    assert all(b <= a for a, b in zip(loads, loads[1:], strict=False))
-    assert sum(1 for r in runs if r["load"] == rc["req_s"] and r["margin"] is not None) >= 2
+    if rc["req_s"] is None:
+        # on a loaded machine no load may hold within the verification's 8 runs: the promise then says
+        # so (no figure, every run shown), it never falls back to the searches' own figure
+        assert len(runs) == 8 and not any(x["holds"] for x in runs) and rc["output_tok_s"] is None, (rc, r.err[-3000:])
+    else:
+        assert rc["req_s"] > 0 and rc["output_tok_s"] > 0
+        assert runs[-1]["holds"] and not any(x["holds"] for x in runs[:-1])
+        assert runs[0]["load"] == rc["searched_req_s"] and rc["req_s"] == runs[-1]["load"] <= rc["searched_req_s"]
+        loads = [x["load"] for x in runs]
+        assert all(b <= a for a, b in zip(loads, loads[1:], strict=False))
+        assert sum(1 for x in runs if x["load"] == rc["req_s"] and x["margin"] is not None) >= 2
     html = open(rep / "report.html", encoding="utf-8").read()
     assert "SLO capacity" in html and 'id="plot-capacity"' in html and "capacity-table" in html
     assert "SLO capacity (req/s" in open(rep / "report.md", encoding="utf-8").read() or "SLO capacity" in r.err
