@@ -76,6 +76,15 @@ def test_nvidia_csv():
     assert [(r["index"], r["util_pct"], r["mem_used_mib"]) for r in rows] == [(0, 98.0, 131072.0), (1, 0.0, 1.0)]
 
 
+def test_nvidia_csv_from_a_real_h200():
+    # saved on an NVIDIA H200 (driver 580.159.04) by bench/gpu_steps.py: idle, 4 MiB of 143771 used
+    here = os.path.join(os.path.dirname(__file__), "fixtures", "accel", "nvidia-h200")
+    rows = accel.parse_nvidia(open(os.path.join(here, "nvidia-smi-query-accel.csv")).read())
+    assert rows == [{"index": 0, "util_pct": 0.0, "mem_used_mib": 4.0, "mem_total_mib": 143771.0}]
+    # a query naming a field this driver lacks prints a sentence, not rows: it gives none
+    assert accel.parse_nvidia(open(os.path.join(here, "nvidia-smi-query-power.csv")).read()) == []
+
+
 @pytest.mark.parametrize("parse", [accel.parse_npu, accel.parse_rocm, accel.parse_nvidia])
 def test_unparsable_output_gives_no_rows_not_numbers(parse):
     assert parse("command not supported on this platform\n") == []
