@@ -55,7 +55,9 @@ def test_capacity_tune_keeps_by_capacity_skips_what_cannot_differ_and_reports_th
     assert measured and all(t["capacity"]["curve"] and t["capacity"]["binding_slo"] for t in measured)
     for t in measured:
         for p in t["capacity"]["curve"]:
-            assert p["verdict"] in ("holds", "fails", "unclear", "invalid") and "p95_ttft_ms" in p["metrics"]
+            # an invalid point (the client fell behind its schedule on a loaded machine) has no figures
+            assert p["verdict"] in ("holds", "fails", "unclear", "invalid")
+            assert p["verdict"] == "invalid" or "p95_ttft_ms" in p["metrics"], p
     # 8 sequences queue: the gate kept a higher limit on the capacity (measured: 64, +263 %), and the
     # baseline the rest of the run screens against is the kept configuration's own measurements
     assert st["kept"]["config"]["max_num_seqs"] > 8 and st["kept"].get("decision") == "gate"
