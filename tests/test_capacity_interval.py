@@ -143,3 +143,47 @@ def test_an_interval_open_below_keeps_the_estimate_and_takes_its_sd_from_the_bou
     assert est == 77.58 and sd == pytest.approx(math.log(81.61 / 77.58) / 1.96, rel=1e-3)
     est, sd = cap.estimate({"estimate": {"capacity": 77.58, "interval": [74.0, 81.61]}, "curve": []}, plan)
     assert est == 77.58 and sd == pytest.approx(math.log(81.61 / 74.0) / (2 * 1.96), rel=1e-3)
+
+
+def _estimate(capacity, lo, hi, where="between"):
+    return boundary.Estimate(capacity=capacity, lo=lo, hi=hi, binding="p95_ttft_ms", shape="smooth", slope=-2.0, where=where,
+                             sigma={}, df=4.0, fitted={}, suspect=[], bracket=(None, None))
+
+
+def test_a_load_is_near_the_crossing_within_its_interval_or_four_precision_steps():
+    from vkit.tune.capsearch import near_crossing
+    plan = cap.Plan(precision=0.05)
+    wide = _estimate(40.0, 30.0, 50.0)
+    assert near_crossing(plan, 30.0, wide) and near_crossing(plan, 50.0, wide)
+    assert not near_crossing(plan, 29.9, wide) and not near_crossing(plan, 50.1, wide)
+    narrow = _estimate(40.0, 39.0, 41.0)  # narrower than four 5 % steps: 40 / 1.05^4 = 32.9 .. 40 x 1.05^4 = 48.6
+    assert near_crossing(plan, 33.0, narrow) and near_crossing(plan, 48.5, narrow)
+    assert not near_crossing(plan, 32.8, narrow) and not near_crossing(plan, 48.7, narrow)
+    assert not near_crossing(plan, 40.0, _estimate(None, 40.0, None, where="above"))
+
+
+def test_runs_near_the_crossing_last_twice_as_long_and_far_from_it_as_asked():
+    from vkit.tune.capsearch import requests_for
+    plan = cap.Plan(point_seconds=20.0, max_point_seconds=60.0)
+    assert requests_for(plan, 10.0, [], "p95_ttft_ms") == 200
+    assert requests_for(plan, 10.0, [], "p95_ttft_ms", near=True) == 400
+    # never beyond the most a run may last
+    assert requests_for(cap.Plan(point_seconds=20.0, max_point_seconds=30.0), 10.0, [], "p95_ttft_ms", near=True) == 300
+    assert requests_for(cap.Plan(point_seconds=20.0, crossing_factor=1.0), 10.0, [], "p95_ttft_ms", near=True) == 200
+    with pytest.raises(Exception, match="crossing factor"):
+        cap.Plan(crossing_factor=0.5)
+
+
+def test_a_search_sends_the_longer_runs_where_the_crossing_is_and_not_at_its_first_loads():
+    measure, _ = real_vllm_like(stall_first=False)
+    sent = []
+
+    def recording(load, k, n=None):
+        sent.append((load, n))
+        return measure(load, k, n)
+
+    res = cap.search(recording, cap.Slo(SLO), cap.Plan(start=4.0))
+    assert sent[0] == (4.0, 80)  # far below: load x 20 s
+    lo, hi = res.model.lo, res.model.hi
+    near = [(x, n) for x, n in sent[2:] if lo <= x <= hi]
+    assert near and all(n >= math.ceil(x * 40.0) for x, n in near)

@@ -101,6 +101,10 @@ def add_search_flags(c, prefix: str, max_points: int, method: str = "model") -> 
     c.add_argument("--point-seconds", type=non_negative_float, default=20.0, metavar="S",
                    help=f"{what}open loop: each run sends at least load x S requests (--num-prompts is the floor), so an "
                         "overloaded server's queue has time to show (default 20)")
+    c.add_argument("--crossing-factor", type=positive_float, default=2.0, metavar="F",
+                   help=f"{what}open loop, model: a run near the estimated crossing lasts at least F x --point-seconds (at "
+                        "most --max-point-seconds): a queue near saturation relaxes slowly, and a short run there reads "
+                        "the boundary on one side (default 2)")
     c.add_argument("--keep-up", type=fraction_arg(), default=0.95, metavar="F",
                    help=f"{what}open loop: a load holds only if the server completes requests at least at F x the offered "
                         "rate, first completion to last (default 0.95)")
@@ -115,7 +119,7 @@ def search_plan(args: argparse.Namespace, prefix: str, mode: str, start: float, 
                     noise=getattr(args, f"{dest}noise"), max_send_lag_ms=args.max_send_lag_ms, keep_up=args.keep_up,
                     point_seconds=args.point_seconds, method=getattr(args, f"{dest}method"),
                     precision=getattr(args, f"{dest}precision"), max_runs=getattr(args, f"{dest}max_runs"),
-                    max_point_seconds=args.max_point_seconds)
+                    max_point_seconds=args.max_point_seconds, crossing_factor=args.crossing_factor)
 
 
 def _run(args: argparse.Namespace, io: IO) -> int:

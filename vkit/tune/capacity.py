@@ -102,12 +102,17 @@ class Plan:
     max_runs: int = 24  # model: runs in all at most
     model_repeats: int = 6  # model: runs per load at most (replicates near the crossing are how the interval narrows)
     max_point_seconds: float = 60.0  # open loop, model: a run sized for its percentile's error sends at most load x this
+    # open loop, model: a run at a load near the estimated crossing lasts this many times point_seconds at least
+    # (a queue near saturation relaxes slowly: a short run there reads its tail latency and its completion rate low)
+    crossing_factor: float = 2.0
 
     def __post_init__(self):
         if self.method not in ("model", "bracket"):
             raise UsageError(f"method must be model or bracket, got {self.method!r}")
         if not 0 < self.precision < 1 or self.max_runs < 2:
             raise UsageError("need 0 < precision < 1 and max runs >= 2")
+        if not self.crossing_factor >= 1:
+            raise UsageError(f"the crossing factor must be >= 1, got {self.crossing_factor:g}")
         if self.mode not in ("rate", "concurrency", "trace"):
             raise UsageError(f"mode must be rate, concurrency or trace, got {self.mode!r}")
         if not 0 < self.lo_limit <= self.start <= self.hi_limit:

@@ -16,7 +16,11 @@ interval is as narrow as ``plan.precision`` asks, measuring next where that inte
 
 Run lengths size themselves (open loop): a run sends enough requests for the binding SLO's sampling
 error (its percentile's, from the nearest earlier run's own spread) to be at most ``plan.noise``,
-at least ``load x plan.point_seconds`` and at most ``load x plan.max_point_seconds``.
+at least ``load x plan.point_seconds`` and at most ``load x plan.max_point_seconds``. Near the
+estimated crossing (within its interval, or within four precision steps where the interval is narrower)
+a run lasts ``plan.crossing_factor`` (2) times as long at least (up to the most): there the queue relaxes slowly, and a short run that
+starts it empty reads the boundary on one side (in the benchmark's cliff scenario a run's P95 TTFT
+reads 29 % low at 275 requests, 10 % at 800; its completion rate 3 % low at 100 requests, 0.4 % at 400).
 """
 
 from __future__ import annotations
@@ -75,11 +79,25 @@ def noise_of(plan: Plan) -> dict[str, float]:
     return {"*": plan.noise, boundary.THROUGHPUT: NOISE_THROUGHPUT}
 
 
-def requests_for(plan: Plan, load: float, points: list[Point], key: str | None) -> int | None:
-    """Open loop: the requests a run at ``load`` sends (None: the measurement's default)."""
+def near_crossing(plan: Plan, load: float, est: boundary.Estimate) -> bool:
+    """Whether ``load`` lies within the estimate's interval, or within four precision steps of its
+    capacity (``(1 + precision)^4``: as far as :func:`next_load` places a load to pin the crossing
+    from one side)."""
+    if est.where != "between" or not est.capacity:
+        return False
+    reach = (1 + plan.precision) ** 4
+    lo, hi = est.capacity / reach, est.capacity * reach
+    return min(lo, est.lo or lo) <= load <= max(hi, est.hi or hi)
+
+
+def requests_for(plan: Plan, load: float, points: list[Point], key: str | None, near: bool = False) -> int | None:
+    """Open loop: the requests a run at ``load`` sends (None: the measurement's default); ``near``:
+    the load is near the estimated crossing (``plan.crossing_factor`` x the seconds of load)."""
     if plan.mode != "rate":
         return None
-    floor = math.ceil(load * plan.point_seconds)
+    seconds = max(plan.point_seconds, min(plan.crossing_factor * plan.point_seconds, plan.max_point_seconds)) if near \
+        else plan.point_seconds
+    floor = math.ceil(load * seconds)
     cap = max(floor, math.ceil(load * plan.max_point_seconds))
     best, dist = None, math.inf
     for p in points:
@@ -227,7 +245,7 @@ def search(measure: Measure, slo: Slo, plan: Plan, progress: Callable[[str], Non
         if p is None:
             p = Point(load)
             points.append(p)
-        n = requests_for(plan, load, points, est.binding or next(iter(slo.limits)))
+        n = requests_for(plan, load, points, est.binding or next(iter(slo.limits)), near_crossing(plan, load, est))
         summary = measure(load, len(p.runs), n) if sized else measure(load, len(p.runs))
         p.runs.append(judge_run(summary, slo, plan, load))
         est = boundary.estimate(model_runs(points), noise, seed=seed)
