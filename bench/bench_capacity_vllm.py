@@ -20,6 +20,12 @@
   with nothing else on the machine.
 - **Scored**: each search's estimate and 95 % interval, whether the interval meets the ladder's
   bracket, its runs, request-seconds and wall time; the ladder's runs and wall time.
+- **AIPerf** (``--aiperf N``, needs ``make peers``): N runs of AIPerf 0.13.0's SLA search on the same
+  server (``aiperf profile --search-planner smooth_isotonic``: an integer request rate in
+  [1, ``--aiperf-max-rate``], Poisson, the same prompts and SLO as AIPerf spells them: P95
+  time_to_first_token and mean inter_token_latency), each probe ``--aiperf-probe-s`` (20) seconds of load;
+  its answer (the highest feasible rate, the lowest infeasible one, its CI where it reports one),
+  probes and wall time, scored against the same ladder.
 
 Without real vLLM installed it says so on stderr, measures nothing and exits 0 (``make bench`` runs
 every bench). Writes bench/results/capacity_vllm.json (a section per --max-num-seqs; rows are written as they
@@ -31,6 +37,7 @@ come, so an interrupted run keeps what it measured). Run:
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import platform
@@ -164,6 +171,52 @@ def search(url: str, seed: int, run_dir: str, slo: dict, start_load: float, extr
     return {"seed": seed, "exit": r.returncode, **{k: doc.get(k) for k in kept}, "wall_s": wall}
 
 
+PEERS_VENV = os.path.join(ROOT, ".venv-peers")
+
+
+def aiperf_search(url: str, seed: int, out_dir: str, slo: dict, max_rate: int, probe_s: float, iterations: int) -> dict:
+    """One AIPerf SLA search (its smooth-isotonic planner over an integer request rate) against the server."""
+    os.makedirs(out_dir, exist_ok=True)
+    argv = [os.path.join(PEERS_VENV, "bin", "aiperf"), "profile", "--model", MODEL, "--tokenizer", MODEL, "--url", url,
+            "--endpoint-type", "completions", "--streaming", "--prompt-input-tokens-mean", str(ISL),
+            "--prompt-input-tokens-stddev", "0", "--prompt-output-tokens-mean", str(OSL), "--prompt-output-tokens-stddev", "0",
+            "--extra-inputs", "ignore_eos:true", "--use-server-token-count", "--request-rate", "1",
+            "--arrival-pattern", "poisson", "--benchmark-duration", f"{probe_s:g}", "--random-seed", str(seed),
+            "--search-space", f"phases.profiling.rate:1,{max_rate}:int", "--search-planner", "smooth_isotonic",
+            "--search-metric", "request_throughput", "--search-direction", "maximize",
+            "--search-max-iterations", str(iterations),
+            "--search-sla", f"time_to_first_token:p95:le:{slo['p95_ttft_ms']:g}",
+            "--search-sla", f"inter_token_latency:avg:le:{slo['mean_tpot_ms']:g}",
+            "--no-server-metrics", "--no-gpu-telemetry", "--ui-type", "none", "--output-artifact-dir", out_dir]
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    env.update(DO_NOT_TRACK="1", TOKENIZERS_PARALLELISM="false")
+    t0 = time.time()
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=3600, env=env, cwd=out_dir)
+    wall = time.time() - t0
+    hist = sorted(glob.glob(os.path.join(out_dir, "**", "search_history.json"), recursive=True))
+    if not hist:
+        return {"seed": seed, "exit": p.returncode, "error": (p.stderr or p.stdout).strip()[-600:], "wall_s": wall}
+    h = json.load(open(hist[0]))
+    b = h.get("boundary_summary") or {}
+    held = (b.get("feasible_max") or {}).get("value")
+    failed = (b.get("infeasible_min") or {}).get("value")
+    return {"seed": seed, "exit": p.returncode, "feasible_max": held, "infeasible_min": failed,
+            "boundary_ci": b.get("boundary_ci"), "boundary_type": b.get("boundary_type"),
+            "binding": b.get("binding_constraint"), "probes": len(h.get("iterations") or []),
+            "convergence": h.get("convergence_reason"), "wall_s": wall}
+
+
+def aiperf_score(rows: list, truth: dict) -> dict:
+    """Whether each AIPerf answer (the highest feasible rate) lies inside the ladder's bracket [holds, fails]."""
+    ok = [r for r in rows if r.get("feasible_max") is not None]
+    lo, hi = truth.get("holds"), truth.get("fails")
+    inside = [r for r in ok if (lo is None or r["feasible_max"] >= lo / 1.15) and (hi is None or r["feasible_max"] <= hi)]
+    ans = sorted(r["feasible_max"] for r in ok)
+    return {"searches": len(rows), "answered": len(ok), "answer_within_one_rung_of_the_ladder": len(inside),
+            "answers": ans, "median_probes": sorted(r["probes"] for r in ok)[len(ok) // 2] if ok else None,
+            "median_wall_s": sorted(r["wall_s"] for r in ok)[len(ok) // 2] if ok else None}
+
+
 def score(searches: list, truth: dict) -> dict:
     ok = [s for s in searches if s.get("capacity")]
     lo, hi = truth["holds"], truth["fails"]
@@ -195,6 +248,10 @@ def main(argv=None) -> int:
     ap.add_argument("--ttft-ms", type=float, default=45.0)
     ap.add_argument("--tpot-ms", type=float, default=5.0)
     ap.add_argument("--out", default=OUT)
+    ap.add_argument("--aiperf", type=int, default=0, metavar="N", help="also N AIPerf SLA searches (needs make peers)")
+    ap.add_argument("--aiperf-max-rate", type=int, default=30)
+    ap.add_argument("--aiperf-probe-s", type=float, default=20.0)
+    ap.add_argument("--aiperf-iterations", type=int, default=25)
     ap.add_argument("--capacity-arg", action="append", default=[], metavar="ARG",
                     help="one more argument for every search's bin/capacity, e.g. --capacity-arg=--max-runs=14 "
                          "(repeatable; the section then carries them)")
@@ -211,7 +268,10 @@ def main(argv=None) -> int:
     clients = [c for c in a.ladder.split(",") if c]
     sec = servers.get(key)
     sec = sec or {"slo": slo, "ladder_rows": [], "searches": []}
-    sec["searches"] = []
+    if a.searches:  # a run with --searches 0 (say, AIPerf only) keeps the section's searches
+        sec["searches"] = []
+    if a.aiperf and not os.path.exists(os.path.join(PEERS_VENV, "bin", "aiperf")):
+        raise SystemExit("bench_capacity_vllm: --aiperf needs AIPerf in .venv-peers (make peers)")
     servers[key] = sec
     result.update({"machine": platform.node(), "gauge": {"input_len": ISL, "output_len": OSL, "arrivals": "poisson",
                                                          "keep_up": KEEP_UP, "ladder_point_s": POINT_S}})
@@ -250,9 +310,21 @@ def main(argv=None) -> int:
             save()
             log(f"search {i + 1}/{a.searches}: {s.get('capacity')} {s.get('interval')} ({s.get('runs')} runs, "
                 f"{s['wall_s']:.0f} s, exit {s['exit']})")
+        if a.aiperf:
+            sec["aiperf"] = {"args": {"max_rate": a.aiperf_max_rate, "probe_s": a.aiperf_probe_s,
+                                      "iterations": a.aiperf_iterations}, "rows": []}
+        for i in range(a.aiperf):
+            r = aiperf_search(url, i, os.path.join(work, f"aiperf-{i}"), slo, a.aiperf_max_rate, a.aiperf_probe_s,
+                              a.aiperf_iterations)
+            sec["aiperf"]["rows"].append(r)
+            if "ladder" in sec:
+                sec["aiperf"]["score"] = aiperf_score(sec["aiperf"]["rows"], sec["ladder"])
+            save()
+            log(f"aiperf {i + 1}/{a.aiperf}: feasible max {r.get('feasible_max')}, infeasible min {r.get('infeasible_min')}, "
+                f"{r.get('probes')} probes, {r['wall_s']:.0f} s" + (f": {r['error']}" if "error" in r else ""))
     finally:
         launcher.stop(StateFile(state).read()["service"].get("running"), grace_s=10)
-    print(json.dumps(sec["score"], indent=1))
+    print(json.dumps({"vkit": sec.get("score"), "aiperf": (sec.get("aiperf") or {}).get("score")}, indent=1))
     return 0
 
 
