@@ -197,3 +197,86 @@ def test_no_tool_writes_state_keys():
             found += [f"vkit/cli/{f}:{n.lineno}" for n in ast.walk(tree) if isinstance(n, ast.Call)
                       and isinstance(n.func, ast.Attribute) and n.func.attr == "transaction"]
     assert found == []
+
+
+# -- no import circles ------------------------------------------------------------------------------
+def top_level_imports(source: str, module: str, known: set[str]) -> set[str]:
+    """The library modules ``module`` imports when it is loaded: import statements in its body and
+    in blocks there (``if TYPE_CHECKING:``, ``try:``), not those inside a function (a deferred
+    import is loaded when called, and does not tie the two modules' loading together), nor the
+    packages ``module`` lies in (Python loads a package before any module inside it)."""
+    out: set[str] = set()
+    body = list(ast.parse(source).body)
+    while body:
+        node = body.pop()
+        if isinstance(node, (ast.If, ast.Try)):
+            body += [*node.body, *node.orelse, *getattr(node, "finalbody", []),
+                     *(s for h in getattr(node, "handlers", []) for s in h.body)]
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [f"{_absolute(module, node)}.{a.name}" for a in node.names] + [_absolute(module, node)]
+            out |= {n for n in names if n in known}
+    return {n for n in out if not (module == n or module.startswith(n + "."))}
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one module (Tarjan's algorithm, iteratively)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on.add(root)
+        while work:
+            v, it = work[-1]
+            w = next(it, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(sorted(graph.get(w, ())))))
+                elif w in on:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                group = []
+                while True:
+                    w = stack.pop()
+                    on.discard(w)
+                    group.append(w)
+                    if w == v:
+                        break
+                if len(group) > 1:
+                    out.append(sorted(group))
+    return out
+
+
+def test_no_two_library_modules_import_each_other_when_loaded():
+    mods = dict(library_modules())
+    known = set(mods)
+    graph = {m: top_level_imports(open(path).read(), m, known) for m, path in mods.items()}
+    assert import_circles(graph) == []
+
+
+def test_an_import_circle_is_found_even_through_type_checking_blocks():
+    known = {"vkit.a", "vkit.b", "vkit.c", "vkit.d"}
+    src = {"vkit.a": "from vkit.b import x\n",
+           "vkit.b": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from vkit.c import y\n",
+           "vkit.c": "import vkit.a\n",
+           "vkit.d": "def f():\n    from vkit.a import x\n"}
+    graph = {m: top_level_imports(s, m, known) for m, s in src.items()}
+    assert graph["vkit.d"] == set()  # a deferred import inside a function is not a loading edge
+    assert top_level_imports("from vkit.p import q\n", "vkit.p.r", {"vkit.p", "vkit.p.q"}) == {"vkit.p.q"}
+    assert import_circles(graph) == [["vkit.a", "vkit.b", "vkit.c"]]
+    graph["vkit.c"] = set()
+    assert import_circles(graph) == []

@@ -19,7 +19,7 @@ import resource
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -27,6 +27,7 @@ import numpy as np
 from vkit import __version__
 from vkit.errors import Unavailable, UsageError
 from vkit.measure.accel import Sampler
+from vkit.measure.benchconfig import BenchConfig
 from vkit.measure.client import Result, StreamClient, request_body
 from vkit.measure.datasets import Request
 from vkit.measure.fingerprint import fingerprint
@@ -37,28 +38,6 @@ from vkit.measure.serverapi import Server, cache_config, delta, families, gauges
 
 MAX_THREADS = 1024
 
-
-@dataclass
-class BenchConfig:
-    url: str
-    requests: list[Request]
-    model: str | None = None
-    endpoint: str = "completions"  # or "chat"
-    warmups: list[Request] = field(default_factory=list)
-    max_concurrency: int | None = None
-    request_rate: float = math.inf
-    burstiness: float = 1.0
-    arrivals: np.ndarray | None = None  # send offsets (s); None = all at once
-    duration_s: float | None = None
-    stream: bool = True
-    goodput_slo_ms: dict | None = None
-    api_key: str | None = None
-    transport: str = "auto"  # "loop" (one thread, selectors), "threads" (one per stream); auto = loop for http
-    stall_timeout_s: float = 60.0
-    scrape_interval_s: float = 1.0
-    drain_timeout_s: float = 60.0
-    meta: dict = field(default_factory=dict)  # dataset, seed, command line: copied into the summary
-    launch_argv: list[str] | None = None  # how the server was launched (the state's), for the fingerprint; None: unknown
 
 
 @dataclass

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from vkit.measure.batchse import run_log_se
+from vkit.measure.benchconfig import BenchConfig
 from vkit.measure.client import Result
 from vkit.measure.summary import (
     describe_ms,
@@ -19,9 +20,6 @@ from vkit.measure.summary import (
     queue_growth,
     tpot_of,
 )
-
-if TYPE_CHECKING:
-    from vkit.measure.loadgen import BenchConfig
 
 
 def summarize(

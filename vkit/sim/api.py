@@ -23,6 +23,7 @@ from vkit import __version__ as VKIT_VERSION
 from vkit.sim.config import Resolved, ServeOptions
 from vkit.sim.engine import Request
 from vkit.sim.http import REASONS, BadRequest, Conn, StreamSink, error_body, response_head
+from vkit.sim.settings import SimSettings
 from vkit.sim.tokenizer import Tokenizer, render_chat
 from vkit.sim.vlog import VllmLog
 
@@ -32,7 +33,6 @@ if TYPE_CHECKING:
 
     from vkit.sim.engine import Engine
     from vkit.sim.metrics import Metrics
-    from vkit.sim.serve import SimSettings
 
 VLLM_VERSION = "0.32.0"
 SIM_VERSION = VLLM_VERSION + "+sim"

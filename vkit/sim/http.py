@@ -12,11 +12,29 @@ import asyncio
 import json
 import socket
 import time
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from vkit.sim.api import Live
-    from vkit.sim.serve import SimApp
+
+class Live(Protocol):
+    """What a connection knows of the request it is streaming (:class:`vkit.sim.api.Live`)."""
+
+    done: bool
+
+
+class App(Protocol):
+    """What a connection needs of the application behind it (:class:`vkit.sim.serve.SimApp`): the
+    connection set, the request handler, JSON answers, aborting a request whose client left, and
+    the wall time an arriving request counts from."""
+
+    conns: set
+
+    def handle(self, conn: Conn, method: str, path: str, query: str, headers: dict, body: bytes) -> None: ...
+
+    def send_json(self, conn: Conn, status: int, obj: Any) -> None: ...
+
+    def abort(self, live: Any) -> None: ...
+
+    def ready_at(self) -> float: ...
 
 REASONS = {200: b"OK", 400: b"Bad Request", 404: b"Not Found", 405: b"Method Not Allowed",
            411: b"Length Required", 413: b"Request Entity Too Large", 500: b"Internal Server Error",
@@ -151,7 +169,7 @@ class Conn(asyncio.Protocol):
     MAX_HEAD = 64 * 1024
     MAX_BODY = 64 * 1024 * 1024
 
-    def __init__(self, app: SimApp):
+    def __init__(self, app: App):
         self.app = app
         self.transport: asyncio.Transport | None = None
         self.buf = bytearray()

@@ -2,7 +2,7 @@
 
 The code lives beside it by concern: ``vkit.sim.http`` (connections, request parsing,
 chunked SSE framing, error bodies), ``vkit.sim.api`` (the OpenAI-compatible endpoints and
-the request → engine mapping) and ``vkit.sim.serve`` (settings, start-up, the asyncio loop,
+the request → engine mapping) and ``vkit.sim.settings`` (the simulator's own settings), ``vkit.sim.serve`` (start-up, the asyncio loop,
 the engine loop in virtual time, crash and shutdown). Their public names are re-exported here.
 """
 
@@ -14,14 +14,13 @@ from vkit.sim.serve import (
     CRASH_EXIT_DELAY_S,
     MAX_BEHIND_S,
     REGIME_GAP_WALL_S,
-    STATS_LOG_INTERVAL_S,
     OnLoop,
     SimApp,
-    SimSettings,
     build_engine,
     report_startup_error,
     serve,
 )
+from vkit.sim.settings import STATS_LOG_INTERVAL_S, SimSettings
 
 __all__ = [
     "CRASH_EXIT_DELAY_S", "ENGINE_DEAD_MSG", "MAX_BEHIND_S", "REGIME_GAP_WALL_S", "SIM_VERSION",
