@@ -206,11 +206,12 @@ def aiperf_search(url: str, seed: int, out_dir: str, slo: dict, max_rate: int, p
             "convergence": h.get("convergence_reason"), "wall_s": wall}
 
 
-def aiperf_score(rows: list, truth: dict) -> dict:
-    """Whether each AIPerf answer (the highest feasible rate) lies inside the ladder's bracket [holds, fails]."""
+def aiperf_score(rows: list, truth: dict, rung: float) -> dict:
+    """Whether each AIPerf answer (the highest feasible rate, an integer) lies within one rung (``rung``: the
+    ladder's factor) below the ladder's bracket [holds, fails] or inside it."""
     ok = [r for r in rows if r.get("feasible_max") is not None]
     lo, hi = truth.get("holds"), truth.get("fails")
-    inside = [r for r in ok if (lo is None or r["feasible_max"] >= lo / 1.15) and (hi is None or r["feasible_max"] <= hi)]
+    inside = [r for r in ok if (lo is None or r["feasible_max"] >= lo / rung) and (hi is None or r["feasible_max"] <= hi)]
     ans = sorted(r["feasible_max"] for r in ok)
     return {"searches": len(rows), "answered": len(ok), "answer_within_one_rung_of_the_ladder": len(inside),
             "answers": ans, "median_probes": sorted(r["probes"] for r in ok)[len(ok) // 2] if ok else None,
@@ -318,7 +319,7 @@ def main(argv=None) -> int:
                               a.aiperf_iterations)
             sec["aiperf"]["rows"].append(r)
             if "ladder" in sec:
-                sec["aiperf"]["score"] = aiperf_score(sec["aiperf"]["rows"], sec["ladder"])
+                sec["aiperf"]["score"] = aiperf_score(sec["aiperf"]["rows"], sec["ladder"], a.ladder_factor)
             save()
             log(f"aiperf {i + 1}/{a.aiperf}: feasible max {r.get('feasible_max')}, infeasible min {r.get('infeasible_min')}, "
                 f"{r.get('probes')} probes, {r['wall_s']:.0f} s" + (f": {r['error']}" if "error" in r else ""))
