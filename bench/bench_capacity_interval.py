@@ -130,10 +130,11 @@ def true_capacity(sc: dict) -> float:
 
 # -- one search -----------------------------------------------------------------------------------
 def one_search(args) -> dict:
-    name, method, rep = args
+    name, method, rep, *rest = args
     sc = SCENARIOS[name]
     slo = cap.Slo(dict(sc["slo"]))
-    plan = cap.Plan(start=sc["start"], method=method, keep_up=KEEP_UP)
+    plan = cap.Plan(start=sc["start"], method=method, keep_up=KEEP_UP,
+                    **({"crossing_factor": rest[0]} if rest and rest[0] else {}))
     count = [0]
 
     def measure(load: float, k: int, n: int | None = None) -> dict:
@@ -196,6 +197,8 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--out", default=OUT)
     ap.add_argument("--rows", default=None, metavar="FILE", help="also write every search's row here (JSON Lines)")
+    ap.add_argument("--crossing-factor", type=float, default=None, metavar="F",
+                    help="the searches' Plan.crossing_factor (default: the Plan's own)")
     a = ap.parse_args(argv)
     names = [s for s in a.scenarios.split(",") if s]
     bad = [s for s in names if s not in SCENARIOS]
@@ -204,7 +207,8 @@ def main(argv=None) -> int:
         return 2
     result = json.load(open(a.out)) if os.path.exists(a.out) else {}
     result.update({"revision": _revision(), "machine": platform.node(), "noise": NOISE, "keep_up": KEEP_UP,
-                   "plan": {k: v for k, v in vars(cap.Plan()).items()}})
+                   "plan": {k: v for k, v in vars(cap.Plan(**({"crossing_factor": a.crossing_factor}
+                                                                      if a.crossing_factor else {}))).items()}})
     result.setdefault("scenarios", {})
     with mp.Pool(a.jobs) as pool:
         for name in names:
@@ -212,7 +216,8 @@ def main(argv=None) -> int:
             truth = cached_truth(name)
             print(f"{name}: truth {truth:.4g} req/s ({time.time() - t0:.0f} s)", file=sys.stderr)
             rows: dict[str, list] = {"model": [], "bracket": []}
-            jobs = [(name, "model", i) for i in range(a.searches)] + [(name, "bracket", i) for i in range(a.bracket_searches)]
+            jobs = ([(name, "model", i, a.crossing_factor) for i in range(a.searches)]
+                    + [(name, "bracket", i, a.crossing_factor) for i in range(a.bracket_searches)])
             for k, r in enumerate(pool.imap_unordered(one_search, jobs), 1):
                 rows[r["method"]].append(r)
                 if k % 25 == 0 or k == len(jobs):

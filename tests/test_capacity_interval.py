@@ -187,3 +187,26 @@ def test_a_search_sends_the_longer_runs_where_the_crossing_is_and_not_at_its_fir
     lo, hi = res.model.lo, res.model.hi
     near = [(x, n) for x, n in sent[2:] if lo <= x <= hi]
     assert near and all(n >= math.ceil(x * 40.0) for x, n in near)
+
+
+def test_the_tunes_capacity_measurement_sizes_its_runs_as_bin_capacity_does(tmp_path, monkeypatch):
+    """measure_configuration (a tune's capacity measurement) hands the search's run sizes to the
+    server's runs: near the crossing they last crossing_factor x point_seconds, as bin/capacity's do."""
+    from vkit.measure.gauge import BenchOptions
+
+    measure, _ = real_vllm_like(stall_first=False)
+    sent = []
+
+    def live_measure(opts, url, out_dir, plan, **_):
+        def run(load, k, requests=None):
+            sent.append((load, requests))
+            return measure(load, k, requests)
+        return run
+
+    monkeypatch.setattr(cap, "live_measure", live_measure)
+    doc = cap.measure_configuration(BenchOptions(num_prompts=50), "http://x", str(tmp_path), cap.Slo(SLO),
+                                    cap.Plan(start=4.0), None)
+    lo, hi = doc["vkit"]["capacity"]["interval"]
+    assert all(n is not None for _, n in sent)
+    near = [(x, n) for x, n in sent[2:] if lo <= x <= hi]
+    assert near and all(n >= math.ceil(x * 40.0) for x, n in near)

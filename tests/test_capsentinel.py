@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 import types
 from dataclasses import replace
 
@@ -61,6 +62,8 @@ class _Runner:
         self.runs_dir = str(tmp_path / "runs")
         self.svc = types.SimpleNamespace(read=lambda: {"service": {"url": "virtual"}})
         self.interrupts = None
+        self.backend = types.SimpleNamespace(now=time.time)  # runs timed on its clock
+        self.bench = None  # live_measure's own (replaced here by the predictor's stand-in)
         self.restarts = 0
         self.logged: list[dict] = []
         sf = types.SimpleNamespace(path=str(tmp_path / "vkit.json"), dir=str(tmp_path),

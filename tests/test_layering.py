@@ -149,10 +149,12 @@ STAGE_DEPS = {
     "validate": {"apply.policy"},
     "decide": {"validate", "apply.policy"},
     "apply": {"measure"},
-    "tune": {"measure", "validate", "decide", "apply", "search"},
+    # the tune runs on the simulator's virtual backend (tune.virtual) as on a process
+    "tune": {"measure", "validate", "decide", "apply", "search", "sim"},
     "search": set(),
-    # a virtual run (predict.bench_summary) summarises its requests with bench_stream's own pure functions
-    "sim": {"measure.summary", "measure.batchse"},
+    # a virtual run (predict.bench_summary, sim.virtual) takes bench_stream's workload and summarises its
+    # requests with bench_stream's own code: the simulator sits beside the measurement, not after it
+    "sim": {"measure"},
     "report": {"tune.result"},  # the report renders the tune's typed result
 }
 

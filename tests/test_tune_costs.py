@@ -145,7 +145,7 @@ def test_a_promise_run_the_client_could_not_keep_up_with_is_run_again_before_ste
     lagging = {"p99": 7.0}  # ms: beyond the plan's 5 ms, the client's fault, not the server's
     offered = []
 
-    def live(opts, url, out_dir, plan, command=None, interrupts=None, launch_argv=None):
+    def live(opts, url, out_dir, plan, command=None, interrupts=None, launch_argv=None, bench=None):
         def run(load, k):
             offered.append(load)
             lag = lagging if len(offered) == 1 else {"p99": 0.3}
@@ -217,7 +217,7 @@ def test_a_promise_at_the_boundary_is_not_verified_there(state_path, monkeypatch
     monkeypatch.setattr(r, "restore_kept", lambda fresh=False: None)
     offered = []
 
-    def live(opts, url, out_dir, plan, command=None, interrupts=None, launch_argv=None):
+    def live(opts, url, out_dir, plan, command=None, interrupts=None, launch_argv=None, bench=None):
         def run(load, k):
             offered.append(load)
             ttft = 980.0 if load >= 100 else 500.0  # at 100: 2 % inside the SLO, within the noise

@@ -20,9 +20,10 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from vkit.apply import launcher
+from vkit.apply.backend import PROCESS, Backend
 from vkit.apply.launcher import Running
 from vkit.apply.policy import Policy
-from vkit.apply.verify import CACHE_CONFIG_KEYS, verify
+from vkit.apply.verify import CACHE_CONFIG_KEYS
 from vkit.errors import Abnormal, ExitCode, VkitError
 from vkit.interrupts import Interrupts
 from vkit.state import StateFile, now_iso, pid_alive
@@ -72,6 +73,7 @@ class Lifecycle:
         verify_timeout_s: float = 60.0,
         interrupted: Callable[[], bool] = lambda: False,
         policy: Policy | None = None,
+        backend: Backend | None = None,
     ):
         self.sf = sf
         self.tool = tool
@@ -82,6 +84,7 @@ class Lifecycle:
         self.verify_timeout_s = verify_timeout_s
         self.interrupted = interrupted
         self.policy = policy or Policy.load()
+        self.backend = backend or PROCESS  # where the server runs: a process, or the simulator in virtual time
 
     # -- helpers ---------------------------------------------------------
     def _log(self, event: str, **kw) -> str:
@@ -94,11 +97,11 @@ class Lifecycle:
     def _stop_running(self, st: dict) -> None:
         run = st["service"].get("running")
         if run and run.get("pid"):
-            self.progress(launcher.stop(run, st["service"]["launch"], grace_s=self.grace_s))
+            self.progress(self.backend.stop(run, st["service"]["launch"], grace_s=self.grace_s))
             self.sf.set_running(None)
         # a server this state launched but never recorded (vkit killed between its start and the
         # state write) still holds the port: stop it too
-        for line in launcher.stop_tagged(launcher.tag_for(self.sf.dir), grace_s=self.grace_s):
+        for line in self.backend.stop_tagged(launcher.tag_for(self.sf.dir), grace_s=self.grace_s):
             self.progress(f"an unrecorded server of this state: {line}")
             self._log("orphan_stopped", what=line)
 
@@ -107,14 +110,14 @@ class Lifecycle:
         svc = st["service"]
         log = launcher.log_path_for(self.sf.dir, role)
         self.progress(f"starting the {role} configuration: {' '.join(launcher.to_serve_flags(config)) or '(launch defaults)'}")
-        run = launcher.start(svc["launch"], config, log, tag=launcher.tag_for(self.sf.dir))
+        run = self.backend.start(svc["launch"], config, log, tag=launcher.tag_for(self.sf.dir))
         self.sf.set_running(dict(run.as_state(), config=config, role=role))
-        ready = launcher.wait_ready(
+        ready = self.backend.wait_ready(
             svc["url"], run, self.ready_timeout_s,
             on_wait=lambda el: self.progress(f"waiting for /health ({el:.0f} s)"),
             stop_flag=self.interrupted if role == "candidate" else None,
         )
-        lines = launcher.tail(run.log, 400)
+        lines = self.backend.tail(run.log, 400)
         facts = launcher.startup_facts(lines)
         facts["ready_s"] = round(ready.seconds, 2)
         if not ready.ok:
@@ -122,12 +125,12 @@ class Lifecycle:
                 return False, {"kind": "interrupted", "quote": "", "advice": ""}, run, facts
             return False, dict(ready.diagnosis or {}, why=ready.why), run, facts
         self.progress(f"/health 200 after {ready.seconds:.1f} s; verifying")
-        v = verify(svc["url"], svc["model"], expectations(config), timeout_s=self.verify_timeout_s)
+        v = self.backend.verify(svc["url"], svc["model"], expectations(config), timeout_s=self.verify_timeout_s)
         if not v.ok:
             return False, {"kind": "verify_failed", "quote": v.summary_line(), "advice": "read the server log",
                            "why": f"post_start_verify failed: {v.summary_line()}", "verify": v.as_dict()}, run, facts
         if not run.is_alive():
-            d = launcher.diagnose(launcher.tail(run.log))
+            d = launcher.diagnose(self.backend.tail(run.log))
             return False, dict(d, why=f"the server exited right after verification: {d['quote']}"), run, facts
         return True, {}, run, facts
 
@@ -215,7 +218,7 @@ class Lifecycle:
         st = self.sf.read()
         kept = dict(st["kept"]["config"])
         if failed_run is not None:
-            self.progress(launcher.stop(failed_run, st["service"]["launch"], grace_s=self.grace_s))
+            self.progress(self.backend.stop(failed_run, st["service"]["launch"], grace_s=self.grace_s))
             running = st["service"].get("running") or {}
             if running.get("pid") == failed_run.pid:
                 self.sf.set_running(None)
@@ -268,6 +271,7 @@ class Held:
     interrupts: Interrupts = field(default_factory=Interrupts)
     on_interrupt: Callable[[], None] | None = None
     policy: Policy | None = None
+    backend: Backend | None = None
 
 
 def run_held(sf: StateFile, tool: str, how: Held, body: Callable[[Lifecycle], Outcome]) -> tuple[int, Outcome | None]:
@@ -277,7 +281,7 @@ def run_held(sf: StateFile, tool: str, how: Held, body: Callable[[Lifecycle], Ou
     sf.read()  # missing/corrupt state → exit 4/3 before anything is touched
     with how.interrupts.deferred(on_first=how.on_interrupt) as stop:
         lc = Lifecycle(sf, tool, how.owner, progress=how.progress, ready_timeout_s=how.ready_timeout_s, grace_s=how.grace_s,
-                       interrupted=stop.is_set, policy=how.policy)
+                       interrupted=stop.is_set, policy=how.policy, backend=how.backend)
         with sf.lease(how.owner, ttl_s=how.lease_ttl_s, tool=tool):
             rec = lc.recover_orphan()
             if rec is not None:

@@ -95,6 +95,10 @@ def add_args(p: argparse.ArgumentParser) -> None:
     m.add_argument("--yes", action="store_true", help="production: confirm every restart without asking")
     m.add_argument("--sandbox", action="store_true", help="offline sandbox: restarts need no confirmation")
     r.add_argument("--lease-ttl", type=float, default=6 * 3600, metavar="S", help="lease lifetime (default 6 h)")
+    r.add_argument("--virtual", action="store_true",
+                   help="run the state's simulator in virtual time instead of starting it: the launch argv must be "
+                        "bin/sim_server's; every restart and run is the simulator's engine with no socket and no wall "
+                        "clock (seconds per trial), timed in simulated seconds; every figure simulated")
     r.add_argument("--ray", metavar="ADDRESS", default=None,
                    help="many machines: serve and measure each slot of the state on a node of this Ray cluster (e.g. "
                         "10.0.0.5:6379, or auto), pinned to a node holding the slot's accelerators; the state and the "
@@ -253,8 +257,17 @@ def check_confirmation(args: argparse.Namespace) -> None:
 
 def context(args: argparse.Namespace, io: IO, tool: str) -> RunContext:
     """The driver's context: ``tool``'s lease owner ($VKIT_LEASE_OWNER), the policy ($VKIT_POLICY), io's callbacks."""
+    backend = None
+    if getattr(args, "virtual", False):
+        if getattr(args, "ray", None):
+            raise UsageError("--virtual runs the simulator here, in virtual time: leave out --ray")
+        from vkit.cli.sim_server import parse_virtual
+        from vkit.tune.virtual import VirtualBackend
+
+        backend = VirtualBackend(parse_virtual)
     return RunContext(tool=tool, owner=lease_owner(tool), policy=load_policy(), lease_ttl_s=args.lease_ttl,
-                      progress=io.progress, warn=io.warn, interrupts=io.interrupts, ray=getattr(args, "ray", None))
+                      progress=io.progress, warn=io.warn, interrupts=io.interrupts, ray=getattr(args, "ray", None),
+                      backend=backend)
 
 
 def tune_plan(args: argparse.Namespace) -> TunePlan:

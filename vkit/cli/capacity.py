@@ -12,13 +12,14 @@ import argparse
 import json
 import math
 import os
+import shlex
 import sys
 import time
 from dataclasses import replace
 
 from vkit.cli import bench_stream
 from vkit.cli._common import IO, _epilog, fraction_arg, int_at_least, non_negative_float, positive_float, run
-from vkit.errors import ExitCode, UsageError
+from vkit.errors import ExitCode, UsageError, VkitError
 from vkit.measure.gauge import check
 from vkit.state import atomic_write_text
 from vkit.tune import capacity as cap
@@ -30,6 +31,8 @@ EXAMPLES = [
     "capacity --url $URL --dataset-name jsonl --dataset-path prompts.jsonl --slo p99_ttft_ms=2000 --goodput-fraction 0.99",
     "capacity --url $URL --mode concurrency --start 8 --slo p95_e2el_ms=20000 --accelerators 8 -o capacity.json",
     "capacity --url $URL --mode trace --dataset-name trace --dataset-path traffic.jsonl --slo p95_ttft_ms=1000",
+    "capacity --virtual 'm --sim-model llama-3.1-8b --sim-gpu H200 --max-num-seqs 64' --random-input-len 2048 \\\n"
+    "      --random-output-len 64 --slo p95_ttft_ms=500   # what-if: a simulated deployment, in simulated time",
 ]
 
 
@@ -55,8 +58,13 @@ def build_parser() -> argparse.ArgumentParser:
                 "search's own and are refused here.\n\n" + _epilog(EXAMPLES, {
                     0: "capacity found (model: an estimate with its interval closed on both sides)",
                     1: "no load holds the SLO, or the interval is open above (every load up to --max-load holds)",
-                    2: "bad flag, unknown SLO metric, a load flag given"}))
+                    2: "bad flag, unknown SLO metric, a load flag given",
+                    4: "the server is unreachable, or the --virtual deployment would not start (vLLM's words)"}))
     c = p.add_argument_group("capacity")
+    c.add_argument("--virtual", metavar="SIM_SERVER_ARGS",
+                   help="search a simulated deployment in virtual time instead of a server: sim_server's command line "
+                        "(MODEL, vllm serve flags, --sim-* flags) as one quoted string; no socket, no wall clock, every "
+                        "figure simulated (the document's 'virtual' says so, with the simulated seconds it cost)")
     c.add_argument("--slo", action="append", default=[], metavar="METRIC=MS",
                    help="an upper limit, repeatable: p50/p90/p95/p99/mean/median of ttft, tpot, itl, e2el, e.g. p95_ttft_ms=1000")
     c.add_argument("--goodput-fraction", type=fraction_arg(), default=None, metavar="F",
@@ -139,14 +147,24 @@ def _run(args: argparse.Namespace, io: IO) -> int:
     check(opts)
     api_key = bench_stream.api_key(args)
     run_dir = args.run_dir or f"capacity-{time.strftime('%Y%m%dT%H%M%S')}"
-    url = bench_stream._url(args)
-    measure = cap.live_measure(opts, url, run_dir, plan, command=["--url", url], api_key=api_key,
-                               interrupts=io.interrupts)
+    virtual = _virtual(args.virtual) if args.virtual is not None else None
+    if virtual is not None:
+        if args.url:
+            raise UsageError("--virtual searches a simulated deployment: leave out --url")
+        url = f"virtual://{virtual.opts.model}"
+        measure = cap.live_measure(opts, url, run_dir, plan, command=["--virtual", args.virtual], bench=virtual.bench)
+    else:
+        url = bench_stream._url(args)
+        measure = cap.live_measure(opts, url, run_dir, plan, command=["--url", url], api_key=api_key,
+                                   interrupts=io.interrupts)
     io.progress(f"{url}: capacity search, {args.mode}, SLO {', '.join(f'{k} <= {v:g}' for k, v in slo.limits.items())}"
                 + (f", goodput >= {args.goodput_fraction:g}" if args.goodput_fraction else "") + f"; runs in {run_dir}")
     res = cap.search(measure, slo, plan, io.progress)
     doc = res.as_dict(args.accelerators)
     doc["run_dir"] = os.path.abspath(run_dir)
+    if virtual is not None:
+        doc["virtual"] = {"sim_server": args.virtual, **virtual.tally.as_dict(),
+                          "time": "simulated seconds of the simulated accelerator; every figure simulated, not measured"}
     if args.output:
         atomic_write_text(args.output, json.dumps(doc, indent=2, sort_keys=True) + "\n")
     io.emit_json(doc)
@@ -154,6 +172,29 @@ def _run(args: argparse.Namespace, io: IO) -> int:
     if doc["capacity"] is None:
         return ExitCode.REJECTED
     return ExitCode.OK if doc["upper"] is not None else ExitCode.REJECTED
+
+
+def _virtual(text: str):
+    """The simulated deployment sim_server's command line ``text`` describes, started (vLLM's words
+    and exit 4 when it would not start)."""
+    from vkit.cli import sim_server
+    from vkit.sim.virtual import VirtualServer
+
+    parser = sim_server.build_parser()
+    try:
+        a = parser.parse_args(sim_server.normalize_argv(shlex.split(text)))
+    except SystemExit:
+        raise UsageError(f"--virtual: not a sim_server command line: {text!r} (see sim_server --help)") from None
+    model = a.model_tag or a.model_opt
+    if not model:
+        raise UsageError("--virtual needs sim_server's MODEL first, e.g. --virtual 'm --sim-model llama-3.1-8b'")
+    opts, settings = sim_server.options(a, parser, model, 0, os.environ)
+    vs = VirtualServer(opts, settings)
+    st = vs.start({})
+    if not st.ok:
+        raise VkitError(f"the simulated deployment does not start: {' '.join((st.message or '').split())}",
+                        ExitCode.UNAVAILABLE)
+    return vs
 
 
 def said(doc: dict) -> str:

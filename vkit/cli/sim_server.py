@@ -13,6 +13,7 @@ import argparse
 import os
 import re
 import sys
+from collections.abc import Mapping
 
 from vkit.cli._common import IO, loop_signals, make_parser, non_negative_float, positive_float, run
 from vkit.errors import ExitCode, UsageError
@@ -306,8 +307,6 @@ def _run(args: argparse.Namespace, io: IO, parser: argparse.ArgumentParser) -> i
     host = args.host or "127.0.0.1"
     if host not in _LOOPBACK:
         log.warning("sim_server.py:1", f"sim_server only serves loopback; binding 127.0.0.1 instead of {host}")
-    host = "127.0.0.1"
-    seed = args.sim_seed if args.sim_seed is not None else int.from_bytes(os.urandom(4), "big")
     start = next_start(args.sim_start_file) if args.sim_start_file else int.from_bytes(os.urandom(4), "big")
     if args.sim_fault_plan:
         if not args.sim_start_file:
@@ -315,7 +314,33 @@ def _run(args: argparse.Namespace, io: IO, parser: argparse.ArgumentParser) -> i
         planned = apply_fault_plan(args, args.sim_fault_plan, start)
         if planned:
             log.warning("sim_server.py:1", f"fault plan: start {start} gets {' '.join(planned)}")
-    env = os.environ
+    opts, settings = options(args, parser, model, start, os.environ)
+    return serve(opts, settings, log, on_loop=loop_signals)
+
+
+def parse_virtual(argv: list[str], start: int) -> tuple[ServeOptions, SimSettings]:
+    """sim_server's command line (without the program) as the virtual backend starts it
+    (vkit.tune.virtual): the engine's options and the simulator's settings for start ``start``, a
+    fault plan's faults for that start applied. A bad command line is a usage error."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(normalize_argv(list(argv)))
+    except SystemExit:
+        raise UsageError(f"not a sim_server command line: {' '.join(argv)}") from None
+    model = args.model_tag or args.model_opt
+    if not model:
+        raise UsageError("the sim_server command line names no MODEL")
+    if args.sim_fault_plan:
+        apply_fault_plan(args, args.sim_fault_plan, start)
+    return options(args, parser, model, start, os.environ)
+
+
+def options(args: argparse.Namespace, parser: argparse.ArgumentParser, model: str, start: int,
+            env: Mapping[str, str]) -> tuple[ServeOptions, SimSettings]:
+    """The engine's options and the simulator's settings that these flags (and vLLM's environment
+    variables in ``env``) ask for: what a live start serves, and what a virtual one (vkit.sim.virtual) runs."""
+    host = "127.0.0.1"
+    seed = args.sim_seed if args.sim_seed is not None else int.from_bytes(os.urandom(4), "big")
     opts = ServeOptions(
         model=model,
         gpu=get_gpu(args.sim_gpu),
@@ -356,7 +381,7 @@ def _run(args: argparse.Namespace, io: IO, parser: argparse.ArgumentParser) -> i
         dev_mode=env.get("VLLM_SERVER_DEV_MODE", "") in ("1", "true", "True"),
         non_default_args=nd,
     )
-    return serve(opts, settings, log, on_loop=loop_signals)
+    return opts, settings
 
 
 def main(argv: list[str] | None = None, stdin=None, stdout=None, stderr=None) -> int:

@@ -199,12 +199,17 @@ def measure(cfg: BenchConfig, records: str | None = None, output: str | None = N
     cfg.meta["label"] = label
     with (interrupts or Interrupts()).deferred(on_first=on_interrupt, again_raises=True) as d:
         out = run_bench(cfg, progress=progress, stop=d.event)
-    s = out.summary
-    s["label"] = label
-    if records:
-        s["vkit"]["records"] = os.path.abspath(records)
-        text = "".join(json.dumps(r, sort_keys=True, separators=(",", ":")) + "\n" for r in out.records)
-        atomic_write_text(records, text)
-    if output:
-        atomic_write_text(output, json.dumps(s, indent=2, sort_keys=True, default=str) + "\n")
+    save(out.summary, out.records, records, output, label)
     return out
+
+
+def save(summary: dict, records: list[dict], records_path: str | None, output: str | None, label: str | None = None) -> None:
+    """A run's records (JSON Lines) and summary written to their files (each atomically), as
+    bench_stream writes them; the summary names its records file."""
+    summary["label"] = label
+    if records_path:
+        summary["vkit"]["records"] = os.path.abspath(records_path)
+        text = "".join(json.dumps(r, sort_keys=True, separators=(",", ":")) + "\n" for r in records)
+        atomic_write_text(records_path, text)
+    if output:
+        atomic_write_text(output, json.dumps(summary, indent=2, sort_keys=True, default=str) + "\n")

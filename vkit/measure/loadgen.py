@@ -360,7 +360,7 @@ def _run_phase_loop(
     return results, t0, t_end, stop.is_set()
 
 
-def _preflight_request(first: Request) -> Request:
+def preflight_request(first: Request) -> Request:
     """The first request's shape with other token ids, so the preflight does not put the
     measured prompt into the server's prefix cache (text prompts are sent as they are)."""
     hi = max(first.prompt) if isinstance(first.prompt, list) and first.prompt else 0
@@ -449,7 +449,7 @@ def run_bench(cfg: BenchConfig, progress: Callable[[dict], None] | None = None, 
 def _preflight(cfg: BenchConfig, client: StreamClient, model: str) -> Result:
     """The first request alone, one token. A rejection here is a usage error with the server's words."""
     chat, path = _endpoint(cfg)
-    pre = client.post(path, request_body(_preflight_request(cfg.requests[0]), model, chat, cfg.stream, max_tokens=1), cfg.stream, chat)
+    pre = client.post(path, request_body(preflight_request(cfg.requests[0]), model, chat, cfg.stream, max_tokens=1), cfg.stream, chat)
     if pre.status is None:
         raise Unavailable(f"cannot send to {cfg.url}: {pre.error}")
     if 400 <= pre.status < 500:

@@ -17,6 +17,7 @@ import random
 import time
 import traceback
 import zlib
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from vkit import __version__ as VKIT_VERSION
@@ -55,6 +56,20 @@ def cpu_seconds() -> float:
 
 
 # -- per-request state on the server side --------------------------------------------------
+
+@dataclass(frozen=True)
+class Parsed:
+    """A generation request as validated: what the engine is asked to do."""
+
+    ids: list[int]
+    max_tokens: int
+    max_tokens_param: int | None  # the request's own max_tokens (None: up to max_model_len)
+    min_tokens: int
+    priority: int
+    ignore_eos: bool
+    stream: bool
+    stream_options: dict
+
 
 class Live:
     """Server-side state of one in-flight request (kept in ``Request.user``)."""
@@ -313,7 +328,9 @@ class SimApi:
             return list(ids)
         raise BadRequest("Either prompt or prompt_embeds must be provided and non-empty.", "prompt")
 
-    def generate(self, conn: Conn, raw: bytes, chat: bool) -> None:
+    def parse(self, raw: bytes, chat: bool) -> Parsed:
+        """A generation request's body validated as vLLM validates it (``BadRequest`` with vLLM's
+        words otherwise), and the fault of ``--sim-error-rate`` drawn."""
         if self.dead:
             raise BadRequest(ENGINE_DEAD_MSG, None, 500, "InternalServerError")
         try:
@@ -376,27 +393,39 @@ class SimApi:
             raise BadRequest("1 validation error: stream_options: Input should be a valid dictionary", "stream_options")
         if so and not stream:
             raise BadRequest("Stream options can only be defined when `stream=True`.", "stream_options")
+        return Parsed(ids, max_tokens, mt, min_tokens, priority, ignore_eos, stream, so)
 
-        malformed = self._admit(stream)
-        h = hash(tuple(ids))
+    def next_rid(self, chat: bool) -> str:
+        self._rid += 1
+        return f"{'chatcmpl' if chat else 'cmpl'}-{self._rid_prefix}{self._rid:08x}"
+
+    def engine_request(self, p: Parsed, rid: str, arrival: float, user: Any) -> Request:
+        """The engine's request for a parsed one arriving at virtual time ``arrival``: its natural
+        length (where EOS falls when it is not ignored) and its text drawn from its prompt."""
+        h = hash(tuple(p.ids))
         mean = self.s.output_len_mean
         natural = 1 + (h >> 8) % (2 * mean) if mean > 0 else 0
-        self._rid += 1
-        rid = f"{'chatcmpl' if chat else 'cmpl'}-{self._rid_prefix}{self._rid:08x}"
+        return Request(rid, p.ids, p.max_tokens, min_tokens=p.min_tokens, ignore_eos=p.ignore_eos, natural_len=natural,
+                       priority=p.priority, arrival=arrival, text_seed=h & 0xFFFF, user=user)
+
+    def generate(self, conn: Conn, raw: bytes, chat: bool) -> None:
+        p = self.parse(raw, chat)
+        malformed = self._admit(p.stream)
+        rid = self.next_rid(chat)
         created = int(time.time())
         t_arrival = min(conn.t_rx, time.perf_counter()) if conn.t_rx else time.perf_counter()
-        live = Live(conn, t_arrival, mt)
-        if stream:
-            live.sink = StreamSink(conn, chat, rid, created, self.model_json, bool(so.get("include_usage")),
-                                   bool(so.get("continuous_usage_stats")), plen, self.s.stall_stream_after,
+        live = Live(conn, t_arrival, p.max_tokens_param)
+        plen = len(p.ids)
+        if p.stream:
+            live.sink = StreamSink(conn, chat, rid, created, self.model_json, bool(p.stream_options.get("include_usage")),
+                                   bool(p.stream_options.get("continuous_usage_stats")), plen, self.s.stall_stream_after,
                                    malformed=malformed)
         else:
             live.sink = FullSink(conn, chat, rid, created, self.model_name, plen, self)
-        req = Request(rid, ids, max_tokens, min_tokens=min_tokens, ignore_eos=ignore_eos, natural_len=natural,
-                      priority=priority, arrival=self.vnow(t_arrival), text_seed=h & 0xFFFF, user=live)
+        req = self.engine_request(p, rid, self.vnow(t_arrival), live)
         live.req = req
         conn.live = live
-        if stream:
+        if p.stream:
             self._access(conn, 200)
             conn.write(response_head(200, b"text/event-stream; charset=utf-8", None, conn.keep_alive))
         self.engine.add_request(req)

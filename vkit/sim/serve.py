@@ -57,8 +57,11 @@ class _StampedSelector(selectors.DefaultSelector):  # type: ignore[misc, valid-t
         return ready
 
 
-def build_engine(opts: ServeOptions, resolved: Resolved, settings: SimSettings, tok: Tokenizer) -> Engine:
-    """The engine ``vllm serve`` would run for these options: scheduler limits, step-cost model, noise."""
+def build_engine(opts: ServeOptions, resolved: Resolved, settings: SimSettings, tok: Tokenizer,
+                 drift_offset_s: float | None = None) -> Engine:
+    """The engine ``vllm serve`` would run for these options: scheduler limits, step-cost model, noise.
+    ``drift_offset_s``: the drift's age at this start in simulated seconds (the virtual server's);
+    None: the wall time since ``settings.drift_since`` at the simulator's speed."""
     m = opts.model_profile
     ecfg = EngineConfig(
         max_model_len=resolved.max_model_len,
@@ -83,7 +86,8 @@ def build_engine(opts: ServeOptions, resolved: Resolved, settings: SimSettings, 
         cost = CostModel(m, opts.gpu, resolved.tensor_parallel_size, resolved.kv_dtype_bytes,
                          mfu=settings.mfu, mbu=settings.mbu)
     since = settings.drift_since
-    offset = max(0.0, time.time() - since) * settings.speed if since is not None else 0.0
+    offset = drift_offset_s if drift_offset_s is not None else (
+        max(0.0, time.time() - since) * settings.speed if since is not None else 0.0)
     rs = settings.effective_restart_noise
     # A new run level after >= 10 ms of wall time with nothing to do: the pause between two benchmark
     # runs (15-40 ms in-process, more across processes); inside a closed-loop run the engine never

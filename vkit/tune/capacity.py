@@ -29,6 +29,7 @@ import numpy as np
 
 from vkit.decide.runs import GAUGE_TOP, GAUGE_VKIT
 from vkit.errors import UsageError
+from vkit.measure.benchconfig import BenchConfig
 from vkit.measure.gauge import build_config, measure
 from vkit.tune import boundary, pooled
 from vkit.validate import invariants
@@ -449,13 +450,20 @@ def bracket_search(measure: Measure, slo: Slo, plan: Plan, progress: Callable[[s
 
 
 def live_measure(opts, url: str, out_dir: str, plan: Plan, command: list[str] | None = None, api_key: str | None = None,
-                 interrupts=None, launch_argv: list[str] | None = None) -> Measure:
+                 interrupts=None, launch_argv: list[str] | None = None,
+                 bench: Callable[[BenchConfig, str, str], dict] | None = None) -> Measure:
     """``measure(load, k)`` against a server: bench_stream's run at that load (dataset seed + the
     run's number, so no run finds its prompts in the prefix cache; open loop at exactly that mean
     rate (``--exact-rate``: a short run's own rate would otherwise vary by chance), with at least ``load x plan.point_seconds`` requests, closed loop at least
     5 per stream), its summary and records under ``out_dir/<mode>-<load>/rep<k>.json``, checked by
     check_invariants (an invalid verdict marks the run, which then counts for nothing). ``launch_argv``:
-    the server's launch argv for each run's fingerprint (None: unknown)."""
+    the server's launch argv for each run's fingerprint (None: unknown). ``bench(cfg, records, output)``:
+    what makes a run and writes its files, returning its summary (default: bench_stream's over HTTP;
+    vkit.sim.virtual's ``VirtualServer.bench`` runs it in virtual time)."""
+    if bench is None:
+        def bench(cfg: BenchConfig, records: str, output: str) -> dict:
+            return measure(cfg, records=records, output=output, interrupts=interrupts).summary
+
     mode = plan.mode
     runs = [0]
 
@@ -478,8 +486,7 @@ def live_measure(opts, url: str, out_dir: str, plan: Plan, command: list[str] | 
         if api_key is not None:
             cfg.api_key = api_key
         cfg.launch_argv = launch_argv
-        out = measure(cfg, records=rec, output=path, interrupts=interrupts)
-        s = out.summary
+        s = bench(cfg, rec, path)
         c = invariants.check_file(path, records=rec)
         s["vkit"]["capacity_check"] = {"verdict": c.verdict, "findings": c.findings, "path": path}
         return s
@@ -600,7 +607,8 @@ def capacity_document(result: Capacity, first: dict | None, opts, seed: int, ref
 def measure_configuration(opts, url: str, out_dir: str, slo: Slo, plan: Plan, reference: float | None,
                           command: list[str] | None = None, api_key: str | None = None, interrupts=None,
                           progress: Callable[[str], None] = lambda s: None, accelerators: int | None = None,
-                          seed: int | None = None, hint: float | None = None, launch_argv: list[str] | None = None) -> dict:
+                          seed: int | None = None, hint: float | None = None, launch_argv: list[str] | None = None,
+                          bench: Callable[[BenchConfig, str, str], dict] | None = None) -> dict:
     """One configuration's capacity, searched from the reference load (the neighbouring
     configuration's capacity: the bracket starts where the answer probably is, and the first point
     measures interactivity at that load; ``hint``, the kept configuration's capacity, is where the
@@ -613,11 +621,11 @@ def measure_configuration(opts, url: str, out_dir: str, slo: Slo, plan: Plan, re
     p = replace(plan, start=min(plan.hi_limit, max(plan.lo_limit, start)), step=step,
                 max_points=plan.max_points if reference is not None else plan.max_points + 4)
     inner = live_measure(opts, url, out_dir, p, command=command, api_key=api_key, interrupts=interrupts,
-                         launch_argv=launch_argv)
+                         launch_argv=launch_argv, bench=bench)
     first: list[dict] = []
 
-    def run(load: float, k: int) -> dict | None:
-        s = inner(load, k)
+    def run(load: float, k: int, requests: int | None = None) -> dict | None:
+        s = inner(load, k, requests)  # the search sizes each run: its percentile's error, near the crossing longer
         if s is not None and not first:
             first.append(s)
         return s

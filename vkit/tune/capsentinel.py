@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import math
 import os
-import time
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -75,14 +74,14 @@ def sentinel(runner: Runner) -> dict:
     k = 1 + (len(os.listdir(d)) if os.path.isdir(d) else 0)  # never overwrite an earlier check
     run = _cap.live_measure(replace(w.options, seed=w.seed + 70_000 + 10 * k), runner.svc.read()["service"]["url"],
                             os.path.join(d, f"check{k}"), c.plan, command=["--state", runner.sf.path],
-                            interrupts=runner.interrupts, launch_argv=launch_argv(st))
+                            interrupts=runner.interrupts, launch_argv=launch_argv(st), bench=runner.bench)
     point, verdict = _cap.Point(load), None
     for i in range(RUNS):
-        t0 = time.time()
+        t0 = runner.backend.now()
         summary = run(load, i)
         # a run like any other: on the process it ran on, in the time accounting
         where = ((summary or {}).get("vkit") or {}).get("capacity_check", {}).get("path") or os.path.join(d, f"check{k}", str(i))
-        runner.sf.record_run_start(os.path.relpath(where, runner.sf.dir), runner.start_key(), seconds=time.time() - t0)
+        runner.sf.record_run_start(os.path.relpath(where, runner.sf.dir), runner.start_key(), seconds=runner.backend.now() - t0)
         j = _cap.judge_run(summary, c.slo, c.plan, load)
         point.runs.append(j)
         runner.progress(f"sentinel {load:g}: " + (f"margin {j['margin']:+.3f}" if j["margin"] is not None else j["why"]))

@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from vkit import search
+from vkit.apply.backend import Backend
 from vkit.apply.policy import Policy
 from vkit.errors import Abnormal, ExitCode, UsageError, VkitError
 from vkit.interrupts import Interrupts
@@ -49,6 +50,7 @@ class RunContext:
     warn: Callable[[str], None] = _quiet
     interrupts: Interrupts = field(default_factory=Interrupts)
     ray: str | None = None  # --ray ADDRESS: the slots served on a Ray cluster's nodes (vkit.tune.fleet)
+    backend: Backend | None = None  # where the servers run: processes (None), or the simulator in virtual time (--virtual)
 
 
 @dataclass
@@ -135,7 +137,7 @@ def make_runner(sf: StateFile, s: Settings, ctx: RunContext, run_id: str | None 
     """A runner whose measurements go to runs/<run_id>/ beside the state (when given), its restarts
     under ``ctx.owner``'s lease; with slots, on the first slot in service (``on_first_slot``)."""
     r = Runner(sf, s, ctx.progress, tool_name=ctx.tool, owner=ctx.owner, policy=ctx.policy, interrupts=ctx.interrupts,
-               warn=ctx.warn)
+               warn=ctx.warn, backend=ctx.backend)
     if run_id:
         r.runs_dir = os.path.join(sf.dir, "runs", run_id)
         os.makedirs(r.runs_dir, exist_ok=True)
@@ -200,7 +202,8 @@ def stop_other_slots(runner: Runner) -> None:
                     runner.fleet.call(other, "stop")
                     runner.fleet.release(s["name"])
                 else:
-                    Lifecycle(other.svc, runner.tool_name, runner.owner, progress=runner.progress, policy=runner.policy).stop()
+                    Lifecycle(other.svc, runner.tool_name, runner.owner, progress=runner.progress, policy=runner.policy,
+                              backend=runner.backend).stop()
 
 
 def check_drift(runner: Runner, warn: Callable[[str], None]) -> dict:

@@ -42,13 +42,14 @@ from typing import Any, Callable
 import numpy as np
 
 from vkit import environment
+from vkit.apply.backend import PROCESS, Backend
 from vkit.apply.lifecycle import Held, Lifecycle, Outcome, run_held
 from vkit.apply.policy import Policy, to_serve_flags
 from vkit.decide import gate as _gate
 from vkit.errors import Abnormal, ExitCode, Rejected, VkitError
 from vkit.interrupts import Interrupts
 from vkit.jsonio import read_json_file
-from vkit.measure.gauge import BenchOptions, build_config, measure
+from vkit.measure.gauge import BenchOptions, build_config
 from vkit.state import StateFile, atomic_write_text, default_owner, launch_argv, now_iso
 from vkit.tune import capacity as _cap
 from vkit.tune.power import Effect, budget_plan
@@ -209,10 +210,11 @@ def aggregate(docs: list[dict]) -> dict:
 
 class Runner:
     fleet = None  # vkit.tune.fleet.Fleet under --ray; set per instance
+    backend: Backend = PROCESS  # where servers run and are measured; set per instance (--virtual: the simulator)
 
     def __init__(self, sf: StateFile, settings: Settings, progress: Callable[[str], None], tool_name: str = "sweep",
                  owner: str | None = None, policy: Policy | None = None, interrupts: Interrupts | None = None,
-                 warn: Callable[[str], None] | None = None):
+                 warn: Callable[[str], None] | None = None, backend: Backend | None = None):
         """``owner`` holds the lease the run's restarts work under; ``policy`` the parameter policy
         (default the packaged one); ``interrupts`` come from the tool's signal handler; ``warn``
         says what must be seen even when progress is quiet (default: progress)."""
@@ -226,6 +228,8 @@ class Runner:
         self.owner = owner or default_owner(tool_name)
         self.policy = policy or Policy.load()
         self.interrupts = interrupts or Interrupts()
+        # where the servers run and are measured: processes (the default), or the simulator in virtual time
+        self.backend = backend or PROCESS
         # the server this runner restarts and measures: the service's own state file, or a slot's
         # (``for_slot``); trials, baselines and decisions always go to ``sf``
         self.svc = sf
@@ -323,10 +327,8 @@ class Runner:
             return bool(ok), res
         st = self.svc.read()
         run = st["service"].get("running") or {}
-        from vkit.apply.launcher import alive
-
         cand = st.get("candidate") or {}
-        if (not fresh and run.get("config") == config and alive(run.get("pid"), run.get("ticks"))
+        if (not fresh and run.get("config") == config and self.backend.alive(run.get("pid"), run.get("ticks"))
                 and cand.get("status") != "applying" and self._healthy(st["service"]["url"])):
             return True, {"action": "already running"}
         kept = st["kept"]["config"]
@@ -349,25 +351,21 @@ class Runner:
 
     def _held(self, tool: str, body: Callable[[Lifecycle], Outcome]) -> tuple[int, dict, str]:
         """A restart or rollback as ``tool`` makes it: (exit code, outcome, error message)."""
-        how = Held(owner=self.owner, ready_timeout_s=self.s.ready_timeout_s, interrupts=self.interrupts, policy=self.policy)
-        t0 = time.time()
+        how = Held(owner=self.owner, ready_timeout_s=self.s.ready_timeout_s, interrupts=self.interrupts, policy=self.policy,
+                   backend=self.backend)
+        t0 = self.backend.now()
         try:
             code, out = run_held(self.svc, tool, how, body)
         except VkitError as e:
             return int(e.code), {}, f"{tool}: error: {' '.join(str(e).split())}"
         finally:
-            self.sf.add_time("restart", time.time() - t0)
+            self.sf.add_time("restart", self.backend.now() - t0)
         return int(code), plain(out.as_dict()) if out is not None else {}, ""
 
     def _healthy(self, url: str) -> bool:
         if self.remote():
             return bool(self.fleet.call(self, "healthy", url))
-        import requests
-
-        try:
-            return requests.get(url.rstrip("/") + "/health", timeout=5).status_code == 200
-        except requests.RequestException:
-            return False
+        return self.backend.healthy(url)
 
     def costs(self) -> tuple[float, float] | None:
         """Mean seconds of one restart and of one measurement so far (None before both were timed)."""
@@ -505,9 +503,9 @@ class Runner:
         """One bench_stream run (seed + k), validated, its server process recorded (``run_starts``).
         A run whose only findings say the load generator was saturated is measured once more
         (logged). Returns (relative path, summary, check)."""
-        t0 = time.time()
+        t0 = self.backend.now()
         path, doc, check = self._measure_checked(label, k, workload)
-        self.sf.record_run_start(path, self.start_key(), seconds=time.time() - t0)
+        self.sf.record_run_start(path, self.start_key(), seconds=self.backend.now() - t0)
         self.note_environment(path, doc)
         return path, doc, check
 
@@ -573,7 +571,8 @@ class Runner:
         if cfg == st["kept"]["config"]:
             reason = (f"the server of the kept configuration died during measurements twice ({errs}); "
                       "read the server log in the logs/ folder beside the state file")
-            Lifecycle(self.svc, self.tool_name, self.owner, progress=self.progress, policy=self.policy).mark_abnormal(reason)
+            Lifecycle(self.svc, self.tool_name, self.owner, progress=self.progress, policy=self.policy,
+                      backend=self.backend).mark_abnormal(reason)
             raise Abnormal(reason)
         path = _rel(os.path.join(self.runs_dir, label, f"rep{k}.json"), self.sf.dir)
         return path, doc, {"code": ExitCode.INVALID, "verdict": "invalid", "findings": ["server_died"]}
@@ -596,18 +595,22 @@ class Runner:
             st = self.sf.read()
             cfg = build_config(replace(w.options, seed=seed), self.svc.read()["service"]["url"], command)
             cfg.launch_argv = launch_argv(st)
-            out = measure(cfg, records=rec, output=path, interrupts=self.interrupts)
+            summary = self.backend.bench(cfg, rec, path, self.interrupts)
         except VkitError as e:
             raise bench_failed(e) from None
-        if out.partial:
+        if summary["vkit"].get("partial"):
             raise KeyboardInterrupt
-        doc = plain(out.summary)
+        doc = plain(summary)
         try:
             c = invariants.check_file(path, records=rec)
             check_brief = {"code": int(c.code), "verdict": c.verdict, "findings": c.findings}
         except VkitError as e:
             check_brief = {"code": int(e.code), "verdict": None, "findings": None}
         return _rel(path, self.sf.dir), doc, check_brief
+
+    def bench(self, cfg, records: str, output: str) -> dict:
+        """One bench_stream run on this runner's backend (its files written, its summary returned)."""
+        return self.backend.bench(cfg, records, output, self.interrupts)
 
     def _measure_capacity(self, label: str, k: int, w: Workload) -> tuple[str, dict, dict]:
         """One capacity search of the running configuration (measurement ``k``): its load points
@@ -630,7 +633,7 @@ class Runner:
                                              reference, command=command, interrupts=self.interrupts,
                                              progress=lambda m: self.progress(f"{label} capacity {k}: {m}"),
                                              accelerators=c.accelerators, seed=w.seed + k, hint=hint,
-                                             launch_argv=launch_argv(st))
+                                             launch_argv=launch_argv(st), bench=self.bench)
         except VkitError as e:
             raise bench_failed(e) from None
         atomic_write_text(path, json.dumps(plain(doc), indent=2) + "\n")
@@ -822,7 +825,7 @@ class Runner:
         out_dir = os.path.join(self.runs_dir, "promise")
         st = self.sf.read()
         run = _cap.live_measure(opts, self.svc.read()["service"]["url"], out_dir, plan, command=["--state", self.sf.path],
-                                interrupts=self.interrupts, launch_argv=launch_argv(st))
+                                interrupts=self.interrupts, launch_argv=launch_argv(st), bench=self.bench)
         ok, res = self.apply(dict(config), fresh=True)
         if not ok:
             raise VkitError(f"the recommended configuration does not start: {res.get('message')}", ExitCode.UNAVAILABLE)
@@ -1054,7 +1057,7 @@ class Runner:
         """The applied candidate on this runner's server becomes the kept configuration (the lifecycle's
         keep, logged); on a slot, the tune's state records it too (the other slots copy it at their next restart)."""
         previous = self.sf.read()["kept"]
-        lc = Lifecycle(self.svc, self.tool_name, self.owner, progress=self.progress, policy=self.policy)
+        lc = Lifecycle(self.svc, self.tool_name, self.owner, progress=self.progress, policy=self.policy, backend=self.backend)
         did = lc.keep(reason=reason, decision=decision, decision_id=decision_id)
         if self.svc is not self.sf:
             k = self.svc.read()["kept"]
