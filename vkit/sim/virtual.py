@@ -345,7 +345,9 @@ class VirtualServer:
         self.tally.runs += 1
         self.tally.requests += len(results)
         summary, records = summarize(cfg, model, results, warm, t0, t_end, False, delta(before, after), extra={
-            "server": {"url": cfg.url, "version": SIM_VERSION, "version_info": {"version": SIM_VERSION},
+            "server": {"url": cfg.url, "version": SIM_VERSION,
+                       "version_info": {**app.version_info(), "virtual": True,
+                                        "time": "simulated seconds of the simulated accelerator"},
                        "model": model, "max_model_len": app.cfg.max_model_len, "cache_config": cache_config(after),
                        "metrics_available": True, "families": families(after),
                        "peaks": {"scrapes": 0, **{f"{k}_max": v for k, v in app.peaks.items()}},

@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from vkit import search
-from vkit.apply.backend import Backend
+from vkit.apply.backend import PROCESS, Backend
 from vkit.apply.policy import Policy
 from vkit.errors import Abnormal, ExitCode, UsageError, VkitError
 from vkit.interrupts import Interrupts
@@ -234,7 +234,7 @@ def tune(sf: StateFile, settings: Settings, mixed: Workload, plan: TunePlan, ctx
     run is recorded as finished. ``on_abnormal(reason)`` is told when the run stops on an
     environment that turned ABNORMAL. ``advise(runner, proposer)`` wraps the Bayesian search's
     proposer (``vkit.tune.advisor``, tune --advisor)."""
-    t0 = time.time()
+    t0 = (ctx.backend or PROCESS).now()  # the run's time on its backend's clock (virtual: simulated seconds)
     with held(sf, ctx), slot_leases(sf, ctx):
         run_id = _open_run(sf, settings, plan, ctx)
         runner = make_runner(sf, settings, ctx, run_id=run_id)
@@ -468,7 +468,9 @@ def build_result(runner: Runner, settings: Settings, t0: float) -> TuneResult:
         simulated=bool((version or {}).get("sim")),
         server={"url": svc["url"], "model": svc["model"], "version": (version or {}).get("version"),
                 "sim": ({"gpu": version.get("sim_gpu"), "model": version.get("sim_model"), "speed": version.get("sim_speed"),
-                         "noise": version.get("sim_noise"), "seed": version.get("sim_seed")} if (version or {}).get("sim") else None),
+                         "noise": version.get("sim_noise"), "seed": version.get("sim_seed"),
+                         # virtual: no process ran; every time (latencies, restarts, the run's) is the simulated accelerator's
+                         "virtual": bool(version.get("virtual"))} if (version or {}).get("sim") else None),
                 "launch_argv": svc["launch"].get("argv")},
         workload={"dataset": opts.dataset_name if not opts.dataset_path else f"{opts.dataset_name} {opts.dataset_path}",
                   "input_len": opts.random_input_len if not opts.dataset_path else None,
@@ -492,7 +494,7 @@ def build_result(runner: Runner, settings: Settings, t0: float) -> TuneResult:
         warnings=warnings + [f"knowledge base: {x}" for x in (tune_run.get("knowledge") or {}).get("ignored", [])[:3]],
         knowledge=tune_run.get("knowledge"),
         soak=_soak(runner),
-        timings=_timings(st, time.time() - t0, restarts),
+        timings=_timings(st, runner.backend.now() - t0, restarts),
     )
 
 

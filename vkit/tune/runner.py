@@ -62,6 +62,9 @@ KEY_METRICS = ("output_throughput", "request_throughput", "request_goodput", "p9
                "slo_capacity", "capacity_output_tok_s", "ref_mean_tpot_ms", "ref_per_user_output_tok_s")
 
 
+SIGMA_RESOLUTION = 1e-5  # the confirmation plan's rows carry σ to 5 decimals: the least σ it plans with
+
+
 def plain(obj: Any) -> Any:
     """``obj`` as the JSON a tool writes and a state file holds (tuples as lists, numbers as
     JSON numbers, anything else as its string)."""
@@ -438,14 +441,16 @@ class Runner:
         for sp in specs:
             comp = comps.get(sp.name)
             sigma = comparison_sigma(comp, 2) if comp else sig0.get(sp.name)
-            if not isinstance(sigma, (int, float)) or not sigma > 0:
+            if not isinstance(sigma, (int, float)) or not sigma >= 0:
                 continue
-            sigma = min(float(sigma), 0.99)
-            low = min(sigma, comparison_sigma_low(comp, 2) or sigma) if comp else sigma
+            # a server that measures the same every time (the simulator with its noise off) has σ 0: planned at
+            # the rows' resolution, never at 0 (no power analysis divides by it, nor reads a row rounded to it)
+            sigma = min(max(float(sigma), SIGMA_RESOLUTION), 0.99)
+            low = max(min(sigma, comparison_sigma_low(comp, 2) or sigma), SIGMA_RESOLUTION) if comp else sigma
             # the gate's own threshold (or tolerance) from the σ of one run on a fresh start, as the
             # log-scale gap the pairs (at the clustered σ) must resolve
-            one = min(sigma, comparison_sigma(comp, 1) or sigma) if comp else sigma
-            one_low = min(low, comparison_sigma_low(comp, 1) or low) if comp else low
+            one = max(min(sigma, comparison_sigma(comp, 1) or sigma), SIGMA_RESOLUTION) if comp else sigma
+            one_low = max(min(low, comparison_sigma_low(comp, 1) or low), SIGMA_RESOLUTION) if comp else low
             t, gap = threshold_of(sp, one, gs)
             n = pairs_to_decide(sigma, abs(gap), gs, futility=sp.role == "primary", bnd=bnd)
             # the σ of a few runs is itself uncertain: at its favourable end, with the threshold it would then have
