@@ -29,9 +29,17 @@ virtual time):
   most): the promise breaks when 2 of them fail, or when 9 runs leave fewer than 3 valid (target:
   no scenario breaks).
 
+- ``--virtual --seeds N``: the same tune on the virtual backend (``tune --virtual``, vkit.tune.virtual):
+  the shipped loop on the simulator in virtual time, N seeds a scenario (``--sim-seed`` 11, 12, ...), the
+  SLO and run lengths in simulated seconds (the live rows' wall settings times SPEED), a restart at
+  ``VIRTUAL_RESTART_S`` simulated seconds; the fresh check on a new virtual start of the recommendation.
+  Per scenario the median and range of restarts, simulated hours, ratio to the best and promise over
+  truth. Writes bench/results/capacity_tune_virtual.json.
+
 Writes bench/results/capacity_tune.json (the truth is cached in capacity_truth.json, keyed by a
 digest of the scenario and the simulator's source). Run: python3 bench/bench_capacity_tune.py
-[--scenarios a,b] (7 to 9 minutes a scenario on 2 cores; the results file is updated after each).
+[--scenarios a,b] (7 to 9 minutes a scenario on 2 cores; the results file is updated after each);
+with --virtual, 2 to 6 minutes a tune on one core.
 """
 
 from __future__ import annotations
@@ -54,8 +62,10 @@ sys.path.insert(0, ROOT)
 from vkit.sim.predict import Scenario, predict  # noqa: E402
 
 OUT = os.path.join(ROOT, "bench", "results", "capacity_tune.json")
+OUT_VIRTUAL = os.path.join(ROOT, "bench", "results", "capacity_tune_virtual.json")
 TRUTH = os.path.join(ROOT, "bench", "results", "capacity_truth.json")
 SPEED = 4.0
+VIRTUAL_RESTART_S = 60.0  # --virtual: what one restart costs, in simulated seconds (a field engineer's minute)
 TOKENS = [2048, 4096, 8192, 16384, 32768]
 SEQS = [8, 16, 32, 64, 128, 256, 512, 1024]  # the policy's list, then step 3's doublings past it
 TARGET_RATIO = 0.98
@@ -91,17 +101,77 @@ def _holds(sc: dict, cfg: dict, rate: float) -> bool:
 
 def true_capacity(sc: dict, cfg: dict, hint: float | None = None) -> float:
     """The highest virtual rate (req/s) meeting the SLO, bisected in log rate to 1 %."""
-    lo, hi = (hint / 2, hint * 2) if hint else (0.5, 64.0)
-    while not _holds(sc, cfg, lo):
-        lo, hi = lo / 4, lo
+    return bisect(lambda r: _holds(sc, cfg, r), *((hint / 2, hint * 2) if hint else (0.5, 64.0)), step=4.0)
+
+
+def bisect(holds, lo: float, hi: float, step: float) -> float:
+    """The highest rate at which ``holds``: bracketed from [lo, hi] in steps of ``step``, then bisected
+    in log rate to 1 % (0 when nothing above 1e-3 holds)."""
+    while not holds(lo):
+        lo, hi = lo / step, lo
         if lo < 1e-3:
             return 0.0
-    while _holds(sc, cfg, hi):
-        lo, hi = hi, hi * 4
+    while holds(hi):
+        lo, hi = hi, hi * step
     while hi / lo > 1.01:
         mid = math.sqrt(lo * hi)
-        lo, hi = (mid, hi) if _holds(sc, cfg, mid) else (lo, mid)
+        lo, hi = (mid, hi) if holds(mid) else (lo, mid)
     return lo
+
+
+# -- the steady-state truth (--truth steady) -------------------------------------------------------
+STEADY_REQUESTS = 2000  # at least; and a minute of the load
+STEADY_SEEDS = 2
+
+
+def _holds_steady(sc: dict, cfg: dict, rate: float) -> bool:
+    """The SLO holds at ``rate`` over long steady-state runs (a warm-up of two request lifetimes,
+    arrivals going on past the measured requests), each judged as a capacity search judges a run (the
+    SLO's margins, the keep-up rule, a queue that grew within the run): their mean margin >= 0. A
+    500-request run cannot show a queue that grows slowly: on 8b-h200-chat at 4096 tokens / 512
+    sequences it holds P95 TTFT at 54 req/s (260 ms) where a 2,000-request run reads 2.4 s."""
+    from vkit.sim.predict import bench_summary
+    from vkit.tune import capacity as cap
+
+    n = max(STEADY_REQUESTS, math.ceil(rate * 60))
+    m = []
+    for s in range(STEADY_SEEDS):
+        summ = bench_summary(Scenario(model=sc["model"], gpu=sc["gpu"], tp=sc["tp"], isl=sc["isl"], osl=sc["osl"],
+                                      rate=rate, num_prompts=n, seed=20_000 + s, exact_rate=True, steady=True,
+                                      serve={"max_model_len": sc["max_model_len"], **cfg}))
+        m.append(cap.judge_run(summ, cap.Slo(dict(sc["slo"])), cap.Plan(keep_up=0.95), rate)["margin"])
+    return sum(m) / len(m) >= 0
+
+
+def _steady_capacity(args) -> float:
+    sc, cfg, hint = args
+    return bisect(lambda r: _holds_steady(sc, cfg, r), *((hint / 2, hint * 1.5) if hint else (0.5, 64.0)), step=2.0)
+
+
+def steady_truth(name: str, sc: dict, jobs: int = 2) -> dict:
+    """Every lattice configuration's steady-state capacity (:func:`_holds_steady`), bisected to 1 %,
+    the short truth's value as the first guess; cached under ``name@steady``."""
+    import multiprocessing as mp
+
+    cache = json.load(open(TRUTH)) if os.path.exists(TRUTH) else {}
+    key = _digest(dict(sc, truth="steady", n=STEADY_REQUESTS, seeds=STEADY_SEEDS))
+    if (cache.get(f"{name}@steady") or {}).get("digest") == key:
+        return cache[f"{name}@steady"]
+    short = truth(name, sc)
+    t0 = time.time()
+    cfgs = [r["config"] for r in short["table"]] + [dict(START)]
+    guesses = [r["capacity"] for r in short["table"]] + [short["start"]]
+    with mp.Pool(jobs) as pool:
+        caps = pool.map(_steady_capacity, [(sc, c, g) for c, g in zip(cfgs, guesses, strict=True)])
+    table = [{"config": c, "capacity": x} for c, x in zip(cfgs[:-1], caps[:-1], strict=True)]
+    best = max(table, key=lambda r: r["capacity"])
+    out = {"digest": key, "table": table, "best": best, "start": caps[-1], "seconds": round(time.time() - t0, 1),
+           "truth": f"steady: {STEADY_SEEDS} runs of >= {STEADY_REQUESTS} requests (and a minute of load) per rate, "
+                    "judged as a capacity search judges a run"}
+    cache = json.load(open(TRUTH)) if os.path.exists(TRUTH) else {}
+    cache[f"{name}@steady"] = out
+    json.dump(cache, open(TRUTH, "w"), indent=1)
+    return out
 
 
 def _digest(sc: dict) -> str:
@@ -139,26 +209,36 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def tune(name: str, sc: dict, work: str) -> dict:
+def tune(name: str, sc: dict, work: str, virtual: bool = False, seed: int = 11) -> dict:
+    """One tune of the scenario: on a live simulator (SPEED x faster than wall time, the SLO and the
+    run lengths scaled to wall time), or ``virtual`` (tune --virtual: the simulator in virtual time, a
+    restart costing VIRTUAL_RESTART_S simulated seconds as a field engineer pays one, the same run
+    lengths in simulated seconds)."""
     py, b = sys.executable, os.path.join(ROOT, "bin")
+    work = os.path.join(work, f"seed{seed}") if virtual else work
     state = os.path.join(work, name, "vkit.json")
     os.makedirs(os.path.dirname(state), exist_ok=True)
     port = _free_port()
     env = dict(os.environ, VKIT_STATE=state)
+    speed = 1.0 if virtual else SPEED
     sim = [py, os.path.join(b, "sim_server"), f"sim-{name}", "--port", str(port), "--sim-gpu", sc["gpu"], "--sim-model",
-           sc["model"], "-tp", str(sc["tp"]), "--max-model-len", str(sc["max_model_len"]), "--sim-speed", f"{SPEED:g}",
-           "--sim-startup-s", "0.5", "--sim-seed", "11", "--sim-start-file", os.path.join(work, name, "sim-starts")]
+           sc["model"], "-tp", str(sc["tp"]), "--max-model-len", str(sc["max_model_len"]), "--sim-speed", f"{speed:g}",
+           "--sim-startup-s", f"{VIRTUAL_RESTART_S if virtual else 0.5:g}", "--sim-seed", str(seed),
+           "--sim-start-file", os.path.join(work, name, "sim-starts")]
     init = [py, os.path.join(b, "state"), "init", "--url", f"http://127.0.0.1:{port}", "--model", f"sim-{name}"]
     for k, v in START.items():
         init += ["--set", f"{k}={v}"]
     subprocess.run([*init, "--", *sim], env=env, check=True, capture_output=True)
-    slo = [a for k, v in sc["slo"].items() for a in ("--slo", f"{k}={v / SPEED:g}")]  # the SLO in wall ms
-    argv = [py, os.path.join(b, "tune"), "--sandbox", "--objective", "capacity", "--input-len", str(sc["isl"]),
+    slo = [a for k, v in sc["slo"].items() for a in ("--slo", f"{k}={v / speed:g}")]  # the SLO in the client's ms
+    # run lengths: 1 s of wall time at SPEED, the same simulated seconds on the virtual backend
+    point_s, verify_s = 1.0 * SPEED / speed, 10.0 * SPEED / speed
+    argv = [py, os.path.join(b, "tune"), *(["--virtual"] if virtual else []), "--sandbox", "--objective", "capacity",
+            "--input-len", str(sc["isl"]),
             "--output-len", str(sc["osl"]), "--num-prompts", "100", *slo, "--steps", "2,3,4", "--budget", "8",
             "--screen-repeats", "1", "--confirm-front", "1", "--ablation", "off",
-            "--point-seconds", "1", "--capacity-start", "8", "--capacity-max-points", "6", "--capacity-repeats", "2",
-            "--capacity-noise", "0.03", "--verify-seconds", "10", "--ready-timeout", "60", "--vocab-size", "2000", "--json",
-            "--report-dir", os.path.join(work, name, "report")]
+            "--point-seconds", f"{point_s:g}", "--capacity-start", f"{8 * SPEED / speed:g}", "--capacity-max-points", "6",
+            "--capacity-repeats", "2", "--capacity-noise", "0.03", "--verify-seconds", f"{verify_s:g}", "--ready-timeout",
+            "60", "--vocab-size", "2000", "--json", "--report-dir", os.path.join(work, name, "report")]
     t0 = time.time()
     p = subprocess.run(argv, env=env, capture_output=True, text=True)
     wall = time.time() - t0
@@ -169,11 +249,38 @@ def tune(name: str, sc: dict, work: str) -> dict:
     runs = glob.glob(os.path.join(work, name, "runs", "*", "*", "rep*-points", "*", "rep*.json"))
     bench_s = sum(json.load(open(f)).get("duration") or 0.0 for f in runs)
     rec = res["recommendation"]
-    fresh = _fresh(state, rec, sc)
+    fresh = _fresh_virtual(sim, rec, sc) if virtual else _fresh(state, rec, sc)
     _stop(state)
-    return {"wall_s": round(wall, 1), "restarts": res["timings"]["restarts"], "benchmark_s": round(bench_s, 1),
-            "point_runs": len(runs), "recommendation": rec["config"], "promised_req_s_wall": rec["capacity"]["req_s"],
-            "binding_slo": rec.get("binding_slo"), "fresh": fresh}
+    out = {"wall_s": round(wall, 1), "restarts": res["timings"]["restarts"], "benchmark_s": round(bench_s, 1),
+           "point_runs": len(runs), "recommendation": rec["config"], "promised_req_s_wall": rec["capacity"]["req_s"],
+           "binding_slo": rec.get("binding_slo"), "fresh": fresh}
+    if virtual:  # the tune's own clock: simulated seconds, restarts at VIRTUAL_RESTART_S each
+        out.update(seed=seed, simulated_s=res["timings"]["total_s"], promised_req_s=rec["capacity"]["req_s"])
+    return out
+
+
+def _fresh_virtual(sim: list[str], rec: dict, sc: dict) -> dict:
+    """As :func:`_fresh`, on a fresh virtual start of the recommended configuration."""
+    from vkit.cli.sim_server import parse_virtual
+    from vkit.measure.gauge import BenchOptions, build_config
+    from vkit.sim.virtual import VirtualServer
+    from vkit.tune import capacity as cap
+
+    opts, settings = parse_virtual(sim[2:], 10_000)
+    vs = VirtualServer(opts, settings)
+    vs.start({k: v for k, v in rec["config"].items() if k in ("max_num_batched_tokens", "max_num_seqs", "max_model_len",
+                                                               "gpu_memory_utilization")})
+    rate = rec["capacity"]["req_s"]
+    slo, plan = cap.Slo(dict(sc["slo"])), cap.Plan()
+    verdicts = []
+    for k in range(3):
+        o = BenchOptions(random_input_len=sc["isl"], random_output_len=sc["osl"], num_prompts=max(200, math.ceil(rate * 40)),
+                         request_rate=rate, exact_rate=True, seed=90_000 + k, vocab_size=2000)
+        j = cap.judge_run(vs.measure(build_config(o, "virtual://", []))[0], slo, plan, rate)
+        verdicts.append({"valid": bool(j["valid"]), "holds": bool(j["valid"] and j["margin"] > 0), "margin": j["margin"],
+                         "why": j["why"]})
+    valid = [v for v in verdicts if v["valid"]]
+    return {"rate": rate, "runs": verdicts, "breaks": sum(not v["holds"] for v in valid) >= 2 or len(valid) < 3}
 
 
 def _fresh(state: str, rec: dict, sc: dict) -> dict:
@@ -215,35 +322,101 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--scenarios", default=",".join(SCENARIOS), help=f"comma-separated (default {','.join(SCENARIOS)})")
     ap.add_argument("--work", default=os.path.join(ROOT, "vkit-state", "bench-capacity-tune"), help="state and runs")
-    ap.add_argument("--out", default=OUT)
+    ap.add_argument("--out", default=None, help=f"default {OUT} ({OUT_VIRTUAL} with --virtual)")
+    ap.add_argument("--virtual", action="store_true",
+                    help="tune --virtual: the shipped tune on the simulator in virtual time (seconds a tune), restarts at "
+                         f"{VIRTUAL_RESTART_S:g} simulated seconds each")
+    ap.add_argument("--truth", choices=("short", "steady"), default="short",
+                    help="short: each rate's one 500-request run (the rows so far); steady: long steady-state runs "
+                         "judged as a search judges them (minutes a scenario on 2 cores)")
+    ap.add_argument("--rescore", action="store_true", help="no tune: score the rows already in --out against --truth")
+    ap.add_argument("--seeds", type=int, default=1, help="--virtual: tunes per scenario, --sim-seed 11, 12, ... (default 1)")
     a = ap.parse_args(argv)
+    out_path = a.out or (OUT_VIRTUAL if a.virtual else OUT)
     # scenarios measured earlier (the file this writes) are kept; the ones run now replace theirs
-    rows = (json.load(open(a.out)).get("scenarios") or {}) if os.path.exists(a.out) else {}
+    rows = (json.load(open(out_path)).get("scenarios") or {}) if os.path.exists(out_path) else {}
+    rev = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     for name in a.scenarios.split(","):
         sc = SCENARIOS[name]
-        print(f"== {name}: ground truth", file=sys.stderr)
-        t = truth(name, sc)
+        print(f"== {name}: ground truth ({a.truth})", file=sys.stderr)
+        t = steady_truth(name, sc) if a.truth == "steady" else truth(name, sc)
+        if a.rescore:  # the tunes measured before, scored against this truth
+            if name not in rows:
+                continue
+            if "tunes" in rows[name]:
+                rows[name]["tunes"] = [score(r, sc, t, 1.0) for r in rows[name]["tunes"]]
+                rows[name].update(summary=spread(rows[name]["tunes"]), truth=a.truth)
+                _write_virtual(out_path, rows)
+            else:
+                rows[name] = dict(score(rows[name], sc, t, SPEED), truth=a.truth)
+                _write(out_path, rows)
+            continue
+        if a.virtual:
+            runs = []
+            for seed in range(11, 11 + a.seeds):
+                print(f"== {name}: virtual tune, seed {seed}", file=sys.stderr)
+                r = score(tune(name, sc, a.work, virtual=True, seed=seed), sc, t, 1.0)
+                print(f"   {name} seed {seed}: {json.dumps(r)}", file=sys.stderr)
+                runs.append(r)
+            rows[name] = {"tunes": runs, "summary": spread(runs), "revision": rev or None, "truth": a.truth,
+                          "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+            _write_virtual(out_path, rows)
+            continue
         print(f"== {name}: tune on a live simulator", file=sys.stderr)
-        r = tune(name, sc, a.work)
-        if "error" not in r:
-            cfg = r["recommendation"]
-            key = {k: cfg.get(k) for k in START}
-            got = next((x["capacity"] for x in t["table"] if x["config"] == key), None)
-            if got is None:  # a step-4 midpoint: off the lattice
-                got = true_capacity(sc, key, t["best"]["capacity"])
-            r["true_capacity"] = got
-            r["best_capacity"] = t["best"]["capacity"]
-            r["best_config"] = t["best"]["config"]
-            r["start_capacity"] = t["start"]
-            r["truth_digest"], r["truth_seqs"] = t["digest"], SEQS
-            r["ratio_to_best"] = got / t["best"]["capacity"] if t["best"]["capacity"] else None
-            r["within_98pct"] = bool(r["ratio_to_best"] is not None and r["ratio_to_best"] >= TARGET_RATIO)
-            r["promise_over_truth"] = (r["promised_req_s_wall"] / SPEED) / got if got else None
-        rev = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+        r = score(tune(name, sc, a.work), sc, t, SPEED)
         rows[name] = dict(r, measured=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), revision=rev or None)
         print(f"   {name}: {json.dumps(r)}", file=sys.stderr)
-        _write(a.out, rows)
+        _write(out_path, rows)
     return 0
+
+
+def score(r: dict, sc: dict, t: dict, speed: float) -> dict:
+    """A tune's row scored against the truth: the recommendation's true capacity over the best, the
+    promise (req/s the client saw, / ``speed``) over the recommendation's true capacity."""
+    if "error" in r:
+        return r
+    cfg = r["recommendation"]
+    key = {k: cfg.get(k) for k in START}
+    got = next((x["capacity"] for x in t["table"] if x["config"] == key), None)
+    if got is None and str(t.get("truth", "")).startswith("steady"):  # a step-4 midpoint: off the lattice
+        got = _steady_capacity((sc, key, t["best"]["capacity"]))
+    elif got is None:
+        got = true_capacity(sc, key, t["best"]["capacity"])
+    r["true_capacity"] = got
+    r["best_capacity"] = t["best"]["capacity"]
+    r["best_config"] = t["best"]["config"]
+    r["start_capacity"] = t["start"]
+    r["truth_digest"], r["truth_seqs"] = t["digest"], SEQS
+    r["ratio_to_best"] = got / t["best"]["capacity"] if t["best"]["capacity"] else None
+    r["within_98pct"] = bool(r["ratio_to_best"] is not None and r["ratio_to_best"] >= TARGET_RATIO)
+    r["promise_over_truth"] = (r["promised_req_s_wall"] / speed) / got if got else None
+    return r
+
+
+def spread(runs: list[dict]) -> dict:
+    """Median and range over a scenario's seeded tunes of what each cost and where it landed."""
+    done = [r for r in runs if "error" not in r]
+    out: dict = {"tunes": len(runs), "finished": len(done), "within_98pct": sum(r["within_98pct"] for r in done),
+                 "fresh_breaks": sum(r["fresh"]["breaks"] for r in done)}
+    for k in ("restarts", "simulated_s", "ratio_to_best", "promise_over_truth", "wall_s"):
+        v = sorted(float(r[k]) for r in done if r.get(k) is not None)
+        out[k] = {"median": v[len(v) // 2], "min": v[0], "max": v[-1]} if v else None
+    if out["simulated_s"]:
+        out["simulated_hours"] = {k: round(x / 3600, 2) for k, x in out["simulated_s"].items()}
+    return out
+
+
+def _write_virtual(out: str, rows: dict) -> None:
+    doc = {"benchmark": "capacity_tune (virtual backend)", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+           "machine": {"cpus": os.cpu_count(), "python": platform.python_version()}, "restart_s": VIRTUAL_RESTART_S,
+           "targets": {"ratio_to_best": TARGET_RATIO, "fresh_breaks": 0}, "scenarios": rows,
+           "scenario_defs": {k: SCENARIOS[k] for k in rows if k in SCENARIOS}, "start": START,
+           "command": "python3 bench/bench_capacity_tune.py --virtual --seeds N"}
+    tmp = out + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(doc, f, indent=1)
+        f.write("\n")
+    os.replace(tmp, out)
 
 
 def _write(out: str, rows: dict) -> None:
