@@ -180,3 +180,23 @@ def test_capacity_of_a_deployment_vllm_would_not_start_is_exit_4_with_vllms_word
     assert r.code == 4 and "does not start" in r.err and "VLLM_ALLOW_LONG_MAX_MODEL_LEN" in r.err
     r = call("capacity", "--virtual", "m --no-such-flag", "--slo", "p95_ttft_ms=500")
     assert r.code == 2 and "not a sim_server command line" in r.err
+
+
+@pytest.mark.e2e
+def test_capacity_virtual_with_unbalanced_quotes_is_a_usage_error_from_the_bin_script(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    r = subprocess.run([sys.executable, os.path.join(REPO, "bin", "capacity"), "--virtual", "m --served-model-name 'x",
+                        "--slo", "p95_ttft_ms=500", "--run-dir", str(tmp_path / "runs")], capture_output=True, text=True)
+    assert r.returncode == 2 and "not a sim_server command line" in r.stderr and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_a_start_that_fails_as_sim_server_would_says_what_the_live_one_says():
+    st = server(fail_at_start=True).start({})
+    assert not st.ok and st.message.startswith("torch.OutOfMemoryError: CUDA out of memory")
+    assert "GPU 0 has a total capacity of" in st.message and "--sim-fail-at-start" in st.message

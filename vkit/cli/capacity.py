@@ -177,19 +177,14 @@ def _run(args: argparse.Namespace, io: IO) -> int:
 def _virtual(text: str):
     """The simulated deployment sim_server's command line ``text`` describes, started (vLLM's words
     and exit 4 when it would not start)."""
-    from vkit.cli import sim_server
+    from vkit.cli.sim_server import parse_virtual
     from vkit.sim.virtual import VirtualServer
 
-    parser = sim_server.build_parser()
     try:
-        a = parser.parse_args(sim_server.normalize_argv(shlex.split(text)))
-    except SystemExit:
-        raise UsageError(f"--virtual: not a sim_server command line: {text!r} (see sim_server --help)") from None
-    model = a.model_tag or a.model_opt
-    if not model:
-        raise UsageError("--virtual needs sim_server's MODEL first, e.g. --virtual 'm --sim-model llama-3.1-8b'")
-    opts, settings = sim_server.options(a, parser, model, 0, os.environ)
-    vs = VirtualServer(opts, settings)
+        argv = shlex.split(text)
+    except ValueError as e:
+        raise UsageError(f"--virtual: not a sim_server command line ({e}): {text!r}") from None
+    vs = VirtualServer(*parse_virtual(argv, 0))
     st = vs.start({})
     if not st.ok:
         raise VkitError(f"the simulated deployment does not start: {' '.join((st.message or '').split())}",

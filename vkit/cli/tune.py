@@ -32,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
             "tune --sandbox --mode bo --budget 12",
             "tune --sandbox --mode bo --budget 12 --advisor http://127.0.0.1:8000   # every 2nd proposal asked of the served model",
             "tune --yes --time-budget 8h                      # production: back on the kept config between trials",
+            "tune --virtual --sandbox --objective capacity   # a sim_server state tuned in virtual time: seconds, no process",
             "state init --slots 4 ... && tune --sandbox       # screening 4 candidates at a time, one per slot",
         ],
     )

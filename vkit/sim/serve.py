@@ -112,6 +112,18 @@ def oom_under_load(opts: ServeOptions, settings: SimSettings) -> str | None:
             "--sim-oom-under-load-gib)")
 
 
+def fail_at_start(opts: ServeOptions) -> SimStartupError:
+    """The start-up failure of ``--sim-fail-at-start``: CUDA out of memory while loading the weights."""
+    return SimStartupError(
+        "engine", "torch.OutOfMemoryError",
+        f"CUDA out of memory. Tried to allocate 1.96 GiB. GPU 0 has a total capacity of "
+        f"{opts.gpu.memory_bytes / (1 << 30):.2f} GiB of which 1.02 GiB is free. "
+        "(sim_server fault: --sim-fail-at-start)",
+        log_before=["Failed to load model - not enough GPU memory. Try lowering "
+                    "--gpu-memory-utilization to free memory for weights, increasing "
+                    "--tensor-parallel-size, or using --quantization."])
+
+
 # -- the application: the API over the engine, run in virtual time ---------------------------
 
 class SimApp(SimApi):
@@ -395,14 +407,7 @@ async def _serve_until(opts: ServeOptions, s: SimSettings, log: VllmLog, selecto
         if await _sleep_or_stop(t_load, stop):
             return 0
         if s.fail_at_start:
-            report_startup_error(SimStartupError(
-                "engine", "torch.OutOfMemoryError",
-                f"CUDA out of memory. Tried to allocate 1.96 GiB. GPU 0 has a total capacity of "
-                f"{opts.gpu.memory_bytes / (1 << 30):.2f} GiB of which 1.02 GiB is free. "
-                "(sim_server fault: --sim-fail-at-start)",
-                log_before=["Failed to load model - not enough GPU memory. Try lowering "
-                            "--gpu-memory-utilization to free memory for weights, increasing "
-                            "--tensor-parallel-size, or using --quantization."]), log)
+            report_startup_error(fail_at_start(opts), log)
             return 1
         log.info("gpu_model_runner.py:2634",
                  f"Model loading took {resolved.weights_bytes_per_gpu / (1 << 30):.4f} GiB memory and {t_load:.6f} seconds",

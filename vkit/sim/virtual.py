@@ -39,7 +39,7 @@ from vkit.sim.config import Resolved, ServeOptions, SimStartupError, resolve
 from vkit.sim.engine import FINISHED
 from vkit.sim.http import BadRequest
 from vkit.sim.metrics import Metrics
-from vkit.sim.serve import build_engine, oom_under_load
+from vkit.sim.serve import build_engine, fail_at_start, oom_under_load
 from vkit.sim.settings import SimSettings
 from vkit.sim.vlog import VllmLog
 
@@ -288,13 +288,12 @@ class VirtualServer:
         """Stop what runs and start an engine for ``opts`` and ``settings`` as given (what a whole
         sim_server command line says), recorded as ``config``; its start number is this server's next."""
         self.stop()
-        index = self.settings.start_index + self.tally.starts + self.tally.failed_starts
+        index = self.next_start
         s = replace(settings, start_index=index)
         try:
             resolved = resolve(opts)
             if s.fail_at_start:
-                raise SimStartupError("engine", "torch.OutOfMemoryError", "CUDA out of memory. Tried to allocate "
-                                      "1.96 GiB. (sim_server fault: --sim-fail-at-start)")
+                raise fail_at_start(opts)
         except SimStartupError as e:
             self._spend(0.7 * s.startup_s)
             self.tally.failed_starts += 1
@@ -304,6 +303,11 @@ class VirtualServer:
         self.app = VirtualApp(opts, resolved, s, self.clock, self.clock)
         self.config = dict(config)
         return Start(True, dict(config), None, index)
+
+    @property
+    def next_start(self) -> int:
+        """The start number the next start gets (the between-restart draw is keyed on it)."""
+        return self.settings.start_index + self.tally.starts + self.tally.failed_starts
 
     def healthy(self) -> bool:
         return self.app is not None and not self.app.dead
@@ -341,17 +345,18 @@ class VirtualServer:
         workers = cfg.max_concurrency or len(cfg.requests)
         results, warm, t0, t_end, pre, before = app.run(cfg, model, workers)
         after = app.scrape()
+        server_delta = delta(before, after)
         self._spend(app.t - self.clock)
         self.tally.runs += 1
         self.tally.requests += len(results)
-        summary, records = summarize(cfg, model, results, warm, t0, t_end, False, delta(before, after), extra={
+        summary, records = summarize(cfg, model, results, warm, t0, t_end, False, server_delta, extra={
             "server": {"url": cfg.url, "version": SIM_VERSION,
                        "version_info": {**app.version_info(), "virtual": True,
                                         "time": "simulated seconds of the simulated accelerator"},
                        "model": model, "max_model_len": app.cfg.max_model_len, "cache_config": cache_config(after),
                        "metrics_available": True, "families": families(after),
                        "peaks": {"scrapes": 0, **{f"{k}_max": v for k, v in app.peaks.items()}},
-                       "delta": delta(before, after)},
+                       "delta": server_delta},
             "accelerator": None,
             "client": {"name": "vkit virtual", "transport": "virtual", "threads": 1, "max_streams": workers,
                        "cpu_s": 0.0, "wall_s": t_end - t0, "cpu_frac_of_one_core": 0.0, "sched_lag": None,

@@ -27,10 +27,11 @@ from typing import Callable
 
 import numpy as np
 
+from vkit.apply.backend import PROCESS
 from vkit.decide.runs import GAUGE_TOP, GAUGE_VKIT
 from vkit.errors import UsageError
 from vkit.measure.benchconfig import BenchConfig
-from vkit.measure.gauge import build_config, measure
+from vkit.measure.gauge import build_config
 from vkit.tune import boundary, pooled
 from vkit.validate import invariants
 
@@ -462,7 +463,7 @@ def live_measure(opts, url: str, out_dir: str, plan: Plan, command: list[str] | 
     vkit.sim.virtual's ``VirtualServer.bench`` runs it in virtual time)."""
     if bench is None:
         def bench(cfg: BenchConfig, records: str, output: str) -> dict:
-            return measure(cfg, records=records, output=output, interrupts=interrupts).summary
+            return PROCESS.bench(cfg, records, output, interrupts)
 
     mode = plan.mode
     runs = [0]

@@ -454,7 +454,6 @@ class Runner:
             t, gap = threshold_of(sp, one, gs)
             n = pairs_to_decide(sigma, abs(gap), gs, futility=sp.role == "primary", bnd=bnd)
             # the σ of a few runs is itself uncertain: at its favourable end, with the threshold it would then have
-            low, one_low = max(low, 1e-6), max(one_low, 1e-6)
             t_low, gap_low = threshold_of(sp, one_low, gs)
             n_low = pairs_to_decide(low, abs(gap_low), gs, futility=sp.role == "primary", bnd=bnd)
             rows.append({"metric": sp.name, "role": sp.role, "sigma": round(sigma, 5), "sigma_low": round(low, 5),
@@ -600,7 +599,7 @@ class Runner:
             st = self.sf.read()
             cfg = build_config(replace(w.options, seed=seed), self.svc.read()["service"]["url"], command)
             cfg.launch_argv = launch_argv(st)
-            summary = self.backend.bench(cfg, rec, path, self.interrupts)
+            summary = self.bench(cfg, rec, path)
         except VkitError as e:
             raise bench_failed(e) from None
         if summary["vkit"].get("partial"):

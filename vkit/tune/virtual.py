@@ -74,7 +74,7 @@ class VirtualBackend:
 
     def start(self, launch: dict, config: dict, log_path: str, tag: str | None = None) -> Running:
         argv = launcher.serve_argv(launch, config)
-        index = 0 if self.server is None else self.server.tally.starts + self.server.tally.failed_starts
+        index = 0 if self.server is None else self.server.next_start
         opts, settings = self.parse(self._program(argv), index)
         if self.server is None:
             self.server = VirtualServer(opts, settings)
