@@ -129,25 +129,31 @@ def test_more_sequences_carry_more_when_the_batch_was_the_limit():
 
 @pytest.mark.e2e
 def test_virtual_agrees_with_a_live_sim_server_on_the_same_flags():
-    """The same workload on a live sim_server (speed 1, no noise) and on the virtual server: the
-    engine is one; what differs is the wall clock's jitter and the HTTP path's overhead."""
+    """The same workload on a live sim_server (no noise) and on the virtual server: the engine is one.
+    What the two may differ in is time, and only one way: a live server can fall behind its schedule (a
+    busy machine wakes it late, the HTTP path adds its costs), never run ahead of it. So the counts agree
+    exactly, and the live server's step times, scaled back from its speed, are at least the virtual
+    ones and within a factor of two of them (a wrong unit or a dropped speed factor is 4x or more). How closely
+    they agree on a quiet machine is a benchmark's figure: bench/bench_virtual_fidelity.py."""
     from tests.sim_fixtures import SimProcess
     from vkit.measure.gauge import measure
 
+    speed = 0.25
     o = BenchOptions(random_input_len=512, random_output_len=64, num_prompts=96, seed=5, max_concurrency=16)
-    with SimProcess("--max-num-seqs", "32", "--sim-noise", "0", "--sim-restart-noise", "0", "--sim-speed", "1",
+    with SimProcess("--max-num-seqs", "32", "--sim-noise", "0", "--sim-restart-noise", "0", "--sim-speed", str(speed),
                     "--sim-model", "llama-3.1-8b", "--sim-gpu", "H200") as sim:
         live = measure(build_config(o, sim.url, ["x"])).summary
     vs = server()
     vs.start({"max_num_seqs": 32})
     virt = vs.measure(build_config(o, "virtual://", ["x"]))[0]
     assert virt["completed"] == live["completed"] == 96
-    # medians: the live server's steps and the client's reads carry the machine's jitter (its p99 ITL
-    # 8.6 ms against the engine's 5.0 on a busy 2-core machine), which moves means, not medians
-    assert virt["median_tpot_ms"] == pytest.approx(live["median_tpot_ms"], rel=0.03)
-    assert virt["median_itl_ms"] == pytest.approx(live["median_itl_ms"], rel=0.03)
-    assert virt["median_ttft_ms"] == pytest.approx(live["median_ttft_ms"], rel=0.15)
-    assert virt["request_throughput"] == pytest.approx(live["request_throughput"], rel=0.06)
+    for key in ("total_input_tokens", "total_output_tokens"):
+        assert virt[key] == live[key]
+    for key in ("median_tpot_ms", "median_itl_ms", "duration"):
+        late = live[key] * speed / virt[key]
+        assert 0.97 <= late <= 2.0, (key, live[key], virt[key])
+    # a first token is not one-sided: a slow client sends the first wave staggered, into smaller prefills
+    assert 0.5 <= live["median_ttft_ms"] * speed / virt["median_ttft_ms"] <= 2.0
 
 
 @pytest.mark.slow
