@@ -79,7 +79,7 @@ from vkit.search.space import key_of  # noqa: E402
 from vkit.sim.config import SimStartupError  # noqa: E402
 from vkit.sim.serve import SimSettings  # noqa: E402
 from vkit.tune.capacity import Plan  # noqa: E402
-from vkit.tune.runner import Settings  # noqa: E402
+from vkit.tune.config import Settings  # noqa: E402
 from vkit.tune.steps import BO_BOUNDS, BO_NAMES, CAPACITY_OBJECTIVES  # noqa: E402
 
 RESULTS = os.path.join(ROOT, "bench", "results", "tuner_capacity.json")

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """The shape of vkit's code, for the redesign's before/after table: library→cli import edges,
-modules over 600 lines, functions over 100 lines, the largest CLI module and the repeated code
-that `duplicates` (the workplace tool, when on PATH) finds outside boilerplate.
+modules over 600 lines, functions over 100 lines, classes over 25 methods or 400 code lines (and
+the largest classes), the largest CLI module and the repeated code that `duplicates` (the
+workplace tool, when on PATH) finds outside boilerplate. tests/test_layering.py holds vkit to the
+same limits (it imports ``class_shapes`` from here).
 
     python3 bench/code_shape.py [REPO] [-o bench/results/code_shape.json]
 
@@ -20,6 +22,7 @@ import subprocess
 import sys
 
 MODULE_LINES, FUNCTION_LINES = 600, 100
+CLASS_METHODS, CLASS_CODE_LINES = 25, 400
 
 
 def modules(root: str) -> list[str]:
@@ -66,6 +69,27 @@ def long_functions(path: str, tree: ast.AST, root: str) -> list[dict]:
     return sorted(out, key=lambda r: -r["lines"])
 
 
+def code_lines(node: ast.AST, text_lines: list[str]) -> int:
+    """Lines of ``node`` that hold code: not blank, not a comment, not inside a docstring."""
+    doc: set[int] = set()
+    for n in ast.walk(node):
+        if isinstance(n, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and n.body:
+            first = n.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+                doc.update(range(first.lineno, first.end_lineno + 1))
+    return sum(1 for i in range(node.lineno, node.end_lineno + 1)
+               if i not in doc and text_lines[i - 1].strip() and not text_lines[i - 1].strip().startswith("#"))
+
+
+def class_shapes(path: str, tree: ast.AST, text: str, root: str) -> list[dict]:
+    """Every class of a module: its methods (defined in its body, properties included) and code lines."""
+    rel = os.path.relpath(path, root)
+    lines = text.split("\n")
+    return [{"class": f"{rel}:{n.name}", "methods": sum(isinstance(b, (ast.FunctionDef, ast.AsyncFunctionDef)) for b in n.body),
+             "code_lines": code_lines(n, lines)}
+            for n in ast.walk(tree) if isinstance(n, ast.ClassDef)]
+
+
 def duplicate_pairs(root: str) -> dict | None:
     exe = shutil.which("duplicates")
     if exe is None:
@@ -79,7 +103,7 @@ def duplicate_pairs(root: str) -> dict | None:
 
 
 def measure(root: str) -> dict:
-    edges, longf, big, cli_sizes = [], [], [], {}
+    edges, longf, big, cli_sizes, classes = [], [], [], {}, []
     for path in modules(root):
         with open(path, encoding="utf-8") as f:
             text = f.read()
@@ -92,12 +116,16 @@ def measure(root: str) -> dict:
             cli_sizes[rel] = n
         edges += library_cli_edges(path, tree, root)
         longf += long_functions(path, tree, root)
+        classes += class_shapes(path, tree, text, root)
     largest = max(cli_sizes.items(), key=lambda kv: kv[1]) if cli_sizes else (None, 0)
     return {
         "repo": os.path.abspath(root),
         "library_cli_edges": len(edges), "edges": edges,
         f"modules_over_{MODULE_LINES}_lines": len(big), "big_modules": sorted(big, key=lambda r: -r["lines"]),
         f"functions_over_{FUNCTION_LINES}_lines": len(longf), "long_functions": sorted(longf, key=lambda r: -r["lines"]),
+        f"classes_over_{CLASS_METHODS}_methods_or_{CLASS_CODE_LINES}_code_lines": [
+            c for c in sorted(classes, key=lambda c: -c["methods"]) if c["methods"] > CLASS_METHODS or c["code_lines"] > CLASS_CODE_LINES],
+        "largest_classes": sorted(classes, key=lambda c: (-c["methods"], -c["code_lines"]))[:6],
         "largest_cli_module": {"module": largest[0], "lines": largest[1]},
         "duplicates_in_vkit": duplicate_pairs(root),
     }

@@ -12,7 +12,8 @@ from tests.conftest import call
 from vkit.measure.gauge import BenchOptions
 from vkit.state import StateFile, new_state
 from vkit.tune import steps
-from vkit.tune.runner import Runner, Settings, Workload
+from vkit.tune.config import Settings, Workload
+from vkit.tune.runner import Runner
 
 pytestmark = pytest.mark.unit
 
@@ -44,13 +45,13 @@ def test_early_stop_counts_the_evaluations_in_a_row_without_a_screened_gain(stat
     r = runner(state_path)
     verdicts = ["undecided", "accept", "reject", "undecided", "reject"]
     for i, v in enumerate(verdicts):
-        t = r.sf.add_trial("bo", {"max_num_seqs": 32 + i}, "why", {})
-        r.sf.update_trial(t["id"], status="done", verdict=v, finished="2026-12-02T00:00:00")
+        t = r.sf.tune.add_trial("bo", {"max_num_seqs": 32 + i}, "why", {})
+        r.sf.tune.update_trial(t["id"], status="done", verdict=v, finished="2026-12-02T00:00:00")
     assert steps.bo_stalled(r, 3) == 3  # reject, undecided, reject after the accept
     assert steps.bo_stalled(r, 4) is None
     assert steps.bo_stalled(r, 0) is None  # 0: never stops early
-    t = r.sf.add_trial("bo", {"max_num_seqs": 99}, "why", {})
-    r.sf.update_trial(t["id"], status="done", verdict="accept", finished="2026-12-02T00:00:00")
+    t = r.sf.tune.add_trial("bo", {"max_num_seqs": 99}, "why", {})
+    r.sf.tune.update_trial(t["id"], status="done", verdict="accept", finished="2026-12-02T00:00:00")
     assert steps.bo_stalled(r, 1) is None
 
 
@@ -67,7 +68,7 @@ def test_auto_under_the_capacity_objective_is_the_benchmarked_acquisition(state_
     throughput objective keeps the library's rule; an explicit choice is never replaced."""
     from vkit import search
     from vkit.tune import capacity as cap
-    from vkit.tune.runner import CapacityObjective
+    from vkit.tune.config import CapacityObjective
 
     with open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench", "results",
                            "tuner_capacity.json")) as f:

@@ -9,12 +9,14 @@ import math
 
 import pytest
 
+from vkit.decide.components import capacity_sigma
 from vkit.decide.runs import gauge_of
 from vkit.measure.gauge import BenchOptions
 from vkit.measure.runsummary import completion_rate
 from vkit.state import StateFile, new_state
 from vkit.tune import capacity as cap
-from vkit.tune.runner import CapacityObjective, Runner, Settings, Workload, capacity_sigma
+from vkit.tune.config import CapacityObjective, Settings, Workload
+from vkit.tune.runner import Runner
 
 pytestmark = pytest.mark.unit
 
@@ -121,7 +123,7 @@ def _measured(runner: Runner, config: dict, peak: int) -> str:
     import json
     import os
 
-    t = runner.new_trial("3", config, "test")
+    t = runner.trials.new("3", config, "test")
     path = os.path.join(runner.runs_dir, t["id"], "rep1.json")
     os.makedirs(os.path.dirname(path), exist_ok=True)
     json.dump({"slo_capacity": 50.0, "peak_in_flight": peak}, open(path, "w"))
@@ -132,22 +134,22 @@ def _measured(runner: Runner, config: dict, peak: int) -> str:
 
 def test_candidates_that_cannot_differ_are_named_with_the_trial_they_equal(runner):
     tid = _measured(runner, {"max_num_seqs": 64, "max_num_batched_tokens": 8192}, peak=40)
-    same = runner.cannot_differ({"max_num_seqs": 64, "max_num_batched_tokens": 8192})
+    same = runner.trials.cannot_differ({"max_num_seqs": 64, "max_num_batched_tokens": 8192})
     assert same is not None and same[1] == tid and "same configuration" in same[0]
     # 40 requests at most in flight: 48 and 128 sequences bind as little as 64
     for seqs in (48, 128):
-        same = runner.cannot_differ({"max_num_seqs": seqs, "max_num_batched_tokens": 8192})
+        same = runner.trials.cannot_differ({"max_num_seqs": seqs, "max_num_batched_tokens": 8192})
         assert same is not None and same[1] == tid and "never held more than 40" in same[0]
-    assert runner.cannot_differ({"max_num_seqs": 32, "max_num_batched_tokens": 8192}) is None  # 32 < 40 may bind
-    assert runner.cannot_differ({"max_num_seqs": 128, "max_num_batched_tokens": 2048}) is None  # another budget too
-    refused = runner.cannot_differ({"max_num_seqs": 8, "max_num_batched_tokens": 1024, "max_model_len": 4096,
+    assert runner.trials.cannot_differ({"max_num_seqs": 32, "max_num_batched_tokens": 8192}) is None  # 32 < 40 may bind
+    assert runner.trials.cannot_differ({"max_num_seqs": 128, "max_num_batched_tokens": 2048}) is None  # another budget too
+    refused = runner.trials.cannot_differ({"max_num_seqs": 8, "max_num_batched_tokens": 1024, "max_model_len": 4096,
                                     "enable_chunked_prefill": False})
     assert refused is not None and refused[1] is None and "refuses" in refused[0]
 
 
 def test_a_skipped_candidate_carries_the_measurement_it_equals_and_costs_no_restart(runner):
     tid = _measured(runner, {"max_num_seqs": 64, "max_num_batched_tokens": 8192}, peak=40)
-    t = runner.skip_trial("3", {"max_num_seqs": 128, "max_num_batched_tokens": 8192}, "step 3", "why", tid)
+    t = runner.trials.skip("3", {"max_num_seqs": 128, "max_num_batched_tokens": 8192}, "step 3", "why", tid)
     assert t["status"] == "skipped" and t["same_as"] == tid and t["metrics"] == {"slo_capacity": 50.0} and t["runs"] == []
     events = [e["event"] for e in runner.sf.log.read()]
     assert "skip" in events and "applied" not in events
@@ -171,8 +173,8 @@ def test_the_goals_pick_is_a_front_member_confirmed_more_interactive_with_its_ca
     from vkit.tune import steps
 
     # under the capacity objective an interactivity claim is confirmed with the capacity guarded
-    assert steps._claim_guards(runner, "ref_mean_tpot_ms:-") == ["slo_capacity:+:5%"]
-    assert steps._claim_guards(runner, "slo_capacity:+") == []
+    assert steps.claim_guards(runner, "ref_mean_tpot_ms:-") == ["slo_capacity:+:5%"]
+    assert steps.claim_guards(runner, "slo_capacity:+") == []
     front = [
         {"trial_id": "kept", "metrics": {"ref_mean_tpot_ms": 5.0}, "confirmation": {"decision": "kept"}},
         {"trial_id": "t004", "metrics": {"ref_mean_tpot_ms": 4.0},
@@ -182,5 +184,5 @@ def test_the_goals_pick_is_a_front_member_confirmed_more_interactive_with_its_ca
         {"trial_id": "t007", "metrics": {"ref_mean_tpot_ms": 4.5},
          "confirmation": {"decision": "accept", "claim": "ref_mean_tpot_ms:-"}},
     ]
-    assert steps._more_interactive(runner, front)["trial_id"] == "t004"  # the lowest TPOT among the accepted
-    assert steps._more_interactive(runner, front[:1] + front[2:3]) is None  # an undecided claim picks nothing
+    assert steps.more_interactive(runner, front)["trial_id"] == "t004"  # the lowest TPOT among the accepted
+    assert steps.more_interactive(runner, front[:1] + front[2:3]) is None  # an undecided claim picks nothing

@@ -63,25 +63,24 @@ class _Runner:
         self.svc = types.SimpleNamespace(read=lambda: {"service": {"url": "virtual"}})
         self.interrupts = None
         self.backend = types.SimpleNamespace(now=time.time)  # runs timed on its clock
-        self.bench = None  # live_measure's own (replaced here by the predictor's stand-in)
+        # live_measure's own run (replaced here by the predictor's stand-in); runs recorded on the start running now
+        self.measurer = types.SimpleNamespace(bench=None, start_key=lambda: f"start-{self.restarts}")
         self.restarts = 0
         self.logged: list[dict] = []
         sf = types.SimpleNamespace(path=str(tmp_path / "vkit.json"), dir=str(tmp_path),
                                    read=lambda: json.loads(json.dumps(self.state)))
-        sf.record_run_start = lambda path, start, seconds=None: self.state.setdefault("run_starts", {}).__setitem__(path, start)
+        sf.tune = types.SimpleNamespace()
+        sf.tune.record_run_start = lambda path, start, seconds=None: self.state.setdefault("run_starts", {}).__setitem__(path, start)
 
         def record(check: dict, drift: dict | None = None) -> None:
             self.state["drift_checks"].append(check)
             if drift is not None:
                 self.state["drift"] = drift
-        sf.record_drift_check = record
+        sf.tune.record_drift_check = record
         self.sf = sf
 
     def restore_kept(self, fresh: bool = False) -> None:
         self.restarts += fresh
-
-    def start_key(self) -> str:
-        return f"start-{self.restarts}"
 
     def progress(self, msg: str) -> None:
         pass

@@ -118,11 +118,11 @@ def test_a_full_disk_fails_the_write_clearly_and_loses_nothing(tmp_path, monkeyp
     monkeypatch.setenv(ENOSPC_HOOK, str(full))
     full.touch()
     with pytest.raises(StateWriteError, match="No space left on device; the previous state is intact"):
-        sf.set_machine_state("BASELINE")
+        sf.service.set_machine_state("BASELINE")
     assert (tmp_path / "vkit.json").read_text() == before
     assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
     full.unlink()  # the space is back
-    sf.set_machine_state("BASELINE")
+    sf.service.set_machine_state("BASELINE")
     assert sf.read()["machine_state"] == "BASELINE"
 
 
@@ -204,6 +204,7 @@ def _stub_runner(tmp_path, runs):
     from vkit.tune.runner import Runner
 
     r = Runner.__new__(Runner)
+    r.wire()
     it = iter(runs)
 
     def once(label, k, workload=None):
@@ -211,12 +212,12 @@ def _stub_runner(tmp_path, runs):
         return f"runs/{label}/rep{k}.json", doc, check
 
     calls = {"log": [], "repeats": [], "drift": []}
-    r._measure_once, r._healthy, r.progress = once, lambda url: True, lambda m: None
+    r.measurer.once, r.healthy, r.progress = once, lambda url: True, lambda m: None
     r.log = lambda event, **kw: calls["log"].append(event)
     st = {"service": {"url": "http://127.0.0.1:1"}, "trials": [], "kept": {"config": {}, "repeats": []}, "run_starts": {}}
-    r.sf = r.svc = SimpleNamespace(read=lambda: st, add_kept_repeat=calls["repeats"].append,
-                                   record_drift_check=lambda out, change=None: calls["drift"].append(out),
-                                   record_run_start=lambda *a, **k: None, note_fingerprint=lambda *a, **k: None)
+    tune = SimpleNamespace(add_kept_repeat=calls["repeats"].append, record_run_start=lambda *a, **k: None,
+                           record_drift_check=lambda out, change=None: calls["drift"].append(out))
+    r.sf = r.svc = SimpleNamespace(read=lambda: st, tune=tune, service=SimpleNamespace(note_fingerprint=lambda *a, **k: None))
     r.runs_dir, r.restore_kept, r.load = str(tmp_path), lambda fresh=False: None, lambda p: {}
     return r, calls
 
@@ -227,13 +228,13 @@ CLEAN = ({"failed": 0, "output_throughput": 6500.0}, {"code": 0, "verdict": "val
 
 def test_a_run_with_failed_requests_on_a_healthy_server_is_measured_again(tmp_path):
     r, calls = _stub_runner(tmp_path, [BURST, CLEAN])
-    path, doc, check = r._measure_checked("baseline-g1", 1)
+    path, doc, check = r.measurer.checked("baseline-g1", 1)
     assert check["code"] == 0 and doc["failed"] == 0 and calls["log"] == ["remeasure"]
 
 
 def test_failed_requests_twice_make_the_run_invalid_not_an_anomaly(tmp_path):
     r, calls = _stub_runner(tmp_path, [BURST, BURST])
-    _, _, check = r._measure_checked("t001", 1)
+    _, _, check = r.measurer.checked("t001", 1)
     assert check["code"] == 3 and check["verdict"] == "invalid" and "failed_requests" in check["findings"]
 
 
@@ -243,16 +244,17 @@ BUSY = ({"failed": 0, "output_throughput": 6400.0}, {"code": 1, "verdict": "anom
 def test_a_busy_client_is_measured_again_after_a_pause_twice_then_the_run_stands(tmp_path, monkeypatch):
     """A machine busy for a moment: the run the client fell behind on is measured again after a pause, at most
     twice; the third saturated run is returned as it is (the tune then says the machine is busy)."""
-    from vkit.tune import runner as runner_mod
+    from vkit.tune import measurement
+    from vkit.tune.measurement import Measurer
 
     slept = []
-    monkeypatch.setattr(runner_mod.time, "sleep", slept.append)
+    monkeypatch.setattr(measurement.time, "sleep", slept.append)
     r, calls = _stub_runner(tmp_path, [BUSY, BUSY, CLEAN])
-    _, doc, check = r._measure_checked("baseline-g1", 1)
+    _, doc, check = r.measurer.checked("baseline-g1", 1)
     assert check["code"] == 0 and doc["output_throughput"] == 6500.0
-    assert calls["log"] == ["remeasure", "remeasure"] and slept == list(runner_mod.Runner.BUSY_WAITS_S)
+    assert calls["log"] == ["remeasure", "remeasure"] and slept == list(Measurer.BUSY_WAITS_S)
     r, calls = _stub_runner(tmp_path, [BUSY, BUSY, BUSY, CLEAN])
-    _, _, check = r._measure_checked("baseline-g1", 1)
+    _, _, check = r.measurer.checked("baseline-g1", 1)
     assert check["code"] == 1 and check["findings"] == ["client_saturation"] and len(calls["log"]) == 2
 
 
@@ -260,7 +262,7 @@ def test_a_server_gone_before_the_run_began_is_restarted_like_one_that_died_mid_
     """Killed between two runs: bench_stream cannot connect (exit 4). Not a tune's failure: the same
     configuration is restarted and the run measured again, as for a death mid-run."""
     r, calls = _stub_runner(tmp_path, [CLEAN])
-    measured = r._measure_once
+    measured = r.measurer.once
     state = {"first": True}
 
     def once(label, k, workload=None):
@@ -269,16 +271,16 @@ def test_a_server_gone_before_the_run_began_is_restarted_like_one_that_died_mid_
         return measured(label, k, workload)
 
     applied = []
-    r._measure_once, r._healthy = once, lambda url: False
+    r.measurer.once, r.healthy = once, lambda url: False
     r.apply = lambda cfg, fresh=False: (applied.append((cfg, fresh)) or True, {})
-    _, doc, check = r._measure_checked("t003", 2)
+    _, doc, check = r.measurer.checked("t003", 2)
     assert check["code"] == 0 and doc["output_throughput"] == 6500.0
     assert applied == [({}, True)] and calls["log"] == ["server_died"]
     # a healthy server that refused the run is not a death: the error stands
     r, _ = _stub_runner(tmp_path, [])
-    r._measure_once = lambda *a, **k: (_ for _ in ()).throw(VkitError("refused", ExitCode.UNAVAILABLE))
+    r.measurer.once = lambda *a, **k: (_ for _ in ()).throw(VkitError("refused", ExitCode.UNAVAILABLE))
     with pytest.raises(VkitError):
-        r._measure_checked("t003", 2)
+        r.measurer.checked("t003", 2)
 
 
 def test_a_keep_interrupted_before_its_record_is_finished_not_confirmed_against_itself(tmp_path):
@@ -295,28 +297,28 @@ def test_a_keep_interrupted_before_its_record_is_finished_not_confirmed_against_
     saved, updated, rebased = [], [], []
     r.sf = SimpleNamespace(read=lambda: st)
     r.trial = lambda tid: dict(trial)
-    r.save_conf = lambda c, list_key="confirmations": saved.append(dict(c))
+    r.confirmer.save = lambda c, list_key="confirmations": saved.append(dict(c))
     r.update_trial = lambda tid, **kw: updated.append(kw)
-    r.rebase_baseline = lambda tid, c: rebased.append(tid)
+    r.baselines.rebase = lambda tid, c: rebased.append(tid)
     r.apply = r.keep = lambda *a, **k: pytest.fail("kept twice or restarted")
     r.s = SimpleNamespace(workload=SimpleNamespace(name="main"))
-    out = r.confirm_and_keep("t004", selected_from=3)
+    out = r.confirmer.confirm_and_keep("t004", selected_from=3)
     assert out["decision"] == "kept" and out["decision_id"] == "d0042" and out["sequence"] == ["B", "A", "A", "B"]
     assert saved[-1]["decision"] == "kept" and updated == [{"kept": True, "decision_id": "d0042"}] and rebased == ["t004"]
     # stopped after the record said "kept" (before the baseline was rebased): the rerun returns it as it is,
     # and never confirms the kept candidate against itself (seen in CI: it was then refused "underpowered")
     saved.clear()
-    again = r.confirm_and_keep("t004", selected_from=3)
+    again = r.confirmer.confirm_and_keep("t004", selected_from=3)
     assert again["decision"] == "kept" and again["decision_id"] == "d0042" and saved == []
     # the same record with a kept configuration made by hand (not a gate decision) is not this case
     st["kept"]["decision"] = "manual"
-    assert not r._kept_before_saved(conf, trial, "confirmations")
+    assert not r.confirmer.kept_before_saved(conf, trial, "confirmations")
 
 
 def test_an_invalid_sentinel_run_stays_out_of_the_kept_series(tmp_path):
     stalled = ({"failed": 100, "output_throughput": 0.0}, {"code": 3, "verdict": "invalid", "findings": ["error_rate"]})
     r, calls = _stub_runner(tmp_path, [stalled, stalled])
-    out = r.sentinel()
+    out = r.sentinel.check()
     assert out["changed"] is False and "no drift verdict" in out["why"]
     assert calls["repeats"] == [] and calls["drift"] and calls["log"][-1] == "drift_check"
 
@@ -334,11 +336,11 @@ def test_a_run_check_invariants_did_not_pass_eliminates_nothing(tmp_path):
     r.trial, r.apply = lambda tid: dict(trial), lambda cfg, fresh=False: (True, {})
     r.load = lambda p: {"output_throughput": 12000.0}
     saturated = {"code": 1, "verdict": "anomaly", "findings": ["client_saturation"]}
-    r.measure = lambda tid, k, w=None: ("runs/t002/rep1.json", {"output_throughput": 4000.0, "p95_ttft_ms": 44.0, "failed": 0},
+    r.measurer.measure = lambda tid, k, w=None: ("runs/t002/rep1.json", {"output_throughput": 4000.0, "p95_ttft_ms": 44.0, "failed": 0},
                                         dict(saturated))
     r.s = SimpleNamespace(primary="output_throughput:+", eliminate_below=0.10, screen_repeats=1)
-    r.gate = lambda *a, **k: {"decision": "invalid", "why": "gate: the candidate run has an anomaly"}
+    r.compare.gate = lambda *a, **k: {"decision": "invalid", "why": "gate: the candidate run has an anomaly"}
     updates = []
     r.update_trial = lambda tid, **f: (updates.append(f), dict(trial, **f))[1]
-    out = r.run_trial("t002")
+    out = r.trials.run("t002")
     assert out["status"] != "eliminated" and out["verdict"] == "invalid", updates

@@ -11,7 +11,7 @@ import math
 import pytest
 
 from vkit.decide.drift import drift_rate, format_hours, soak_advice, soak_plan
-from vkit.tune import driver
+from vkit.tune import assemble
 
 pytestmark = pytest.mark.unit
 
@@ -79,6 +79,7 @@ class _Runner:
 
     def __init__(self, docs: list[dict], threshold: float | None):
         self.docs, self.threshold = docs, threshold
+        self.sentinel = self.budget = self  # the soak reads the sentinel's series and the budget's plan
 
     def kept_series(self):
         return [(f"r{i}.json", d) for i, d in enumerate(self.docs)]
@@ -96,16 +97,16 @@ def test_the_tune_result_soak_recommendation_is_computed_from_the_kept_series():
     docs = [{"date": (t0 + dt.timedelta(minutes=30 * i)).strftime("%Y%m%d-%H%M%S"), "output_throughput": 5000 * math.exp(-x),
              "duration": 120.0} for i, x in enumerate((0, 0.01, 0.03, 0.03))]
     docs.append({"date": None, "output_throughput": 1.0, "duration": 120.0})  # undated: not in the rate
-    text = driver._soak(_Runner(docs, 0.041))
+    text = assemble.soak(_Runner(docs, 0.041))
     fastest = 0.022 + T95_2 * 2 * math.sqrt(7e-6)
     hours = math.log1p(0.041) / fastest
     assert "output_throughput -2.20%/h" in text and "over 4 runs in 1.50 h" in text
     assert f"(4.1%, max(2σ, 3%)) in ln(1 + 0.041) / {fastest:.4f} = {hours:.4g} h" in text
     assert f"re-measure the baseline at least every {format_hours(hours)}" in text
     assert f"WINDOW_S={math.ceil(hours * 3600 / 12)}`" in text
-    floor = driver._soak(_Runner(docs, None))
+    floor = assemble.soak(_Runner(docs, None))
     assert "(3.0%, the 3% floor: no σ measured)" in floor
-    assert driver._soak(_Runner(docs[:2], 0.041)).startswith("no drift rate measured: 2 dated run(s)")
+    assert assemble.soak(_Runner(docs[:2], 0.041)).startswith("no drift rate measured: 2 dated run(s)")
 
 
 @pytest.mark.e2e

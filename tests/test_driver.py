@@ -44,7 +44,7 @@ def test_tune_prints_the_result_and_records_the_finished_run(sf, tmp_path, monke
 
 def test_a_run_stopped_by_abnormal_says_what_to_do(sf, monkeypatch):
     def drive(runner, *a):
-        runner.sf.set_abnormal("two start failures in a row", "d-1")
+        runner.sf.service.set_abnormal("two start failures in a row", "d-1")
         raise Abnormal("the environment is unavailable or ABNORMAL")
 
     monkeypatch.setattr(driver, "_drive", drive)

@@ -140,17 +140,18 @@ def test_gate_compares_every_pair_of_runs_that_know_a_field():
 @pytest.mark.unit
 def test_the_tune_runner_notes_each_run_and_warns_once_on_a_change(state_path):
     from vkit.measure.gauge import BenchOptions
-    from vkit.tune.runner import Runner, Settings, Workload
+    from vkit.tune.config import Settings, Workload
+    from vkit.tune.runner import Runner
 
     sf = StateFile(state_path)
     sf.create(new_state("http://127.0.0.1:9", "m", ["serve", "m"], fingerprint=fp_of()))
     warned: list[str] = []
     r = Runner(sf, Settings(workload=Workload(BenchOptions(num_prompts=5))), lambda m: None, tool_name="tune",
                warn=warned.append)
-    r.note_environment("runs/b/rep0.json", {"vkit": {"fingerprint": fp_of()}})
+    r.measurer.note_environment("runs/b/rep0.json", {"vkit": {"fingerprint": fp_of()}})
     assert warned == []
-    r.note_environment("runs/b/rep1.json", {"vkit": {"fingerprint": fp_of(driver="560.35.03")}})
-    r.note_environment("runs/b/rep2.json", {"vkit": {"fingerprint": fp_of(driver="560.35.03")}})
+    r.measurer.note_environment("runs/b/rep1.json", {"vkit": {"fingerprint": fp_of(driver="560.35.03")}})
+    r.measurer.note_environment("runs/b/rep2.json", {"vkit": {"fingerprint": fp_of(driver="560.35.03")}})
     assert len(warned) == 1 and "runs/b/rep1.json" in warned[0] and "accelerator.driver 550.54.15 → 560.35.03" in warned[0]
     ev = [e for e in sf.log.read() if e["event"] == "environment_changed"]
     assert len(ev) == 1 and ev[0]["tool"] == "tune" and ev[0]["run"] == "runs/b/rep1.json"

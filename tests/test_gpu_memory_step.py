@@ -21,7 +21,8 @@ from vkit.sim.config import ServeOptions, resolve
 from vkit.sim.profiles import get_gpu, get_model
 from vkit.state import StateFile, new_state
 from vkit.tune import steps
-from vkit.tune.runner import Runner, Settings, Workload
+from vkit.tune.config import Settings, Workload
+from vkit.tune.runner import Runner
 
 GiB_T = 79.19  # an 80 GB device as vLLM prints its total
 
@@ -86,6 +87,9 @@ class StubRunner(Runner):
     def __init__(self, sf: StateFile, start_max: float, load_max: float):
         super().__init__(sf, Settings(workload=Workload(BenchOptions(num_prompts=50))), lambda m: None, tool_name="tune")
         self.start_max, self.load_max, self.starts = start_max, load_max, []
+        # the step's calls go to the narrow objects: these stand in for the trial, the confirmation and its plan
+        self.trials.run, self.confirmer.confirm_and_keep, self.budget.confirm_plan = (self.run_trial, self.confirm_and_keep,
+                                                                                      self.confirm_plan)
 
     def apply(self, config, fresh=False):
         v = config["gpu_memory_utilization"]
@@ -242,8 +246,8 @@ def test_one_engine_death_in_a_run_measured_again_is_evidence(tmp_path):
     sf = StateFile(str(tmp_path / "st" / "vkit.json"))
     sf.create(new_state("http://127.0.0.1:9", "m", ["serve", "m"], {"gpu_memory_utilization": 0.90}))
     r = StubRunner(sf, start_max=0.98, load_max=0.98)
-    t = r.new_trial("4m", {"gpu_memory_utilization": 0.95}, "validate")
-    t = r.run_trial(t["id"])
+    t = r.trials.new("4m", {"gpu_memory_utilization": 0.95}, "validate")
+    t = r.trials.run(t["id"])
     assert steps.load_failure(r, t) == []
     r.log("server_died", label=t["id"], run=1, config=t["config"], errors={"HTTP 500": 12})
     assert steps.load_failure(r, t) == ["the engine died during run 1 (12x HTTP 500): restarted and measured again"]

@@ -282,3 +282,76 @@ def test_an_import_circle_is_found_even_through_type_checking_blocks():
     assert import_circles(graph) == [["vkit.a", "vkit.b", "vkit.c"]]
     graph["vkit.c"] = set()
     assert import_circles(graph) == []
+
+
+# -- the code's shape, held: small modules, small classes, no reach into another object's private parts --------
+def _code_shape():
+    """bench/code_shape.py, the module that measures the shape for the before/after table (one definition)."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(ROOT), "bench", "code_shape.py")
+    spec = importlib.util.spec_from_file_location("vkit_code_shape", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def all_modules() -> list[str]:
+    return sorted(os.path.join(d, f) for d, _, files in os.walk(ROOT) for f in files if f.endswith(".py"))
+
+
+def test_no_module_is_over_600_lines():
+    shape = _code_shape()
+    big = [f"{os.path.relpath(p, ROOT)}: {n}" for p in all_modules()
+           if (n := open(p, encoding="utf-8").read().count("\n")) > shape.MODULE_LINES]
+    assert big == []
+
+
+def test_no_class_has_over_25_methods_or_400_code_lines():
+    shape = _code_shape()
+    big = []
+    for p in all_modules():
+        text = open(p, encoding="utf-8").read()
+        big += [c for c in shape.class_shapes(p, ast.parse(text), text, os.path.dirname(ROOT))
+                if c["methods"] > shape.CLASS_METHODS or c["code_lines"] > shape.CLASS_CODE_LINES]
+    assert big == []
+
+
+def test_a_class_of_26_methods_or_401_code_lines_is_found():
+    shape = _code_shape()
+    many = "class A:\n" + "".join(f"    def m{i}(self):\n        return {i}\n" for i in range(26))
+    long = "class B:\n    '''doc\n    more doc'''\n    def m(self):\n" + "        x = 1\n" * 400 + "        # a comment\n\n"
+    short = "class C:\n    def m(self):\n" + "        x = 1\n" * 398
+    rows = {c["class"].split(":")[-1]: c for text in (many, long, short) for c in shape.class_shapes("m.py", ast.parse(text), text, ".")}
+    assert rows["A"]["methods"] == 26 and rows["B"]["code_lines"] == 402 and rows["C"]["code_lines"] == 400
+    assert rows["B"]["methods"] == 1
+
+
+# argparse offers no public way to list a parser's actions: sim_predict's --grid reads them to type each value as
+# the flag itself would (the one reach into a private member, and into the standard library's, not vkit's)
+PRIVATE_READS_ALLOWED = {("cli/sim_predict.py", "parser._actions")}
+
+
+def private_reaches(source: str) -> list[tuple[int, str]]:
+    """(line, expression) for each ``x._name`` whose ``x`` is not ``self`` or ``cls``: another object's private member."""
+    out = []
+    for n in ast.walk(ast.parse(source)):
+        if isinstance(n, ast.Attribute) and n.attr.startswith("_") and not n.attr.startswith("__"):
+            if isinstance(n.value, ast.Name) and n.value.id in ("self", "cls"):
+                continue
+            out.append((n.lineno, ast.unparse(n)))
+    return out
+
+
+def test_no_module_reaches_into_another_objects_private_members():
+    found = []
+    for p in all_modules():
+        rel = os.path.relpath(p, ROOT)
+        found += [f"{rel}:{line}: {expr}" for line, expr in private_reaches(open(p, encoding="utf-8").read())
+                  if (rel, expr) not in PRIVATE_READS_ALLOWED]
+    assert found == []
+
+
+def test_a_reach_into_a_private_member_is_found():
+    src = "def f(r):\n    r._measure_once()\n    self._ok()\n    return r.fleet._call, obj.__dict__\n"
+    assert private_reaches(src) == [(2, "r._measure_once"), (4, "r.fleet._call")]

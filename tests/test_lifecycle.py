@@ -133,7 +133,7 @@ def test_forbidden_parameter_refused_without_touching_the_server(env):
 
 
 def test_lease_held_by_another_run_exit_4(env):
-    env["sf"].acquire_lease("tune@elsewhere", ttl_s=600)  # this pid is alive, so the lease is live
+    env["sf"].leases.acquire("tune@elsewhere", ttl_s=600)  # this pid is alive, so the lease is live
     r = rwr("--set", "max_num_seqs=64")
     assert r.code == 4 and "tune@elsewhere" in r.err
     assert running_pid(env) is None
@@ -194,10 +194,10 @@ def test_kill_9_between_start_and_record_stops_the_unrecorded_server(env):
     assert rwr("--set", "max_num_seqs=48", "--keep").code == 0
     st = env["sf"].read()
     launcher.stop(st["service"]["running"], grace_s=3)  # the killed restart had stopped the kept server ...
-    env["sf"].set_running(None)
+    env["sf"].service.set_running(None)
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    env["sf"].begin_candidate({"config": {"max_num_seqs": 64}, "changes": {"max_num_seqs": 64}, "since": "x",
+    env["sf"].service.begin_candidate({"config": {"max_num_seqs": 64}, "changes": {"max_num_seqs": 64}, "since": "x",
                                "owner": "restart_with_rollback@gone", "owner_pid": dead.pid})
     # ... and started the candidate, then died before set_running
     ghost = launcher.start(st["service"]["launch"], {"max_num_seqs": 64}, str(env["sf"].dir) + "/ghost.log",
@@ -326,8 +326,8 @@ def test_a_keep_logged_before_a_stop_is_applied_on_the_rerun_not_logged_twice(tm
 
     sf = StateFile(str(tmp_path / "vkit.json"))
     sf.create(new_state("http://127.0.0.1:9", "m", ["serve", "m"], {"max_num_seqs": 32}))
-    sf.begin_candidate({"config": {"max_num_seqs": 64}, "changes": {"max_num_seqs": 64}})
-    sf.candidate_applied({}, ["post_start_verify"])
+    sf.service.begin_candidate({"config": {"max_num_seqs": 64}, "changes": {"max_num_seqs": 64}})
+    sf.service.candidate_applied({}, ["post_start_verify"])
     did = sf.log.new_id()
     sf.log.append("tune", "keep", decision_id=did, config={"max_num_seqs": 64}, reason="gate accepted t002", decision="gate")
     assert sf.read()["kept"]["config"] == {"max_num_seqs": 32}  # the stop came here
@@ -336,8 +336,8 @@ def test_a_keep_logged_before_a_stop_is_applied_on_the_rerun_not_logged_twice(tm
     assert got == did and st["kept"] == dict(st["kept"], config={"max_num_seqs": 64}, decision_id=did, decision="gate")
     assert [e["id"] for e in sf.log.read() if e["event"] == "keep"] == [did]
     # without a logged keep of that id, the reserved id is the new keep's
-    sf.begin_candidate({"config": {"max_num_seqs": 128}, "changes": {"max_num_seqs": 128}})
-    sf.candidate_applied({}, ["post_start_verify"])
+    sf.service.begin_candidate({"config": {"max_num_seqs": 128}, "changes": {"max_num_seqs": 128}})
+    sf.service.candidate_applied({}, ["post_start_verify"])
     other = sf.log.new_id()
     assert Lifecycle(sf, tool="tune", owner="test").keep(reason="r", decision="gate", decision_id=other) == other
     assert [e["id"] for e in sf.log.read() if e["event"] == "keep"] == [did, other]

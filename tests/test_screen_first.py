@@ -20,11 +20,14 @@ import numpy as np
 import pytest
 
 from tests.test_tune_power import runner_with
+from vkit.decide.components import comparison_sigma, comparison_sigma_low
 from vkit.measure.gauge import BenchOptions
 from vkit.state import StateFile, new_state
 from vkit.tune import capacity as cap
 from vkit.tune import power, steps
-from vkit.tune.runner import CapacityObjective, Runner, Settings, Workload, aggregate, comparison_sigma, comparison_sigma_low
+from vkit.tune.config import CapacityObjective, Settings, Workload
+from vkit.tune.runner import Runner
+from vkit.tune.summaries import aggregate
 
 pytestmark = pytest.mark.unit
 
@@ -64,13 +67,13 @@ class Sim:
         with open(path, "w") as f:
             json.dump(doc, f)
         rel = os.path.relpath(path, self.r.sf.dir)
-        self.r.sf.record_run_start(rel, f"{self.pid}:1")
+        self.r.sf.tune.record_run_start(rel, f"{self.pid}:1")
         self.measured.append(label)
         return rel, doc, {"code": 0, "verdict": "valid", "findings": []}
 
     def keep(self, reason: str, decision: str, decision_id: str | None = None) -> str:
         did = decision_id or "d-test"
-        self.r.sf.mirror_kept(dict(self.cfg), did, decision)
+        self.r.sf.service.mirror_kept(dict(self.cfg), did, decision)
         return did
 
 
@@ -84,7 +87,7 @@ def capacity_tune(tmp_path, truth: dict[int, float], seed: int = 1, confirm_bloc
     r = Runner(sf, Settings(workload=w, capacity=objective, primary="slo_capacity:+", guards=[], confirm_blocks=confirm_blocks),
                lambda m: None, tool_name="tune")
     sim = Sim(r, truth, seed, **noise)
-    r.apply, r.measure, r.keep = sim.apply, sim.measure, sim.keep
+    r.apply, r.measurer.measure, r.keep = sim.apply, sim.measure, sim.keep
     r.settle = lambda: None
     runs = []
     for k, fresh in zip((1, 2, 3, 4), (True, False, True, True), strict=True):
@@ -116,7 +119,7 @@ def run_step(r: Runner, seqs: list[int]) -> dict:
 def test_a_threefold_winner_on_a_noisy_primary_is_screened_confirmed_and_kept(tmp_path):
     r, sim = capacity_tune(tmp_path, {128: 1.0, 256: 3.0}, seed=3)
     # the threshold's plan (2·15 % ≈ 31 %, σ on 2 df) cannot decide within 4 blocks: the old rule refused the step here
-    assert not r.confirm_plan()["fits"]
+    assert not r.budget.confirm_plan()["fits"]
     rec = run_step(r, [128, 256])
     winner = rec["confirmed"]["trial_id"]
     assert r.trial(winner)["config"]["max_num_seqs"] == 256 and rec["confirmed"]["decision"] == "kept"
@@ -163,5 +166,5 @@ def test_sigma_on_two_degrees_of_freedom_does_not_veto_a_winner_the_low_end_of_i
     # the budget is run (the sequential rule stops when it decides) rather than the step refused
     r = runner_with(str(tmp_path / "st" / "vkit.json"), COMPS, confirm_blocks=2, primary="slo_capacity:+", guards=[])
     sd = comparison_sigma(COMPS["slo_capacity"], 1)
-    plan = r.confirm_plan(effect=power.Effect(observed=math.log(1.6), k=3, sigma=sd, sigma_low=comparison_sigma_low(COMPS["slo_capacity"], 1)))
+    plan = r.budget.confirm_plan(effect=power.Effect(observed=math.log(1.6), k=3, sigma=sd, sigma_low=comparison_sigma_low(COMPS["slo_capacity"], 1)))
     assert plan["fits"] and plan["blocks"] == 2 and plan["pairs"] > 4 and "may end undecided" in plan["why"]

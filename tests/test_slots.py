@@ -72,7 +72,7 @@ def test_state_init_with_slots_writes_one_state_file_per_slot(tmp_path):
     r = call("state", "--state", st, "show")
     assert "slot s1" in r.out and "port 8001: in service" in r.out
     sf = StateFile(st)
-    sf.take_slot_out("s1", "test", "d-x")
+    sf.slots.take_out("s1", "test", "d-x")
     assert "OUT since" in call("state", "--state", st, "show").out
     r = call("state", "--state", st, "--slot-in", "s1", "--reason", "fixed")
     assert r.code == 0 and sf.read()["slots"][1]["out"] is None
@@ -83,7 +83,8 @@ def test_state_init_with_slots_writes_one_state_file_per_slot(tmp_path):
 def test_a_state_without_slots_is_one_slot(tmp_path):
     from vkit.measure.gauge import BenchOptions
     from vkit.state import new_state
-    from vkit.tune.runner import Runner, Settings, Workload
+    from vkit.tune.config import Settings, Workload
+    from vkit.tune.runner import Runner
 
     sf = StateFile(str(tmp_path / "vkit.json"))
     sf.create(new_state("http://127.0.0.1:9", "m", ["serve"], {}))
@@ -98,11 +99,12 @@ def _bare_runner(slot_names, effects=None):
     from vkit.tune.runner import Runner
 
     r = Runner.__new__(Runner)
+    r.wire()
     st = {"slots": [{"name": n, "state": f"slots/{n}.json"} for n in slot_names], "kept": {"config": {"max_num_seqs": 4}},
           "confirmations": [], "trials": [{"id": "t002", "step": "2", "config": {"max_num_seqs": 8}}]}
     if effects is not None:
         st["slot_effects"] = {"metrics": effects}
-    r.sf = SimpleNamespace(read=lambda: st, save_confirmation=lambda c, k: None)
+    r.sf = SimpleNamespace(read=lambda: st, tune=SimpleNamespace(save_confirmation=lambda c, k: None))
     r.slot, r.svc, r.runs_dir = None, r.sf, "runs/run-1"
     r.interrupts = Interrupts()
     r.for_slot = lambda slot: SimpleNamespace(svc=slot["name"], slot=slot["name"], runs_dir=f"runs/run-1/{slot['name']}")
@@ -112,12 +114,12 @@ def _bare_runner(slot_names, effects=None):
 @pytest.mark.unit
 def test_a_comparison_across_slots_carries_the_device_spread_and_one_within_a_slot_does_not():
     r, _ = _bare_runner(["s0", "s1"], effects={"output_throughput": {"sigma_device": 0.03}, "p95_ttft_ms": {"sigma_device": 0.0}})
-    same = r.slot_sigma(["runs/run-1/s0/baseline-g1/rep1.json"], ["runs/run-1/s0/t002/rep1.json"])
-    across = r.slot_sigma(["runs/run-1/s0/baseline-g1/rep1.json"], ["runs/run-1/s1/t002/rep1.json"])
+    same = r.compare.slot_sigma(["runs/run-1/s0/baseline-g1/rep1.json"], ["runs/run-1/s0/t002/rep1.json"])
+    across = r.compare.slot_sigma(["runs/run-1/s0/baseline-g1/rep1.json"], ["runs/run-1/s1/t002/rep1.json"])
     assert same == {} and across == {"output_throughput": 0.03}
-    assert r.slots_of(["runs/run-1/s1/t002/rep1.json", "runs/run-1/s0/aa/rep1.json"]) == {"s0", "s1"}
+    assert r.compare.slots_of(["runs/run-1/s1/t002/rep1.json", "runs/run-1/s0/aa/rep1.json"]) == {"s0", "s1"}
     r, _ = _bare_runner([], effects={"output_throughput": {"sigma_device": 0.03}})
-    assert r.slot_sigma(["runs/run-1/baseline-g1/rep1.json"], ["runs/run-1/t002/rep1.json"]) == {}
+    assert r.compare.slot_sigma(["runs/run-1/baseline-g1/rep1.json"], ["runs/run-1/t002/rep1.json"]) == {}
 
 
 DOC = {"output_throughput": 6000.0, "p95_ttft_ms": 120.0}
@@ -131,13 +133,14 @@ def test_the_aa_pass_splits_the_spread_into_within_a_slot_between_slots_and_devi
     import math
 
     from vkit.tune import steps
+    from vkit.tune.steps import aa
 
     r, _ = _bare_runner(["s0", "s1"])
     docs = {f"{n}/{k}": {"output_throughput": 6000.0 * math.exp(x)} for n, xs in (("s0", (0.0, 0.02)), ("s1", (0.10, 0.12)))
             for k, x in enumerate(xs)}
     r.load = docs.__getitem__
-    r.components = lambda key="baseline": {"output_throughput": {"within": 0.01, "between": 0.03}}
-    monkeypatch.setattr(steps, "primary_metric", lambda runner: "output_throughput")
+    r.budget.components = lambda key="baseline": {"output_throughput": {"within": 0.01, "between": 0.03}}
+    monkeypatch.setattr(aa, "primary_metric", lambda runner: "output_throughput")  # slot_effects reads it in its module
     e = steps.slot_effects(r, {"s0": ["s0/0", "s0/1"], "s1": ["s1/0", "s1/1"]})["metrics"]["output_throughput"]
     assert e["sigma_within"] == pytest.approx(math.sqrt(2e-4))
     assert e["sigma_slots"] == pytest.approx(math.sqrt(0.0049))
@@ -158,19 +161,20 @@ def test_confirmation_blocks_run_side_by_side_on_the_slots():
     def for_slot(slot):
         c = copy.copy(r)
         c.slot, c.runs_dir = slot["name"], f"runs/run-1/{slot['name']}"
-        c.measure = lambda label, k, w=None: (where.append((slot["name"], label, k))
-                                              or (f"{c.runs_dir}/{label}/rep{k}.json", DOC, {"code": 0}))
+        c.wire()
+        c.measurer.measure = lambda label, k, w=None: (where.append((slot["name"], label, k))
+                                                       or (f"{c.runs_dir}/{label}/rep{k}.json", DOC, {"code": 0}))
         return c
 
     r.for_slot = for_slot
     r.trial = lambda tid: {"id": tid, "step": "2", "config": {"max_num_seqs": 8}}
-    r.confirm_plan = lambda *a, **k: {"fits": True, "blocks": 4, "why": "4 blocks"}
+    r.budget.confirm_plan = lambda *a, **k: {"fits": True, "blocks": 4, "why": "4 blocks"}
     r.apply = lambda cfg, fresh=False: (True, {})
     r.progress = r.log = lambda *a, **k: None
     gates = []
     verdicts = iter(["undecided", "accept"])
-    r.gate = lambda a_runs, b_runs, **k: (gates.append(len(b_runs)) or {"decision": next(verdicts), "why": "x"})
-    conf = r._confirm("t002", "confirmations", 2, None, "output_throughput", [])
+    r.compare.gate = lambda a_runs, b_runs, **k: (gates.append(len(b_runs)) or {"decision": next(verdicts), "why": "x"})
+    conf = r.confirmer.confirm("t002", "confirmations", 2, None, "output_throughput", [])
     assert conf["decision"] == "accept" and gates == [6, 8]
     assert conf["sequence"] == ["B", "A", "A", "B"] * 4
     for b in range(4):

@@ -199,17 +199,17 @@ def test_cli_write_failure_exit_4(state_path, monkeypatch):
 @pytest.mark.e2e
 def test_lease_contention_expiry_and_stale_pid(state_path):
     sf = _init(state_path)
-    sf.acquire_lease("run-A", ttl_s=60)
+    sf.leases.acquire("run-A", ttl_s=60)
     with pytest.raises(LeaseHeld) as e:
-        sf.acquire_lease("run-B", ttl_s=60)
+        sf.leases.acquire("run-B", ttl_s=60)
     assert "run-A" in str(e.value) and "until" in str(e.value) and "--break-lease" in str(e.value)
-    sf.renew_lease("run-A", ttl_s=120)
+    sf.leases.renew("run-A", ttl_s=120)
     with pytest.raises(LeaseHeld):
-        sf.renew_lease("run-B", ttl_s=10)
+        sf.leases.renew("run-B", ttl_s=10)
     # expiry passed → B may break it, and the break is logged
     with sf.transaction() as st:
         st["lease"]["expires"] = time.time() - 1
-    sf.acquire_lease("run-B", ttl_s=60)
+    sf.leases.acquire("run-B", ttl_s=60)
     assert sf.read()["lease"]["owner"] == "run-B"
     ev = [e for e in sf.log.read() if e["event"] == "lease_broken"]
     assert ev and ev[-1]["previous"]["owner"] == "run-A" and "expired" in ev[-1]["reason"]
@@ -218,15 +218,15 @@ def test_lease_contention_expiry_and_stale_pid(state_path):
     dead.wait()
     with sf.transaction() as st:
         st["lease"]["pid"] = dead.pid
-    sf.acquire_lease("run-C", ttl_s=60)
+    sf.leases.acquire("run-C", ttl_s=60)
     ev = [e for e in sf.log.read() if e["event"] == "lease_broken"]
     assert f"pid {dead.pid} is gone" in ev[-1]["reason"]
-    assert sf.release_lease("run-C") is True and sf.read()["lease"] is None
+    assert sf.leases.release("run-C") is True and sf.read()["lease"] is None
 
 
 def _hold_lease(path, q, hold_s):
     sf = StateFile(path)
-    with sf.lease("holder", ttl_s=60):
+    with sf.leases.hold("holder", ttl_s=60):
         q.put("held")
         time.sleep(hold_s)
 
@@ -239,7 +239,7 @@ def test_second_run_gets_exit_4_naming_the_holder(state_path):
     p.start()
     assert q.get(timeout=10) == "held"
     with pytest.raises(LeaseHeld, match="holder"):
-        StateFile(state_path).acquire_lease("second", 60)
+        StateFile(state_path).leases.acquire("second", 60)
     r = call("state", "--state", state_path, "show")
     assert "held by holder" in r.out
     p.join(10)
@@ -248,7 +248,7 @@ def test_second_run_gets_exit_4_naming_the_holder(state_path):
 
 def test_break_lease_and_clear_abnormal_are_logged(state_path):
     sf = _init(state_path)
-    sf.acquire_lease("someone", ttl_s=600)
+    sf.leases.acquire("someone", ttl_s=600)
     with sf.transaction() as st:
         st["abnormal"] = {"flag": True, "reason": "rollback failed", "since": "t"}
         st["start_failures"] = 2

@@ -9,11 +9,15 @@ import json
 import pytest
 from scipy import stats
 
+from vkit import search
 from vkit.apply.policy import Policy
+from vkit.errors import Rejected, VkitError
 from vkit.measure.gauge import BenchOptions
 from vkit.state import StateFile, new_state, now_iso
 from vkit.tune import steps
-from vkit.tune.runner import Runner, Settings, Workload
+from vkit.tune.config import Settings, Workload
+from vkit.tune.runner import Runner
+from vkit.tune.steps import ablation
 
 pytestmark = pytest.mark.unit
 
@@ -66,7 +70,7 @@ def _add_step3(runner: Runner, sweep: dict[int, float], tokens: int) -> None:
             st["trials"].append({"id": f"t{i:03d}", "step": "3", "status": "done", "valid": True, "verdict": "undecided",
                                  "config": {"max_num_batched_tokens": tokens, "max_num_seqs": seqs}, "runs": [],
                                  "metrics": {"output_throughput": thr, "p95_ttft_ms": 100.0 + seqs}})
-    runner.sf.record_step({"step": "3", "name": "max-num-seqs", "finished": now_iso(), "stop_rule": "x"})
+    runner.sf.tune.record_step({"step": "3", "name": "max-num-seqs", "finished": now_iso(), "stop_rule": "x"})
 
 
 def test_step4_grid_centres_on_the_step3_knee_not_the_kept_value(tmp_path):
@@ -74,7 +78,7 @@ def test_step4_grid_centres_on_the_step3_knee_not_the_kept_value(tmp_path):
     # was not kept, so the kept configuration still has 16 sequences.
     r = _runner(tmp_path, {"max_num_batched_tokens": 8192, "max_num_seqs": 16})
     _add_step3(r, {8: 100.0, 16: 180.0, 32: 300.0, 64: 400.0, 128: 405.0}, 8192)
-    space = steps.search.space_from_policy(Policy.load(), ["max_num_batched_tokens", "max_num_seqs"], frozen={})
+    space = search.space_from_policy(Policy.load(), ["max_num_batched_tokens", "max_num_seqs"], frozen={})
     assert steps.step3_knee(r, space, dict(r.sf.read()["kept"]["config"]), None, {}) == 64
     nxt, _ = steps.staged_proposer(r, Policy.load(), "4")
     prop = nxt(steps.observations(r))
@@ -87,7 +91,7 @@ def test_step4_grid_centres_on_the_step3_knee_not_the_kept_value(tmp_path):
 
 def test_step4_without_a_finished_step3_centres_on_the_kept_value(tmp_path):
     r = _runner(tmp_path, {"max_num_batched_tokens": 8192, "max_num_seqs": 16})
-    space = steps.search.space_from_policy(Policy.load(), ["max_num_batched_tokens", "max_num_seqs"], frozen={})
+    space = search.space_from_policy(Policy.load(), ["max_num_batched_tokens", "max_num_seqs"], frozen={})
     assert steps.step3_knee(r, space, dict(r.sf.read()["kept"]["config"]), None, {}) is None
     nxt, _ = steps.staged_proposer(r, Policy.load(), "4")
     prop = nxt(steps.observations(r))
@@ -108,9 +112,9 @@ def test_step5_measures_each_flip_on_its_own_workload_and_nothing_when_none(tmp_
         r.update_trial(tid, status="done", valid=True, verdict="reject", metrics={"p99_ttft_ms": 1.0})
         return r.trial(tid)
 
-    monkeypatch.setattr(r, "baseline", lambda workload=None, key="baseline", **kw: calls.append(("baseline", key, workload.name)))
-    monkeypatch.setattr(r, "confirm_plan", lambda *a, **kw: {"fits": True})
-    monkeypatch.setattr(r, "run_trial", run_trial)
+    monkeypatch.setattr(r.baselines, "measure", lambda workload=None, key="baseline", **kw: calls.append(("baseline", key, workload.name)))
+    monkeypatch.setattr(r.budget, "confirm_plan", lambda *a, **kw: {"fits": True})
+    monkeypatch.setattr(r.trials, "run", run_trial)
     monkeypatch.setattr(r, "settle", lambda: None)
     rec = steps.run_step5(r, mixed, lambda m: None)
     assert calls == [
@@ -123,7 +127,7 @@ def test_step5_measures_each_flip_on_its_own_workload_and_nothing_when_none(tmp_
     # defaults and no priority classes: nothing is measured, and the record says why
     r2 = _runner(tmp_path / "b", {})
     calls.clear()
-    monkeypatch.setattr(r2, "baseline", lambda **kw: calls.append("baseline"))
+    monkeypatch.setattr(r2.baselines, "measure", lambda **kw: calls.append("baseline"))
     rec2 = steps.run_step5(r2, mixed, lambda m: None)
     assert calls == [] and rec2["trials"] == [] and rec2["result"].startswith("nothing to validate")
 
@@ -142,13 +146,13 @@ def test_auto_ablation_runs_once_per_multi_parameter_keep_and_only_after_a_keep(
                "switches": [{"param": "max_num_seqs", "from": 4, "to": 32, "metric": "output_throughput", "change": 0.9, "verdict": "accept"},
                             {"param": "max_num_batched_tokens", "from": 2048, "to": 4096, "metric": "output_throughput",
                              "change": 0.01, "verdict": "reject"}]}
-        runner.sf.record_ablation(out)
+        runner.sf.tune.record_ablation(out)
         return out
 
-    monkeypatch.setattr(steps, "run_ablation", fake)
-    r.sf.record_step({"step": "2", "finished": now_iso(), "stop_rule": "budget spent", "confirmed": {"decision": "reject"}})
+    monkeypatch.setattr(ablation, "run_ablation", fake)  # auto_ablate calls it in its own module
+    r.sf.tune.record_step({"step": "2", "finished": now_iso(), "stop_rule": "budget spent", "confirmed": {"decision": "reject"}})
     assert steps.auto_ablate(r, "2", lambda m: None) is None and ran == []  # the step kept nothing
-    r.sf.record_step({"step": "2", "finished": now_iso(), "stop_rule": "budget spent", "confirmed": {"decision": "kept"}})
+    r.sf.tune.record_step({"step": "2", "finished": now_iso(), "stop_rule": "budget spent", "confirmed": {"decision": "kept"}})
     assert steps.auto_ablate(r, "2", lambda m: None)["attribution"] == ["max_num_seqs"] and ran == [1]
     rec = next(s for s in r.sf.read()["steps"] if s["step"] == "2")
     assert rec["stop_rule"].startswith("budget spent; attribution: max_num_seqs paid (max_num_seqs 4→32 alone +90.0%")
@@ -159,7 +163,7 @@ def test_ablation_refuses_a_keep_that_set_a_parameter_left_at_the_server_default
     # before the keep, max_num_batched_tokens was the server's own default: no candidate can set it back
     r = _runner(tmp_path, {"max_num_seqs": 8, "max_num_batched_tokens": 16384})
     r.sf.log.append("tune", "keep", config={"max_num_seqs": 8, "max_num_batched_tokens": 16384}, previous={"config": {"max_num_seqs": 2}})
-    with pytest.raises(steps.Rejected, match="max_num_batched_tokens at the server's own default"):
+    with pytest.raises(Rejected, match="max_num_batched_tokens at the server's own default"):
         steps.run_ablation(r, lambda m: None)
     assert r.sf.read()["trials"] == []
 
@@ -168,11 +172,11 @@ def test_a_baseline_the_client_could_not_keep_up_with_is_invalid_not_a_serving_a
     r = _runner(tmp_path, {})
     with r.sf.transaction() as st:
         st["baseline"] = {"checks": [{"code": 1, "findings": ["client_saturation", "littles_law"]}]}
-    with pytest.raises(steps.VkitError, match="the client fell behind") as ex:
+    with pytest.raises(VkitError, match="the client fell behind") as ex:
         steps.guard_anomalies(r)
     assert ex.value.code == 3 and "--restart" in str(ex.value)
     with r.sf.transaction() as st:  # a server-side anomaly is still the serving path's, and blocks steps 2-4
         st["baseline"] = {"checks": [{"code": 1, "findings": ["client_saturation", "phase_order", "prefill_slower_than_decode"]}]}
-    with pytest.raises(steps.Rejected, match="fix the serving path") as ex:
+    with pytest.raises(Rejected, match="fix the serving path") as ex:
         steps.guard_anomalies(r)
     assert ex.value.code == 1

@@ -148,7 +148,7 @@ def test_baseline_anomaly_blocks_steps_2_to_4(svc):
 
 def test_second_tune_while_the_first_holds_the_lease(svc):
     init(svc)
-    svc["sf"].acquire_lease("tune@other-host:1", ttl_s=600)
+    svc["sf"].leases.acquire("tune@other-host:1", ttl_s=600)
     r = call("tune", *FAST, "--steps", "2")
     assert r.code == 4 and "tune@other-host:1" in r.err
 
@@ -219,14 +219,14 @@ def test_ablate_names_the_switch_that_paid(svc):
 
 
 def test_only_a_busy_client_earns_a_remeasure():
-    from vkit.tune.runner import Runner
+    from vkit.tune.measurement import Measurer
 
-    assert Runner.transient({"client_saturation"})
-    assert Runner.transient({"client_saturation", "littles_law", "phase_order", "client_server_ttft_gap"})  # seen in CI
-    assert not Runner.transient({"phase_order"})  # prefill slower than decode with a healthy client: the server's
-    assert not Runner.transient({"littles_law", "client_server_ttft_gap"})
-    assert not Runner.transient({"client_saturation", "tokens_vs_requested"})  # token counts do not depend on the client's speed
-    assert not Runner.transient(set())
+    assert Measurer.transient({"client_saturation"})
+    assert Measurer.transient({"client_saturation", "littles_law", "phase_order", "client_server_ttft_gap"})  # seen in CI
+    assert not Measurer.transient({"phase_order"})  # prefill slower than decode with a healthy client: the server's
+    assert not Measurer.transient({"littles_law", "client_server_ttft_gap"})
+    assert not Measurer.transient({"client_saturation", "tokens_vs_requested"})  # token counts do not depend on the client's speed
+    assert not Measurer.transient(set())
 
 
 def test_sweep_step2_with_octave_candidates(svc):
@@ -263,8 +263,9 @@ def test_drift_between_trials_is_detected_and_the_baseline_remeasured(svc):
 
     from vkit.cli import _tuneargs as ta
     from vkit.cli._common import IO
+    from vkit.tune.config import Settings
     from vkit.tune.driver import check_drift
-    from vkit.tune.runner import Runner, Settings
+    from vkit.tune.runner import Runner
 
     # drift counted from now: every restart (each sentinel is a fresh start) sees the machine as slow as it has become
     init(svc, "max_num_seqs=16", extra=("--sim-drift", "4", "--sim-drift-since", f"{time.time():.0f}", "--sim-noise", "0.005"))
@@ -274,8 +275,8 @@ def test_drift_between_trials_is_detected_and_the_baseline_remeasured(svc):
     main, _ = ta.workloads(ns, "sim-8b")  # the workload exactly as tune builds it
     runner = Runner(sf, Settings(workload=main, baseline_repeats=4, ready_timeout_s=30), lambda m: None, tool_name="tune")
     io = IO(prog="tune", out=_io.StringIO(), err=_io.StringIO(), verbosity=0)
-    with sf.lease(runner.owner, 600, "tune"):
-        first = runner.baseline()
+    with sf.leases.hold(runner.owner, 600, "tune"):
+        first = runner.baselines.measure()
         for _ in range(16):
             check_drift(runner, io.warn)
             if sf.read().get("drift"):
@@ -294,7 +295,7 @@ def test_drift_between_trials_is_detected_and_the_baseline_remeasured(svc):
     assert st["drift"]["change_run"] in first["runs"] + sentinels
     # re-baselined: a new generation measured after the alarm; the series restarts with it
     assert st["baseline"]["generation"] == first["generation"] + 1
-    assert [p for p, _ in runner.kept_series()] == st["baseline"]["runs"]
+    assert [p for p, _ in runner.sentinel.kept_series()] == st["baseline"]["runs"]
     # drift --kept judges the same series
     r = call("drift", "--state", svc["state"], "--kept", "--json")
     assert json.loads(r.out)["inputs"] == st["baseline"]["runs"]

@@ -14,10 +14,12 @@ import numpy as np
 import pytest
 
 from vkit.cli._tuneargs import duration_arg
+from vkit.decide.components import comparison_sigma, sigma_parts
 from vkit.measure.gauge import BenchOptions
 from vkit.state import StateFile, new_state, now_iso
 from vkit.tune import steps
-from vkit.tune.runner import Runner, Settings, Workload, comparison_sigma, sigma_parts
+from vkit.tune.config import Settings, Workload
+from vkit.tune.runner import Runner
 
 pytestmark = pytest.mark.unit
 
@@ -66,16 +68,16 @@ def test_the_baseline_sigma_has_both_parts_when_its_runs_span_two_starts(state_p
         with open(p, "w") as f:
             json.dump({"output_throughput": tp, "completed": 50}, f)
         rel = os.path.relpath(p, r.sf.dir)
-        r.sf.record_run_start(rel, start)
+        r.sf.tune.record_run_start(rel, start)
         runs.append(rel)
-    b = r._finish_baseline("baseline", {"config": {"max_num_seqs": 64}, "runs": runs, "checks": []})
+    b = r.baselines.finish("baseline", {"config": {"max_num_seqs": 64}, "runs": runs, "checks": []})
     comp = b["components"]["output_throughput"]
     logs = np.log([100.0, 102.0, 95.0, 96.0])
     within = math.sqrt(((logs[:2] - logs[:2].mean()) ** 2).sum() + ((logs[2:] - logs[2:].mean()) ** 2).sum()) / math.sqrt(2)
     assert comp["within"] == pytest.approx(within) and comp["between"] > comp["within"]
     st = r.sf.read()
     assert st["sigma_components"]["output_throughput"] == comp and st["sigma_baseline"]["output_throughput"] == comp["total"]
-    assert r.starts_of(runs) == ["1:1", "2:2"]
+    assert r.baselines.starts_of(runs) == ["1:1", "2:2"]
 
 
 def test_settle_rolls_back_in_production_only(state_path):
@@ -93,19 +95,19 @@ def test_settle_rolls_back_in_production_only(state_path):
 def test_the_eta_and_the_time_budget_come_from_the_timed_restarts_and_runs(state_path):
     said = []
     r = make_runner(state_path, screen_repeats=2, time_budget_s=3600.0)
-    assert r.costs() is None and steps._over_time(r, "2", 3, said.append) is None and not said
+    assert r.budget.costs() is None and steps.over_time(r, "2", 3, said.append) is None and not said
     for s in (30.0, 50.0):
-        r.sf.add_time("restart", s)
+        r.sf.tune.add_time("restart", s)
     for s in (60.0, 60.0, 60.0):
-        r.sf.add_time("run", s)
-    assert r.costs() == pytest.approx((40.0, 60.0))
-    assert r.trial_cost() == pytest.approx(160.0) and r.confirm_cost() == pytest.approx(360.0)
-    r.sf.start_tune_run({"run_id": "run-x", "started": now_iso()}, archive=False)
-    assert steps._over_time(r, "2", 3, said.append) is None
+        r.sf.tune.add_time("run", s)
+    assert r.budget.costs() == pytest.approx((40.0, 60.0))
+    assert r.budget.trial_cost() == pytest.approx(160.0) and r.budget.confirm_cost() == pytest.approx(360.0)
+    r.sf.tune.start({"run_id": "run-x", "started": now_iso()}, archive=False)
+    assert steps.over_time(r, "2", 3, said.append) is None
     assert "about 14.0 min" in said[-1] and r.sf.read()["tune"]["eta"]["seconds"] == 3 * 160 + 360
     # 55 min spent of 60: one more candidate (2.7 min) and the confirmation (6 min) do not fit
-    r.sf.update_tune_run(started=now_iso(__import__("time").time() - 55 * 60))
-    stop = steps._over_time(r, "2", 3, said.append)
+    r.sf.tune.update(started=now_iso(__import__("time").time() - 55 * 60))
+    stop = steps.over_time(r, "2", 3, said.append)
     assert stop is not None and "3 candidate(s) of step 2 given up" in stop and "55 min spent" in stop
 
 
@@ -118,7 +120,7 @@ def test_time_budget_reads_hours_minutes_and_seconds_and_refuses_nonsense():
 
 
 def test_a_capacity_search_cut_short_by_the_client_is_a_lower_bound_not_an_estimate():
-    from vkit.tune.runner import cut_by_the_client
+    from vkit.tune.summaries import cut_by_the_client
 
     def doc(holds, fails, curve):
         return {"capacity_holds": holds, "capacity_fails": fails, "vkit": {"capacity": {"curve": curve}}}
@@ -136,7 +138,7 @@ def test_a_capacity_search_cut_short_by_the_client_is_a_lower_bound_not_an_estim
 
 def test_a_promise_run_the_client_could_not_keep_up_with_is_run_again_before_stepping_down(state_path, monkeypatch):
     from vkit.tune import capacity as cap
-    from vkit.tune.runner import CapacityObjective
+    from vkit.tune.config import CapacityObjective
 
     objective = CapacityObjective(slo=cap.Slo({"p95_ttft_ms": 1000.0}), plan=cap.Plan(tolerance=0.1), verify_seconds=10.0)
     r = make_runner(state_path, capacity=objective)
@@ -155,7 +157,7 @@ def test_a_promise_run_the_client_could_not_keep_up_with_is_run_again_before_ste
         return run
 
     monkeypatch.setattr(cap, "live_measure", live)
-    out = r.verify_promise({"max_num_seqs": 64}, 100.0)
+    out = r.promise.verify({"max_num_seqs": 64}, 100.0)
     # 100: no verdict (the client lagged), 100 again: fails on keep-up, then 100 / 1.1 = 90.9 fails,
     # 90.9 / 1.1^2 = 75.1 holds
     assert offered[:2] == [100.0, 100.0] and out["runs"][0]["holds"] is False and "fell behind" in out["runs"][0]["why"]
@@ -163,7 +165,7 @@ def test_a_promise_run_the_client_could_not_keep_up_with_is_run_again_before_ste
 
 
 def test_baseline_runs_are_spread_over_three_starts_by_default():
-    from vkit.tune.runner import default_starts, start_sizes
+    from vkit.tune.config import default_starts, start_sizes
 
     assert [default_starts(r) for r in (1, 2, 3, 4, 6)] == [1, 1, 2, 3, 3]
     assert start_sizes(4, 3) == [2, 1, 1] and start_sizes(3, 2) == [2, 1] and start_sizes(6, 3) == [2, 2, 2]
@@ -189,16 +191,16 @@ def test_the_baseline_measures_on_the_starts_it_plans_and_resumes_on_them(state_
         with open(p, "w") as f:
             json.dump(doc, f)
         rel = os.path.relpath(p, r.sf.dir)
-        r.sf.record_run_start(rel, f"start-{process['n']}")
+        r.sf.tune.record_run_start(rel, f"start-{process['n']}")
         return rel, doc, {"code": 0, "verdict": "valid"}
 
-    r.apply, r.measure = apply, measure
+    r.apply, r.measurer.measure = apply, measure
     with pytest.raises(KeyboardInterrupt):
-        r.baseline()
+        r.baselines.measure()
     assert len(r.sf.read()["baseline"]["runs"]) == 1  # the interrupted run was not recorded
-    b = r.baseline()
+    b = r.baselines.measure()
     known = r.sf.read()["run_starts"]
-    per_start = [sum(1 for p in b["runs"] if known[p] == s) for s in r.starts_of(b["runs"])]
+    per_start = [sum(1 for p in b["runs"] if known[p] == s) for s in r.baselines.starts_of(b["runs"])]
     assert per_start == groups
     comp = b["components"]["output_throughput"]
     assert comp["groups"] == len(groups) and (comp["between"] is None) == (len(groups) == 1)
@@ -208,7 +210,7 @@ def test_a_promise_at_the_boundary_is_not_verified_there(state_path, monkeypatch
     """The promise must clearly hold, as a search's point must, on two runs: a margin inside the
     margins' noise is measured again, and a load still unclear after the plan's repeats steps down."""
     from vkit.tune import capacity as cap
-    from vkit.tune.runner import CapacityObjective
+    from vkit.tune.config import CapacityObjective
 
     objective = CapacityObjective(slo=cap.Slo({"p95_ttft_ms": 1000.0}), plan=cap.Plan(tolerance=0.1, repeats=3, noise=0.05),
                                   verify_seconds=10.0)
@@ -226,7 +228,7 @@ def test_a_promise_at_the_boundary_is_not_verified_there(state_path, monkeypatch
         return run
 
     monkeypatch.setattr(cap, "live_measure", live)
-    out = r.verify_promise({"max_num_seqs": 64}, 100.0)
+    out = r.promise.verify({"max_num_seqs": 64}, 100.0)
     lower = pytest.approx(100 / 1.1, rel=0.01)
     assert offered == [100.0, 100.0, 100.0, lower, lower]  # a hold takes two runs, a failure one
     assert [x["verdict"] for x in out["runs"]] == [None, None, "unclear", None, "holds"]

@@ -11,12 +11,14 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from vkit.decide.components import comparison_sigma, comparison_sigma_low
 from vkit.decide.rule import Boundaries, pairs_to_decide, seq_bounds
 from vkit.decide.specs import Settings as GateSettings
 from vkit.measure.gauge import BenchOptions
 from vkit.state import StateFile, new_state
 from vkit.tune import steps
-from vkit.tune.runner import Runner, Settings, Workload, comparison_sigma, comparison_sigma_low
+from vkit.tune.config import Settings, Workload
+from vkit.tune.runner import Runner
 
 pytestmark = pytest.mark.unit
 
@@ -74,25 +76,25 @@ def comp(w: float, b: float, w_ci=None, b_ci=None) -> dict:
 def test_the_confirmation_plan_comes_from_sigma_and_refuses_a_budget_that_cannot_decide(state_path):
     comps = {"output_throughput": comp(0.01, 0.005), "p95_ttft_ms": comp(0.03, 0.01)}
     r = runner_with(state_path, comps, confirm_blocks=4)
-    plan = r.confirm_plan()
+    plan = r.budget.confirm_plan()
     s = comparison_sigma(comps["output_throughput"], 2)
     one = comparison_sigma(comps["output_throughput"], 1)  # the threshold's σ: one run on a fresh start
     assert plan["fits"] and plan["pairs"] == pairs_to_decide(s, math.log1p(max(2 * one, 0.03)), GS)
     # at the simulator's noise (2 % within a process, 1.5 % between starts) the bar is 2·2.5 % = 5 %,
     # not 2·√(2² + 2·1.5²) % = 5.8 %: the clustering of the design is the test's, not the bar's
-    sim = runner_with(state_path, {"output_throughput": comp(0.02, 0.015)}, confirm_blocks=8).confirm_plan()
+    sim = runner_with(state_path, {"output_throughput": comp(0.02, 0.015)}, confirm_blocks=8).budget.confirm_plan()
     row = sim["metrics"][0]
     assert row["threshold"] == pytest.approx(0.05) and row["sigma"] == pytest.approx(math.sqrt(0.02**2 + 2 * 0.015**2), abs=1e-5)
     assert plan["blocks"] == math.ceil(plan["pairs"] / 2) <= 4
     # a guard whose σ is far too large for its tolerance, even at the low end of σ's interval: refused
     comps["p95_ttft_ms"] = comp(0.25, 0.1, w_ci=[0.2, 0.5], b_ci=[0.05, 0.4])
     r = runner_with(state_path, comps, confirm_blocks=4)
-    plan = r.confirm_plan()
+    plan = r.budget.confirm_plan()
     assert not plan["fits"] and "p95_ttft_ms" in plan["why"] and "cannot reach a verdict" in plan["why"]
     # --yes grants a larger budget (up to 4x), when that decides
     mid = dict(comps, p95_ttft_ms=comp(0.1, 0.02, w_ci=[0.09, 0.2], b_ci=[0.01, 0.1]))
-    short = runner_with(state_path, mid, confirm_blocks=4).confirm_plan()
-    granted = runner_with(state_path, mid, confirm_blocks=4, grant_budget=True).confirm_plan()
+    short = runner_with(state_path, mid, confirm_blocks=4).budget.confirm_plan()
+    granted = runner_with(state_path, mid, confirm_blocks=4, grant_budget=True).budget.confirm_plan()
     assert not short["fits"] and "--confirm-blocks" in short["why"]
     assert granted["fits"] and granted["granted"] and granted["blocks"] > 4
 
@@ -100,16 +102,16 @@ def test_the_confirmation_plan_comes_from_sigma_and_refuses_a_budget_that_cannot
 def test_a_budget_within_reach_at_the_low_end_of_sigma_is_run_not_refused(state_path):
     # the point estimate needs more than 4 blocks, the interval's low end fewer: run the budget
     comps = {"output_throughput": comp(0.01, 0.005), "p95_ttft_ms": comp(0.1, 0.02, w_ci=[0.02, 0.3], b_ci=[0.0, 0.1])}
-    plan = runner_with(state_path, comps, confirm_blocks=4).confirm_plan()
+    plan = runner_with(state_path, comps, confirm_blocks=4).budget.confirm_plan()
     assert plan["pairs"] > 8 and plan["fits"] and plan["blocks"] == 4 and "may end undecided" in plan["why"]
     assert comparison_sigma_low(comps["p95_ttft_ms"], 2) == pytest.approx(0.02)
 
 
 def test_screening_runs_stop_where_the_between_restart_part_dominates(state_path):
-    assert runner_with(state_path, {"output_throughput": comp(0.02, 0.015)}, screen_repeats=3).screen_size()[0] == 2
-    assert runner_with(state_path, {"output_throughput": comp(0.01, 0.02)}, screen_repeats=3).screen_size()[0] == 1
-    assert runner_with(state_path, {"output_throughput": comp(0.03, 0.01)}, screen_repeats=3).screen_size()[0] == 3  # capped
-    n, why = runner_with(state_path, {"output_throughput": comp(0.02, 0.0)}, screen_repeats=2).screen_size()
+    assert runner_with(state_path, {"output_throughput": comp(0.02, 0.015)}, screen_repeats=3).budget.screen_size()[0] == 2
+    assert runner_with(state_path, {"output_throughput": comp(0.01, 0.02)}, screen_repeats=3).budget.screen_size()[0] == 1
+    assert runner_with(state_path, {"output_throughput": comp(0.03, 0.01)}, screen_repeats=3).budget.screen_size()[0] == 3  # capped
+    n, why = runner_with(state_path, {"output_throughput": comp(0.02, 0.0)}, screen_repeats=2).budget.screen_size()
     assert n == 2 and "no between-restart part" in why
 
 
@@ -118,9 +120,9 @@ def test_an_underpowered_confirmation_measures_nothing_and_an_underpowered_step_
     r = runner_with(state_path, comps, confirm_blocks=2)
     calls = []
     r.apply = lambda config, fresh=False: calls.append("apply") or (True, {})
-    r.measure = lambda *a, **k: calls.append("measure")
-    t = r.new_trial("2", {"max_num_seqs": 128}, "test")
-    conf = r.confirm_and_keep(t["id"], selected_from=3)
+    r.measurer.measure = lambda *a, **k: calls.append("measure")
+    t = r.trials.new("2", {"max_num_seqs": 128}, "test")
+    conf = r.confirmer.confirm_and_keep(t["id"], selected_from=3)
     assert conf["decision"] == "underpowered" and not conf["a_runs"] and not conf["b_runs"] and calls == []
 
     # the step screens its candidate first (the power analysis decides nothing before), then its winner's
@@ -130,7 +132,7 @@ def test_an_underpowered_confirmation_measures_nothing_and_an_underpowered_step_
         return r.update_trial(tid, status="done", valid=True, verdict="accept", metrics={"output_throughput": 150.0},
                               gate={"primary": {"metric": "output_throughput", "estimate_log": math.log(1.5), "sigma": 0.011}})
 
-    r.run_trial, r.settle = screened, lambda: None
+    r.trials.run, r.settle = screened, lambda: None
     proposals = iter([SimpleNamespace(config={"max_num_seqs": 256}, reason="test", audit={})])
     rec = steps.run_screening_step(r, "3", lambda hist: next(proposals, None), lambda m: None, 3, lambda hist: "done")
     assert calls == ["screen"] and len(rec["trials"]) == 1 and rec["confirmed"]["decision"] == "underpowered"
@@ -145,6 +147,6 @@ def test_a_server_that_measures_the_same_every_time_confirms_a_large_gain_in_the
 
     zero = comp(1e-9, 1e-9, w_ci=[1e-10, 1e-8], b_ci=[0.0, 4e-9])  # float noise on identical figures
     r = runner_with(state_path, {"output_throughput": zero, "p95_ttft_ms": zero}, confirm_blocks=6)
-    plan = r.confirm_plan(effect=power.Effect(observed=math.log(1.44), k=1, sigma=0.0, sigma_low=0.0))
+    plan = r.budget.confirm_plan(effect=power.Effect(observed=math.log(1.44), k=1, sigma=0.0, sigma_low=0.0))
     assert plan["fits"] and plan["pairs"] == 2 and plan["blocks"] == 1
-    assert r.confirm_plan()["fits"]
+    assert r.budget.confirm_plan()["fits"]

@@ -98,7 +98,7 @@ class Lifecycle:
         run = st["service"].get("running")
         if run and run.get("pid"):
             self.progress(self.backend.stop(run, st["service"]["launch"], grace_s=self.grace_s))
-            self.sf.set_running(None)
+            self.sf.service.set_running(None)
         # a server this state launched but never recorded (vkit killed between its start and the
         # state write) still holds the port: stop it too
         for line in self.backend.stop_tagged(launcher.tag_for(self.sf.dir), grace_s=self.grace_s):
@@ -111,7 +111,7 @@ class Lifecycle:
         log = launcher.log_path_for(self.sf.dir, role)
         self.progress(f"starting the {role} configuration: {' '.join(launcher.to_serve_flags(config)) or '(launch defaults)'}")
         run = self.backend.start(svc["launch"], config, log, tag=launcher.tag_for(self.sf.dir))
-        self.sf.set_running(dict(run.as_state(), config=config, role=role))
+        self.sf.service.set_running(dict(run.as_state(), config=config, role=role))
         ready = self.backend.wait_ready(
             svc["url"], run, self.ready_timeout_s,
             on_wait=lambda el: self.progress(f"waiting for /health ({el:.0f} s)"),
@@ -136,7 +136,7 @@ class Lifecycle:
 
     def mark_abnormal(self, reason: str) -> str:
         did = self._log("abnormal", reason=reason)
-        self.sf.set_abnormal(reason, did)
+        self.sf.service.set_abnormal(reason, did)
         return did
 
     # -- public ----------------------------------------------------------
@@ -171,7 +171,7 @@ class Lifecycle:
         overrides = self.policy.check_change(diff, frozen=st.get("frozen") or {}, allow=allow)
         cand_cfg = dict(kept, **changes)
         did = self._log("apply", kept=kept, candidate=cand_cfg, changes=diff, overrides=overrides)
-        self.sf.begin_candidate({"config": cand_cfg, "changes": diff, "since": now_iso(), "owner": self.owner,
+        self.sf.service.begin_candidate({"config": cand_cfg, "changes": diff, "since": now_iso(), "owner": self.owner,
                                  "owner_pid": os.getpid(), "decision_id": did})
         try:
             self._check_interrupt()
@@ -186,7 +186,7 @@ class Lifecycle:
             back = self.rollback(reason="interrupted during a restart", failed_run=run)
             raise Interrupted("interrupted; " + ("the kept configuration is back and verified" if back.ok else back.message))
         if ok:
-            self.sf.candidate_applied(facts, checks=["post_start_verify"])  # _start_and_verify passed it
+            self.sf.service.candidate_applied(facts, checks=["post_start_verify"])  # _start_and_verify passed it
             self._log("applied", candidate=cand_cfg, startup=facts, decision_id_apply=did)
             out = Outcome(True, ExitCode.OK, "applied", f"candidate applied and verified in {facts.get('ready_s')} s",
                           candidate=cand_cfg, kept=kept, startup=facts, decision_id=did)
@@ -197,7 +197,7 @@ class Lifecycle:
             return out
         # failure: diagnose, count, roll back
         why = diag.get("why") or diag.get("quote") or "start-up failed"
-        n_fail = self.sf.candidate_failed({k: v for k, v in diag.items() if k != "verify"})
+        n_fail = self.sf.service.candidate_failed({k: v for k, v in diag.items() if k != "verify"})
         fid = self._log("start_failed", candidate=cand_cfg, diagnosis=diag, consecutive=n_fail, log=run.log if run else None)
         self.progress(f"candidate failed ({diag.get('kind')}): {why}")
         back = self.rollback(reason=f"candidate failed: {why}", failed_run=run)
@@ -221,12 +221,12 @@ class Lifecycle:
             self.progress(self.backend.stop(failed_run, st["service"]["launch"], grace_s=self.grace_s))
             running = st["service"].get("running") or {}
             if running.get("pid") == failed_run.pid:
-                self.sf.set_running(None)
+                self.sf.service.set_running(None)
                 st = self.sf.read()
         self._stop_running(st)
         ok, diag, run, facts = self._start_and_verify(self.sf.read(), kept, "kept")
         if ok:
-            self.sf.rolled_back(facts)
+            self.sf.service.rolled_back(facts)
             did = self._log("rolled_back", kept=kept, reason=reason, startup=facts)
             return Outcome(True, ExitCode.OK, "rolled_back", f"kept configuration restored and verified ({reason})",
                            kept=kept, startup=facts, decision_id=did)
@@ -251,10 +251,10 @@ class Lifecycle:
             raise VkitError(f"no applied candidate to keep (candidate status: {cand.get('status')})", ExitCode.USAGE)
         self.policy.require(cand.get("checks") or [], before="keep")
         if decision_id and self.sf.log.holds("keep", decision_id):
-            self.sf.set_kept(cand["config"], decision_id, decision)
+            self.sf.service.set_kept(cand["config"], decision_id, decision)
             return decision_id
         did = self._log("keep", decision_id=decision_id, config=cand["config"], previous=st["kept"], reason=reason, decision=decision)
-        self.sf.set_kept(cand["config"], did, decision)
+        self.sf.service.set_kept(cand["config"], did, decision)
         return did
 
 
@@ -282,7 +282,7 @@ def run_held(sf: StateFile, tool: str, how: Held, body: Callable[[Lifecycle], Ou
     with how.interrupts.deferred(on_first=how.on_interrupt) as stop:
         lc = Lifecycle(sf, tool, how.owner, progress=how.progress, ready_timeout_s=how.ready_timeout_s, grace_s=how.grace_s,
                        interrupted=stop.is_set, policy=how.policy, backend=how.backend)
-        with sf.lease(how.owner, ttl_s=how.lease_ttl_s, tool=tool):
+        with sf.leases.hold(how.owner, ttl_s=how.lease_ttl_s, tool=tool):
             rec = lc.recover_orphan()
             if rec is not None:
                 how.progress(f"recovery: {rec.message}")

@@ -6,14 +6,15 @@ from __future__ import annotations
 import argparse
 import os
 from dataclasses import replace
+from typing import Any
 
 from vkit.cli import capacity as capacity_cli
 from vkit.cli._common import IO, fraction_arg, int_at_least, kb_path, lease_owner, load_policy, non_negative_float, positive_float
 from vkit.errors import UsageError
 from vkit.measure.gauge import BenchOptions
 from vkit.tune import capacity as cap
+from vkit.tune.config import CapacityObjective, Settings, Workload
 from vkit.tune.driver import RunContext, TunePlan
-from vkit.tune.runner import CapacityObjective, Settings, Workload
 
 OBJECTIVE_HELP = ("capacity (default): each configuration's SLO capacity, the highest open-loop request rate at which every "
                   "--slo holds (a capacity search per measurement, bracketed from the reference load: the first baseline "
@@ -111,7 +112,7 @@ MODE_HELP = ("staged (default: seed 000's steps; see --staged-candidates) or bo 
              "with octaves 6.25, bo 7.0 (constrained EI), random 14.5, grid 19.75")
 
 
-def add_bo_args(s: argparse._ArgumentGroup) -> None:
+def add_bo_args(s: Any) -> None:  # an argument group of tune's or sweep's parser
     """--mode bo's acquisition and early stop (tune and sweep)."""
     s.add_argument("--acquisition", choices=["auto", "cei", "ehvi", "ei", "ucb"], default="auto",
                    help="--mode bo: what the next proposal maximises. auto: under tune's capacity objective cei; otherwise "

@@ -128,7 +128,8 @@ def options(args: argparse.Namespace) -> BenchOptions:
     )
 
 
-def _url(args: argparse.Namespace) -> str:
+def service_url(args: argparse.Namespace) -> str:
+    """--url, else the state file's service URL (a usage error when neither is there)."""
     if args.url:
         return args.url
     try:
@@ -163,8 +164,8 @@ def api_key(args: argparse.Namespace) -> str | None:
 def _run(args: argparse.Namespace, io: IO) -> int:
     opts = options(args)
     check(opts)
-    url = _url(args)
-    cfg = build_config(opts, url, args._argv)
+    url = service_url(args)
+    cfg = build_config(opts, url, args.command_argv)
     cfg.api_key = api_key(args)
     service = _service_state(args, url)
     if service is not None:
@@ -183,7 +184,7 @@ def _run(args: argparse.Namespace, io: IO) -> int:
                   on_interrupt=lambda: io.warn("interrupted: no new requests; waiting for in-flight ones (Ctrl-C again to stop waiting)"))
     s = out.summary
     if service is not None:
-        found = service[0].note_fingerprint(TOOL, s["vkit"]["fingerprint"], run=os.path.abspath(args.output) if args.output else None)
+        found = service[0].service.note_fingerprint(TOOL, s["vkit"]["fingerprint"], run=os.path.abspath(args.output) if args.output else None)
         if found:
             io.warn(environment.warning(found, args.output))
     io.emit_json(s)
@@ -201,5 +202,5 @@ def _run(args: argparse.Namespace, io: IO) -> int:
 def main(argv: list[str] | None = None, stdin=None, stdout=None, stderr=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    parser.set_defaults(_argv=argv)
+    parser.set_defaults(command_argv=argv)
     return run(parser, _run, argv, stdout, stderr, stdin)

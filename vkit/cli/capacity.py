@@ -154,7 +154,7 @@ def _run(args: argparse.Namespace, io: IO) -> int:
         url = f"virtual://{virtual.opts.model}"
         measure = cap.live_measure(opts, url, run_dir, plan, command=["--virtual", args.virtual], bench=virtual.bench)
     else:
-        url = bench_stream._url(args)
+        url = bench_stream.service_url(args)
         measure = cap.live_measure(opts, url, run_dir, plan, command=["--url", url], api_key=api_key,
                                    interrupts=io.interrupts)
     io.progress(f"{url}: capacity search, {args.mode}, SLO {', '.join(f'{k} <= {v:g}' for k, v in slo.limits.items())}"

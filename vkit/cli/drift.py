@@ -146,7 +146,7 @@ def _run(args: argparse.Namespace, io: IO) -> int:
         if args.inputs:
             raise UsageError("--kept reads the runs from the state file; do not also give files")
         from vkit.state import StateFile
-        from vkit.tune.runner import kept_series
+        from vkit.tune.sentinel import kept_series
 
         sf = StateFile(args.state)
         st = sf.read()
@@ -183,7 +183,7 @@ def _run(args: argparse.Namespace, io: IO) -> int:
                             change_date=res.get("change_date"), shift=res.get("shift"), detector=args.detector, n=res["n"])
         res["decision_id"] = did
         if args.record:
-            sf.record_drift({"checked_id": did, "metric": args.metric, "changed": res["changed"], "detector": args.detector,
+            sf.service.record_drift({"checked_id": did, "metric": args.metric, "changed": res["changed"], "detector": args.detector,
                              "change_index": res.get("change_index"), "change_date": res.get("change_date"), "shift": res.get("shift")})
             io.progress(f"drift result recorded in {sf.path} ({did})")
     human = args.human or (io.is_tty() and not args.json)

@@ -181,7 +181,7 @@ def _run(args: argparse.Namespace, io: IO) -> int:
         did = sf.log.append(TOOL, "gate", trial=trial["id"], config=trial["config"], **summary)
         res["decision_id"] = did
         if args.record:
-            sf.record_trial_verdict(trial["id"], res["decision"], {**summary, "decision_id": did})
+            sf.tune.record_trial_verdict(trial["id"], res["decision"], {**summary, "decision_id": did})
             io.progress(f"verdict recorded in trial {trial['id']} ({did})")
     human = args.human or (io.is_tty() and not args.json)
     if human:

@@ -108,13 +108,13 @@ def _run(args: argparse.Namespace, io: IO) -> int:
 
 def _human_writes(sf: StateFile, args: argparse.Namespace, io: IO) -> int:
     if args.clear_abnormal:
-        ab, did = sf.clear_abnormal(TOOL, args.reason)
+        ab, did = sf.service.clear_abnormal(TOOL, args.reason)
         if ab is None:
             io.progress("environment is not ABNORMAL; nothing to clear")
         else:
             io.progress(f"ABNORMAL cleared ({did}); was: {ab.get('reason')}")
     if args.break_lease:
-        lease, stale, did = sf.break_lease(TOOL, args.reason)
+        lease, stale, did = sf.leases.force_break(TOOL, args.reason)
         if lease is None:
             io.progress("no lease is held; nothing to break")
         elif stale is None:
@@ -122,10 +122,10 @@ def _human_writes(sf: StateFile, args: argparse.Namespace, io: IO) -> int:
         else:
             io.progress(f"lease of {lease.get('owner')} broken ({stale}; {did})")
     if args.slot_in:
-        was = sf.put_slot_in(args.slot_in)
+        was = sf.slots.put_in(args.slot_in)
         did = sf.log.append(TOOL, "slot_in", slot=args.slot_in, was=was, reason=args.reason, by="human")
         slot = next(s for s in sf.read()["slots"] if s["name"] == args.slot_in)
-        ab, _ = StateFile(os.path.join(sf.dir, slot["state"])).clear_abnormal(TOOL, args.reason or f"slot back in service ({did})")
+        ab, _ = StateFile(os.path.join(sf.dir, slot["state"])).service.clear_abnormal(TOOL, args.reason or f"slot back in service ({did})")
         if ab is not None:
             io.progress(f"slot {args.slot_in}: its ABNORMAL cleared; was: {ab.get('reason')}")
         io.progress(f"slot {args.slot_in} " + (f"back in service ({did}); was out: {was.get('reason')}" if was else "was in service"))

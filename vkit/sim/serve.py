@@ -154,7 +154,7 @@ class SimApp(SimApi):
         self.oom_left = oom_under_load(opts, settings)
         self.stats_t0 = time.perf_counter()
         self.cpu_t0 = cpu_seconds()
-        self._server: asyncio.base_events.Server | None = None
+        self.listener: asyncio.base_events.Server | None = None
 
     # -- clock --------------------------------------------------------------------------------
 
@@ -429,7 +429,7 @@ async def _serve_until(opts: ServeOptions, s: SimSettings, log: VllmLog, selecto
         app.stop_event = stop
         sock.listen(2048)
         server = await loop.create_server(lambda: Conn(app), sock=sock)
-        app._server = server
+        app.listener = server
         log.info("api_server.py:1634", "Supported_tasks: ['generate']")
         log.info("api_server.py:1912", f"Starting vLLM API server 0 on http://{host}:{sock.getsockname()[1]}")
         log.info("launcher.py:34", "Available routes are:")

@@ -2,7 +2,7 @@
 its capacity's interval, one or two runs instead of a whole capacity search.
 
 The baseline's searches give the kept configuration's capacity C and σ, the sd of one search's
-answer on a fresh start (between restarts and within the search: ``Runner.baseline``). On an unchanged
+answer on a fresh start (between restarts and within the search: ``Baselines.measure``). On an unchanged
 server a fresh start holds the SLO at ``C·exp(−Z·σ)`` (Z = 2: about 97.7 % of starts, one-sided),
 so the sentinel restarts the kept configuration and runs the gauge's workload at that load:
 
@@ -74,14 +74,14 @@ def sentinel(runner: Runner) -> dict:
     k = 1 + (len(os.listdir(d)) if os.path.isdir(d) else 0)  # never overwrite an earlier check
     run = _cap.live_measure(replace(w.options, seed=w.seed + 70_000 + 10 * k), runner.svc.read()["service"]["url"],
                             os.path.join(d, f"check{k}"), c.plan, command=["--state", runner.sf.path],
-                            interrupts=runner.interrupts, launch_argv=launch_argv(st), bench=runner.bench)
+                            interrupts=runner.interrupts, launch_argv=launch_argv(st), bench=runner.measurer.bench)
     point, verdict = _cap.Point(load), None
     for i in range(RUNS):
         t0 = runner.backend.now()
         summary = run(load, i)
         # a run like any other: on the process it ran on, in the time accounting
         where = ((summary or {}).get("vkit") or {}).get("capacity_check", {}).get("path") or os.path.join(d, f"check{k}", str(i))
-        runner.sf.record_run_start(os.path.relpath(where, runner.sf.dir), runner.start_key(), seconds=runner.backend.now() - t0)
+        runner.sf.tune.record_run_start(os.path.relpath(where, runner.sf.dir), runner.measurer.start_key(), seconds=runner.backend.now() - t0)
         j = _cap.judge_run(summary, c.slo, c.plan, load)
         point.runs.append(j)
         runner.progress(f"sentinel {load:g}: " + (f"margin {j['margin']:+.3f}" if j["margin"] is not None else j["why"]))
@@ -107,6 +107,6 @@ def _record(runner: Runner, out: dict, drift: bool = False) -> dict:
     now = now_iso()
     change = {"reset": now, "changed": True, "change_date": now, "change_run": None, "shift": None,
               "detector": "capacity_low_end", "source": "tune sentinel"} if drift else None
-    runner.sf.record_drift_check(dict(out, ts=now), change)
+    runner.sf.tune.record_drift_check(dict(out, ts=now), change)
     runner.log("drift_check", **out)
     return out

@@ -12,13 +12,10 @@ progress and warnings go to the callbacks, nothing is printed.
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
-
-import numpy as np
 
 from vkit import search
 from vkit.apply.backend import PROCESS, Backend
@@ -29,8 +26,10 @@ from vkit.jsonio import load_json_lines
 from vkit.state import StateFile, now_iso
 from vkit.tune import capsentinel, knowledge
 from vkit.tune import steps as tuning
+from vkit.tune.assemble import build_result, goal, recommended_capacity, server_info, sigma_text
+from vkit.tune.config import Settings, Workload
 from vkit.tune.result import TuneResult
-from vkit.tune.runner import Runner, Settings, Workload
+from vkit.tune.runner import Runner
 
 
 def _quiet(msg: str) -> None:
@@ -107,21 +106,6 @@ class Replay:
         return {"proposals": self.proposals, "identical": self.identical, "differences": self.differences}
 
 
-def goal(s: Settings) -> dict:
-    """The tuning goal: max SLO capacity (the highest request rate meeting every SLO), interactivity
-    at the reference load second; or, with the throughput objective, max output throughput subject
-    to the SLO at the workload's one load."""
-    slo = ", ".join(f"{k} <= {v:g}" for k, v in s.slo.items())
-    if s.capacity is not None:
-        gp = s.capacity.slo.goodput
-        return {"maximize": "slo_capacity", "subject_to": s.slo, "objective": "capacity",
-                "text": f"max SLO capacity ({'the trace replayed faster: its speed-up' if s.capacity.plan.mode == 'trace' else 'req/s offered, open loop'}) with {slo}"
-                        + (f" and >= {gp:.0%} of requests meeting them" if gp else "")
-                        + "; then interactivity (mean TPOT at the reference load)"}
-    return {"maximize": "output_throughput", "subject_to": s.slo, "objective": "throughput",
-            "text": "max output throughput with " + slo}
-
-
 @contextlib.contextmanager
 def held(sf: StateFile, ctx: RunContext) -> Iterator[StateFile]:
     """The service's lease for ``ctx.owner`` over the block; refused while the environment is ABNORMAL."""
@@ -129,7 +113,7 @@ def held(sf: StateFile, ctx: RunContext) -> Iterator[StateFile]:
     if ab.get("flag"):
         raise Abnormal(f"the environment is ABNORMAL since {ab.get('since')}: {ab.get('reason')}; fix the cause, then "
                        "`state --clear-abnormal --reason ...`")
-    with sf.lease(ctx.owner, ttl_s=ctx.lease_ttl_s, tool=ctx.tool):
+    with sf.leases.hold(ctx.owner, ttl_s=ctx.lease_ttl_s, tool=ctx.tool):
         yield sf
 
 
@@ -166,7 +150,7 @@ def slot_leases(sf: StateFile, ctx: RunContext) -> Iterator[None]:
     with contextlib.ExitStack() as stack:
         for s in sf.read().get("slots") or []:
             if not s.get("out"):
-                stack.enter_context(StateFile(os.path.join(sf.dir, s["state"])).lease(ctx.owner, ttl_s=ctx.lease_ttl_s, tool=ctx.tool))
+                stack.enter_context(StateFile(os.path.join(sf.dir, s["state"])).leases.hold(ctx.owner, ttl_s=ctx.lease_ttl_s, tool=ctx.tool))
         yield
 
 
@@ -181,7 +165,7 @@ def take_out_failed_slot(runner: Runner, e: VkitError) -> Runner | None:
         return None
     reason = f"ABNORMAL: {ab.get('reason')}"
     did = runner.log("slot_out", slot=runner.slot, reason=reason)
-    runner.sf.take_slot_out(runner.slot, reason, did)
+    runner.sf.slots.take_out(runner.slot, reason, did)
     runner.warn(f"slot {runner.slot} taken out: {reason}; the tune goes on with the other slots ({did})")
     try:
         return on_first_slot(runner)
@@ -214,11 +198,11 @@ def check_drift(runner: Runner, warn: Callable[[str], None]) -> dict:
         d = capsentinel.sentinel(runner)
         what = d["why"]
     else:
-        d = runner.sentinel()
+        d = runner.sentinel.check()
         what = f"the kept configuration's throughput moved {d.get('shift') or 0:+.1%}"
     if d["changed"]:
         warn(f"drift: {what}; re-measuring the baseline")
-        runner.baseline(force=True)
+        runner.baselines.measure(force=True)
     return d
 
 
@@ -254,7 +238,7 @@ def tune(sf: StateFile, settings: Settings, mixed: Workload, plan: TunePlan, ctx
         stop_other_slots(runner)
     out_dir = plan.report_dir or os.path.join(sf.dir, "reports", run_id)
     paths = write_report(result, out_dir) if write_report is not None else {}
-    sf.update_tune_run(finished=now_iso(), report=paths)
+    sf.tune.update(finished=now_iso(), report=paths)
     sf.log.append(ctx.tool, "converge", recommendation=result.recommendation, report=paths)
     return Tuned(result=result, run_id=run_id, report=paths)
 
@@ -273,7 +257,7 @@ def _open_run(sf: StateFile, settings: Settings, plan: TunePlan, ctx: RunContext
     if plan.restart or not prev or prev.get("finished"):
         cfg["run_id"] = time.strftime("run-%Y%m%dT%H%M%S", time.gmtime())
         cfg["started"] = now_iso()
-        sf.start_tune_run(cfg, archive=bool(prev))
+        sf.tune.start(cfg, archive=bool(prev))
     else:
         theirs = {k: prev.get(k) for k in cfg}
         if cfg != theirs:
@@ -288,15 +272,15 @@ def _drive(runner: Runner, settings: Settings, mixed: Workload, plan: TunePlan, 
            t0: float, advise: Callable[[Runner, Callable], Callable] | None = None) -> TuneResult:
     """The run's machine states, from LEASE to CONVERGE, and its knowledge-base entry."""
     sf, steps, main = runner.sf, plan.steps, settings.workload
-    sf.set_machine_state("LEASE")
+    sf.service.set_machine_state("LEASE")
     if "1" in steps:
         longest = (mixed.options.mixed_long_len or 4 * main.options.random_input_len) if "5" in steps else main.options.random_input_len
         need = plan.business_len or int((longest + main.options.random_output_len) * 1.25)
         tuning.run_step1(runner, plan.max_model_len_candidates, need, main.options.max_concurrency, ctx.progress)
-    sf.set_machine_state("BASELINE")
+    sf.service.set_machine_state("BASELINE")
     staged = [x for x in steps if x in ("2", "3", "4m", "4")]
     # with slots, the A/A pass (what a comparison across devices carries) runs beside the baseline
-    b = tuning.baseline_beside_aa(runner, ctx.progress) if staged else runner.baseline()
+    b = tuning.baseline_beside_aa(runner, ctx.progress) if staged else runner.baselines.measure()
     shown = ("slo_capacity", "ref_mean_tpot_ms") if settings.capacity is not None else ("output_throughput", "p95_ttft_ms", "mean_tpot_ms")
     ctx.progress("baseline: " + ", ".join(f"{k} {v:.4g} (σ {b['sigma'].get(k, 0):.1%})" for k, v in b["metrics"].items()
                                           if k in shown))
@@ -309,7 +293,7 @@ def _drive(runner: Runner, settings: Settings, mixed: Workload, plan: TunePlan, 
     kb_work = {"bench_args": main.options.flags(), "slo": settings.slo}
     matched = _knowledge(sf, kb, kb_key, kb_work, plan.mode, ctx.progress)
     if plan.mode == "bo" and staged:
-        sf.set_machine_state("PROPOSE")
+        sf.service.set_machine_state("PROPOSE")
         nxt, stop = tuning.bo_proposer(runner, ctx.policy, plan.budget, plan.seed, prior=tuning.prior_observations(matched),
                                        acquisition=plan.acquisition, patience=plan.patience, batch_lie=plan.batch_lie)
         if advise is not None:
@@ -321,7 +305,7 @@ def _drive(runner: Runner, settings: Settings, mixed: Workload, plan: TunePlan, 
             check_drift(runner, ctx.warn)
     else:
         for step in staged:
-            sf.set_machine_state("PROPOSE")
+            sf.service.set_machine_state("PROPOSE")
             if step == "4m":  # its own search (bisection on starts, then validation under the load)
                 tuning.run_gpu_memory_step(runner, ctx.policy, ctx.progress, plan.budget)
                 check_drift(runner, ctx.warn)
@@ -333,7 +317,7 @@ def _drive(runner: Runner, settings: Settings, mixed: Workload, plan: TunePlan, 
             check_drift(runner, ctx.warn)
     if "5" in steps:
         tuning.run_step5(runner, mixed, ctx.progress)
-    sf.set_machine_state("CONVERGE")
+    sf.service.set_machine_state("CONVERGE")
     if plan.confirm_front > 0:
         tuning.confirm_front(runner, goal(settings), plan.confirm_front, ctx.progress)
     if settings.capacity is not None and settings.capacity.verify_seconds > 0:
@@ -342,22 +326,8 @@ def _drive(runner: Runner, settings: Settings, mixed: Workload, plan: TunePlan, 
     result = build_result(runner, settings, t0)
     if not (sf.read().get("tune") or {}).get("kb_recorded"):
         knowledge.record(kb, kb_key, kb_work, tuning.kb_observations(runner), result.recommendation, run_id)
-        sf.update_tune_run(kb_recorded=True)
+        sf.tune.update(kb_recorded=True)
     return result
-
-
-def sigma_text(comp: dict) -> str:
-    """σ's parts as one line: within one process and between restarts, with 90 % intervals."""
-    if comp.get("between") is None:
-        return f"{comp.get('total') or 0:.1%} ({comp.get('measured') or 'not split'})"
-    def pct(x: Any) -> str:
-        return f"{x:.1%}" if isinstance(x, (int, float)) else "unbounded"
-
-    wl, wh = comp.get("within_ci") or (None, None)
-    bl, bh = comp.get("between_ci") or (None, None)
-    return (f"within one process {pct(comp['within'])} (90 % {pct(wl)}-{pct(wh)}), between restarts {pct(comp['between'])} "
-            f"(90 % {pct(bl)}-{pct(bh)}); one run on a new process {pct(comp['total'])}; "
-            f"{comp.get('runs')} runs on {comp.get('groups')} starts")
 
 
 def _verify_promise(runner: Runner, settings: Settings, ctx: RunContext) -> dict | None:
@@ -368,28 +338,13 @@ def _verify_promise(runner: Runner, settings: Settings, ctx: RunContext) -> dict
     prev = (sf.read().get("tune") or {}).get("promise") or {}
     if prev.get("finished") and prev.get("config") == rec.get("config"):
         return prev
-    searched = (_recommended_capacity(runner, rec) or {}).get("req_s")
+    searched = (recommended_capacity(runner, rec) or {}).get("req_s")
     if not rec.get("config") or not isinstance(searched, (int, float)):
         return None
     ctx.progress(f"promise: verifying {searched:g} for the recommendation over {settings.capacity.verify_seconds:g} s")
-    out = runner.verify_promise(rec["config"], searched)
-    sf.update_tune_run(promise=out)
+    out = runner.promise.verify(rec["config"], searched)
+    sf.tune.update(promise=out)
     return out
-
-
-def _recommended_capacity(runner: Runner, rec: dict) -> dict:
-    """The recommendation's capacity over its searches: the kept configuration's (its baseline, or the
-    trial that became it), or the goal's other pick's (its trial and its delivery confirmation)."""
-    st = runner.sf.read()
-    if rec.get("kept_config") is not None:
-        t = next((x for x in st["trials"] if x["id"] == rec.get("trial_id")), {})
-        conf = next((c for c in st.get("delivery_confirmations", []) if c.get("trial_id") == rec.get("trial_id")), {})
-        return capacity_of(runner, [*(t.get("runs") or []), *(conf.get("b_runs") or [])])
-    b = st.get("baseline") or {}
-    kept_runs = b.get("runs") if b.get("config") == st["kept"]["config"] else None
-    kept_trial = next((t for t in reversed(st["trials"]) if t.get("kept") and t["config"] == st["kept"]["config"]
-                       and t["step"] not in ("1", "5")), None)
-    return capacity_of(runner, kept_runs or (kept_trial or {}).get("runs") or [])
 
 
 def _knowledge(sf: StateFile, kb: str, key: dict, work: dict, mode: str, progress: Callable[[str], None]) -> list[dict]:
@@ -400,178 +355,8 @@ def _knowledge(sf: StateFile, kb: str, key: dict, work: dict, mode: str, progres
                  + (" (used to warm-start the Bayesian search)" if mode == "bo" else " (shown; staged mode does not warm-start)")
                  + (f"; {len(ignored)} ignored, measured in another environment or workload: " + "; ".join(ignored[:3])
                     if ignored else ""))
-    sf.update_tune_run(knowledge={"path": kb, "matched": [e.get("run_id") for e in matched], "ignored": ignored})
+    sf.tune.update(knowledge={"path": kb, "matched": [e.get("run_id") for e in matched], "ignored": ignored})
     return matched
-
-
-def server_info(runner: Runner) -> dict:
-    """The server's version facts, from the baseline's first run ({} when there is none)."""
-    b = runner.sf.read().get("baseline") or {}
-    try:
-        return runner.load(b["runs"][0])["vkit"]["server"].get("version_info") or {}
-    except (KeyError, IndexError, OSError, ValueError):
-        return {}
-
-
-def build_result(runner: Runner, settings: Settings, t0: float) -> TuneResult:
-    """The tune result of the state as it is now (``t0``: when the run started)."""
-    st = runner.sf.read()
-    svc = st["service"]
-    g = goal(settings)
-    delivered = tuning.deliver(runner, g)
-    b = st.get("baseline") or {}
-    version = server_info(runner)
-    opts = settings.workload.options
-    restarts = sum(1 for log in runner.service_logs() for e in log.read() if e.get("event") in ("applied", "rolled_back", "start_failed"))
-    trials = []
-    for t in st["trials"]:
-        row = {k: t.get(k) for k in ("id", "step", "config", "changes", "status", "verdict", "why", "valid", "metrics",
-                                     "kept", "decision_id", "diagnosis")}
-        row["status"] = "measured" if t["status"] == "done" else t["status"]
-        row["repeats"] = len(t.get("runs") or [])
-        if settings.capacity is not None and t.get("runs") and t["step"] not in ("1", "5"):
-            row["capacity"] = capacity_of(runner, t["runs"])
-        if t.get("same_as"):
-            row["same_as"] = t["same_as"]
-        trials.append(row)
-    warnings = []
-    for t in st["trials"]:
-        for w in ((t.get("gate") or {}).get("warnings") or []):
-            if w not in warnings:
-                warnings.append(w)
-    tune_run = st.get("tune") or {}
-    rec = delivered.get("recommendation")
-    cap_block = None
-    if settings.capacity is not None:
-        kc = _recommended_capacity(runner, {})
-        # the kept configuration's unless the goal picked another one: read its runs once
-        rc = _recommended_capacity(runner, rec) if rec is not None and rec.get("kept_config") is not None else kc
-        if rec is not None and rc:
-            capd = {k: rc.get(k) for k in ("req_s", "output_tok_s", "per_accelerator", "estimate", "sd", "fails", "searches")}
-            promise = tune_run.get("promise") or {}
-            if promise.get("config") == rec.get("config") and promise.get("finished"):
-                # the figure to promise is the one a long run held; the searches' own is kept beside it
-                held = next((r for r in promise["runs"] if r["holds"]), None)
-                capd.update(searched_req_s=rc.get("req_s"), req_s=promise.get("verified"),
-                            output_tok_s=(held or {}).get("metrics", {}).get("output_throughput"),
-                            verified={"seconds": promise.get("seconds"), "runs": promise.get("runs")})
-                acc = settings.capacity.accelerators
-                if acc:
-                    capd["per_accelerator"] = {"req_s": capd["req_s"] / acc if capd["req_s"] else None,
-                                               "output_tok_s": capd["output_tok_s"] / acc if capd["output_tok_s"] else None}
-            rec = dict(rec, capacity=capd, binding_slo=rc.get("binding_slo"))
-        cap_block = {"reference_load": (st.get("capacity_reference") or {}).get("load"),
-                     "settings": settings.capacity.describe(), "kept": kc}
-    return TuneResult(
-        title="vkit tuning report",
-        generated=now_iso(),
-        simulated=bool((version or {}).get("sim")),
-        server={"url": svc["url"], "model": svc["model"], "version": (version or {}).get("version"),
-                "sim": ({"gpu": version.get("sim_gpu"), "model": version.get("sim_model"), "speed": version.get("sim_speed"),
-                         "noise": version.get("sim_noise"), "seed": version.get("sim_seed"),
-                         # virtual: no process ran; every time (latencies, restarts, the run's) is the simulated accelerator's
-                         "virtual": bool(version.get("virtual"))} if (version or {}).get("sim") else None),
-                "launch_argv": svc["launch"].get("argv")},
-        workload={"dataset": opts.dataset_name if not opts.dataset_path else f"{opts.dataset_name} {opts.dataset_path}",
-                  "input_len": opts.random_input_len if not opts.dataset_path else None,
-                  "output_len": opts.random_output_len, "max_concurrency": opts.max_concurrency if settings.capacity is None else None,
-                  "num_prompts": opts.num_prompts, "slo": settings.slo, "lengths": _lengths(runner, b)},
-        goal=g,
-        baseline={"config": b.get("config"), "repeats": len(b.get("runs") or []),
-                  "metrics": {k: {"mean": v, "sigma_rel": (b.get("sigma") or {}).get(k)} for k, v in (b.get("metrics") or {}).items()},
-                  "sigma_components": b.get("components") or {}},
-        trials=trials,
-        steps=[{"step": s["step"], "name": s.get("name"), "stop_rule": s.get("stop_rule"), "result": s.get("result"),
-                **({"kv_cache": s["kv_cache"]} if s.get("kv_cache") else {})} for s in st.get("steps", [])],
-        knee=delivered.get("knee"),
-        pareto=delivered.get("pareto"),
-        not_confirmed=delivered.get("not_confirmed") or [],
-        recommendation=rec,
-        capacity=cap_block,
-        stop_rule="; ".join(f"step {s['step']}: {s.get('stop_rule')}" for s in st.get("steps", [])),
-        drift=[{"after_trial": d.get("after_trial"), "changed": d.get("changed"), "runs": d.get("runs"),
-                "min_runs": d.get("min_runs"), "detail": d.get("why")} for d in st.get("drift_checks", [])],
-        warnings=warnings + [f"knowledge base: {x}" for x in (tune_run.get("knowledge") or {}).get("ignored", [])[:3]],
-        knowledge=tune_run.get("knowledge"),
-        soak=_soak(runner),
-        timings=_timings(st, runner.backend.now() - t0, restarts),
-    )
-
-
-def _soak(runner: Runner) -> str:
-    """The soak recommendation from the drift rate measured on the kept configuration's runs (the
-    series the sentinel judges), against the gate's threshold on output throughput at the σ its
-    confirmations use (``drift.soak_advice``)."""
-    from vkit.decide.drift import soak_advice
-    from vkit.decide.runs import parse_date
-    from vkit.decide.specs import Settings as GateSettings
-
-    rows = []  # (when, output tok/s, seconds) of each dated run
-    for _, doc in runner.kept_series():
-        when, v, s = parse_date(doc.get("date")), doc.get("output_throughput"), doc.get("duration")
-        if when is not None and all(isinstance(x, (int, float)) and x > 0 for x in (v, s)):
-            rows.append((when, float(v), float(s)))
-    t0 = min((w for w, _, _ in rows), default=None)
-    hours = [(w - t0).total_seconds() / 3600 for w, _, _ in rows]
-    run_s = float(np.median([s for _, _, s in rows])) if rows else 1.0
-    floor = GateSettings().floor
-    plan = runner.confirm_plan("output_throughput:+", [])
-    thr = next((m["threshold"] for m in plan.get("metrics") or [] if m["metric"] == "output_throughput"), None)
-    return soak_advice(hours, [v for _, v, _ in rows], thr or floor, run_s,
-                       threshold_rule=f"max(2σ, {floor:.0%})" if thr else f"the {floor:.0%} floor: no σ measured")["text"]
-
-
-def _timings(st: dict, total_s: float, restarts: int) -> dict:
-    """Where the run's wall time went: restarts, measurements, and the rest (gates, waiting)."""
-    t = st.get("timing") or {}
-    r, m = t.get("restart") or {}, t.get("run") or {}
-    rs, ms = float(r.get("s") or 0.0), float(m.get("s") or 0.0)
-    return {"total_s": round(total_s, 1), "restarts": restarts, "restart_s": round(rs, 1), "runs": int(m.get("n") or 0),
-            "run_s": round(ms, 1), "other_s": round(max(0.0, total_s - rs - ms), 1)}
-
-
-def _lengths(runner: Runner, baseline: dict) -> dict | None:
-    """The request set's token-length distributions, from the baseline's first run."""
-    try:
-        return (runner.load((baseline.get("runs") or [])[0]).get("vkit") or {}).get("lengths")
-    except (IndexError, OSError, ValueError):
-        return None
-
-
-def capacity_of(runner: Runner, runs: list[str]) -> dict:
-    """A configuration's capacity over its searches (capacity documents): the figure to promise
-    (the lowest clear hold over the searches, req/s offered, and the output tok/s measured there),
-    the estimate the gate compares (geometric mean) and its spread, the binding SLO, and the curve
-    of its first search (every load point: verdict, margin, latencies, throughput)."""
-    docs = []
-    for p in runs or []:
-        try:
-            d = runner.load(p)
-        except (OSError, ValueError):
-            continue
-        if "slo_capacity" in d:
-            docs.append(d)
-    if not docs:
-        return {}
-    holds = [d.get("capacity_holds") for d in docs]
-    ok = [h for h in holds if isinstance(h, (int, float))]
-    promise = min(ok) if len(ok) == len(holds) else None
-    at = next((d for d in docs if d.get("capacity_holds") == promise), docs[0])
-    vc = (at.get("vkit") or {}).get("capacity") or {}
-    est = [d["slo_capacity"] for d in docs]
-    out = {"req_s": promise, "output_tok_s": vc.get("capacity_output_tok_s") if promise is not None else None,
-           "achieved_req_s": vc.get("capacity_req_s") if promise is not None else None,
-           "fails": min((d["capacity_fails"] for d in docs if isinstance(d.get("capacity_fails"), (int, float))), default=None),
-           "estimate": float(math.exp(sum(math.log(x) for x in est) / len(est))), "searches": len(docs),
-           "sd": (float(np.std(np.log(est), ddof=1)) if len(est) > 1 else None),
-           "resolution_sd": docs[0].get("slo_capacity_sd"),
-           "binding_slo": vc.get("binding_slo"), "stop": vc.get("stop"),
-           "per_accelerator": vc.get("per_accelerator"),
-           "reference_load": docs[0].get("reference_load"),
-           "ref_per_user_output_tok_s": docs[0].get("ref_per_user_output_tok_s"),
-           "peak_in_flight": max((d.get("peak_in_flight") or 0) for d in docs),
-           "curve": ((docs[0].get("vkit") or {}).get("capacity") or {}).get("curve") or []}
-    return out
 
 
 # -- sweep ----------------------------------------------------------------------------------------
@@ -587,7 +372,7 @@ def sweep_step(sf: StateFile, settings: Settings, ctx: RunContext, step: str | N
     with held(sf, ctx), slot_leases(sf, ctx):
         st = sf.read()
         runner = make_runner(sf, settings, ctx, run_id=(st.get("tune") or {}).get("run_id") or "sweep")
-        runner.baseline()
+        runner.baselines.measure()
         tuning.guard_anomalies(runner)
         if mode == "bo":
             nxt, stop = tuning.bo_proposer(runner, ctx.policy, budget, seed, acquisition=acquisition, patience=patience,

@@ -109,9 +109,9 @@ class SlotWorker:
             if op == "apply":
                 out["result"] = r.apply(*args)
             elif op == "measure":
-                out["result"] = r._measure_once(*args)
+                out["result"] = r.measurer.once(*args)
             elif op == "healthy":
-                out["result"] = r._healthy(*args)
+                out["result"] = r.healthy(*args)
             elif op == "stop":
                 from vkit.apply.lifecycle import Lifecycle
 

@@ -1,6 +1,6 @@
 """The confirmation's budget: how many B A A B blocks a confirmation plans, and when the budget is refused.
 
-``Runner.confirm_plan`` measures one row per gated metric (σ a confirmation's runs carry, the threshold or
+``Budget.confirm_plan`` measures one row per gated metric (σ a confirmation's runs carry, the threshold or
 tolerance, the pairs the sequential rule needs to decide it); :func:`budget_plan` turns the rows into
 blocks against the budget. Two plans:
 
@@ -143,7 +143,7 @@ def _refusal(rows: list[dict], eff: Effect | None, need_low: int | None, blocks_
 
 def budget_plan(rows: list[dict], cap: int, grant: bool, effect: Effect | None = None,
                 gs: GateSettings | None = None, bnd: Boundaries | None = None) -> dict:
-    """Blocks for a confirmation from its metrics' rows (``Runner.confirm_plan``): ``fits`` within ``cap``,
+    """Blocks for a confirmation from its metrics' rows (``Budget.confirm_plan``): ``fits`` within ``cap``,
     or granted (``grant``, --yes: up to 4x), or within it at the low end of σ's interval (the budget is
     run, and may end undecided); otherwise not, with ``why`` saying what it would take.
 

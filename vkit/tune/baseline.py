@@ -1,0 +1,147 @@
+"""The kept configuration's baseline: measured over several server starts, rebased after a keep."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import TYPE_CHECKING
+
+from vkit.decide.components import capacity_sigma, sigma_parts
+from vkit.errors import ExitCode, Rejected, VkitError
+from vkit.state import now_iso
+from vkit.tune.config import Workload, start_sizes
+from vkit.tune.summaries import KEY_METRICS, aggregate, brief, capacity_unit
+
+if TYPE_CHECKING:
+    from vkit.tune.runner import Runner
+
+
+
+class Baselines:
+    """The baselines of a tune (``baseline`` and any other key): measured, finished (means, σ and its components), rebased."""
+
+    def __init__(self, r: Runner):
+        self.r = r
+
+    def measure(self, force: bool = False, workload: Workload | None = None, key: str = "baseline",
+                 config: dict | None = None) -> dict:
+        """Measure the kept configuration (or ``config``) N times (resumable); σ_baseline into the state."""
+        w = workload or self.r.s.workload
+        st = self.r.sf.read()
+        b = st.get(key)
+        kept = dict(config) if config is not None else st["kept"]["config"]
+        if b and not force and b.get("config") == kept and b.get("workload") == w.describe() and len(b.get("runs", [])) >= self.r.s.baseline_repeats:
+            return b
+        if force or not b or b.get("config") != kept or b.get("workload") != w.describe():
+            gen = (b or {}).get("generation", 0) + 1
+            b = {"config": kept, "workload": w.describe(), "runs": [], "checks": [], "generation": gen, "started": now_iso()}
+            self.r.sf.tune.set_baseline(key, b)
+        if config is None:
+            self.r.restore_kept(fresh=not b["runs"] and not self._only_step1_on_it())
+        else:
+            ok, res = self.r.apply(kept, fresh=not b["runs"])
+            if not ok:
+                raise VkitError(f"the configuration to measure as {key} does not start: {res.get('message')}", ExitCode.UNAVAILABLE)
+        label = f"{key}-g{b['generation']}"
+        sizes = start_sizes(self.r.s.baseline_repeats, self.r.s.starts())
+        ends = list(itertools.accumulate(sizes))
+        while len(b["runs"]) < self.r.s.baseline_repeats:
+            k = len(b["runs"]) + 1
+            j = next(i for i, e in enumerate(ends) if len(b["runs"]) < e)  # the start this run belongs to
+            if j > 0 and len(self.starts_of(b["runs"])) < j + 1:
+                # on a new server start: σ's between-restart part is measured, not assumed zero
+                span = f"runs {k}-{ends[j]}" if sizes[j] > 1 else f"run {k}"
+                self.r.progress(f"{key}: {span} on server start {j + 1} of {len(sizes)} "
+                              "(σ within one process and between restarts)")
+                ok, res = self.r.apply(kept, fresh=True)
+                if not ok:
+                    raise VkitError(f"the configuration to measure as {key} does not start again: {res.get('message')}",
+                                    ExitCode.UNAVAILABLE)
+            path, doc, check = self.r.measurer.measure(label, k, w)
+            if check["code"] == ExitCode.INVALID:
+                raise Rejected(f"the baseline measurement {path} is invalid ({', '.join(check.get('findings') or [])}): fix the gauge first")
+            b["runs"].append(path)
+            b["checks"].append(check)
+            self.r.progress(f"{key} {k}/{self.r.s.baseline_repeats}: {brief(doc)}"
+                          + ("" if check["code"] == 0 else f"  [{check['verdict']}: {', '.join(check.get('findings') or [])}]"))
+            self.r.sf.tune.set_baseline(key, b)
+            if "slo_capacity" in doc and not self.r.sf.read().get("capacity_reference"):
+                self._set_reference(doc, path)
+        return self.finish(key, b)
+
+    def starts_of(self, runs: list[str]) -> list[str]:
+        """The distinct server processes that measured ``runs`` (as recorded), in order."""
+        known = self.r.sf.read().get("run_starts") or {}
+        return list(dict.fromkeys(known[p] for p in runs if known.get(p)))
+
+    def _only_step1_on_it(self) -> bool:
+        """The process running now is the kept configuration's and measured nothing but step 1's
+        closed-loop runs (dataset seeds seed + 1, seed + 2), whose prompts no capacity search sends
+        (seeds from seed + 1000 up): a capacity baseline can start on it without a restart. Step 1's
+        choice is a business rule, not a selection on performance, so no winner's curse rides on its
+        process either."""
+        st = self.r.sf.read()
+        key, run = self.r.measurer.start_key(), self.r.svc.read()["service"].get("running") or {}
+        if self.r.s.capacity is None or key is None or run.get("config") != st["kept"]["config"]:
+            return False
+        step1 = {p for t in st["trials"] if t["step"] == "1" for p in t.get("runs") or []}
+        on_it = [p for p, s in (st.get("run_starts") or {}).items() if s == key]
+        return bool(on_it) and set(on_it) <= step1
+
+    def finish(self, key: str, b: dict) -> dict:
+        """The baseline's means and σ (per metric, relative) from its runs, recorded as final. With
+        runs on two or more server starts, σ has two parts (``components``): within one process
+        and between restarts; ``sigma`` is then the sd of one run on a new process (both parts)."""
+        docs = [self.r.load(p) for p in b["runs"]]
+        known = self.r.sf.read().get("run_starts") or {}
+        starts = [known.get(p) for p in b["runs"]]
+        sig, comps = {}, {}
+        for m in KEY_METRICS:
+            rows = [(s, math.log(d[m])) for s, d in zip(starts, docs, strict=True) if isinstance(d.get(m), (int, float)) and d.get(m) > 0]
+            if len(rows) < 2:
+                continue
+            comp = sigma_parts([v for _, v in rows], [s for s, _ in rows])
+            comps[m] = comp
+            sig[m] = comp["total"]
+        if "slo_capacity" in sig or any("slo_capacity_sd" in d for d in docs):
+            sig["slo_capacity"] = capacity_sigma(sig.get("slo_capacity"), docs)
+            if "slo_capacity" in comps:
+                comps["slo_capacity"]["resolution"] = capacity_sigma(None, docs)
+        b["metrics"] = aggregate(docs)
+        b["sigma"] = sig
+        b["components"] = comps
+        self.r.sf.tune.set_baseline(key, b, final=True)
+        self.r.log("baseline", key=key, config=b["config"], runs=b["runs"], sigma=sig, metrics=b["metrics"],
+                 **({"rebased_from": b["rebased_from"]} if b.get("rebased_from") else {}))
+        return b
+
+    def rebase(self, tid: str, conf: dict) -> dict | None:
+        """After a keep: the newly kept configuration's own measurements
+        (its screening runs and the confirmation's B runs, each on a fresh server start) become the
+        baseline the next candidates are screened against, with no extra run; None when they are
+        fewer than the baseline repeats (the next ``baseline()`` then measures it)."""
+        t = self.r.trial(tid)
+        st = self.r.sf.read()
+        runs = list(dict.fromkeys([*(t.get("runs") or []), *(conf.get("b_runs") or [])]))
+        if len(runs) < self.r.s.baseline_repeats or t["config"] != st["kept"]["config"]:
+            return None
+        old = st.get("baseline") or {}
+        b = {"config": dict(t["config"]), "workload": self.r.s.workload.describe(), "runs": runs,
+             "checks": [{"code": 0, "verdict": "valid", "findings": []} for _ in runs],
+             "generation": old.get("generation", 0) + 1, "started": now_iso(), "rebased_from": tid}
+        self.r.sf.tune.set_baseline("baseline", b)
+        b = self.finish("baseline", b)
+        pm = self.r.s.primary.split(":")[0]
+        self.r.progress(f"baseline rebased on the kept {tid}: {len(runs)} measurements of it (screening and confirmation) "
+                      f"on {len(self.starts_of(runs))} server starts, {pm} {b['metrics'].get(pm, 0):.4g} "
+                      f"(σ {b['sigma'].get(pm, 0):.1%})")
+        return b
+
+    def _set_reference(self, doc: dict, path: str) -> None:
+        """The load every later capacity search starts from and measures interactivity at: the first
+        baseline search's capacity (its highest clear hold; the estimate when nothing clearly held)."""
+        load = doc.get("capacity_holds") or doc.get("slo_capacity")
+        self.r.sf.tune.set_capacity_reference({"load": load, "from": path, "set": now_iso()})
+        unit = capacity_unit(doc)
+        self.r.progress(f"capacity reference load: {load:g} {unit} (every later search starts there and measures "
+                      "per-user tok/s there)")

@@ -1,0 +1,80 @@
+"""What a tune measures and how: the workload (the gauge), the capacity objective, the settings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from vkit.measure.gauge import BenchOptions
+from vkit.tune import capacity as _cap
+
+
+@dataclass
+class Workload:
+    """How every configuration is measured (the gauge: identical for all trials)."""
+
+    options: BenchOptions  # bench_stream's options; repeat k of a configuration uses seed + k
+    seed: int = 1
+    name: str = "main"
+
+    def describe(self) -> dict:
+        """The workload as the state file records it (bench_stream's flags, the seed apart)."""
+        return {"name": self.name, "bench_args": self.options.flags(), "seed": self.seed}
+
+
+@dataclass
+class CapacityObjective:
+    """Tune's capacity objective: every measurement of the main workload is one SLO-capacity search
+    (``vkit.tune.capacity``), bracketed from the reference load (the first baseline search's
+    capacity); the gate compares ``slo_capacity``."""
+
+    slo: _cap.Slo
+    plan: _cap.Plan
+    accelerators: int | None = None
+    verify_seconds: float = 60.0  # the promise verified by one run this long at the promised load (0: not verified)
+
+    def describe(self) -> dict:
+        p = self.plan
+        return {"slo": dict(self.slo.limits), "goodput_fraction": self.slo.goodput, "mode": p.mode, "start": p.start,
+                "verify_seconds": self.verify_seconds,
+                "tolerance": p.tolerance, "max_points": p.max_points, "repeats": p.repeats, "noise": p.noise,
+                "point_seconds": p.point_seconds, "max_send_lag_ms": p.max_send_lag_ms, "keep_up": p.keep_up}
+
+
+@dataclass
+class Settings:
+    workload: Workload
+    baseline_repeats: int = 4
+    screen_repeats: int = 2
+    confirm_blocks: int = 6  # B A A B blocks at most (the budget; the power analysis plans fewer when σ allows)
+    primary: str = "output_throughput:+"
+    guards: list[str] = field(default_factory=lambda: ["p95_ttft_ms:-:15%"])
+    slo: dict = field(default_factory=dict)  # e.g. {"p95_ttft_ms": 2000}
+    eliminate_below: float = 0.10  # first screening run more than this (or 4σ) below the baseline: eliminated
+    ready_timeout_s: float = 600.0
+    sandbox: bool = True
+    capacity: CapacityObjective | None = None  # None: the throughput objective (one load, the primary metric)
+    time_budget_s: float | None = None  # --time-budget: no trial is started that cannot finish (with its confirmation) within it
+    grant_budget: bool = False  # --yes: a confirmation whose power analysis needs more blocks than confirm_blocks gets them
+    baseline_starts: int | None = None  # server starts the baseline's repeats are spread over (None: default_starts)
+
+    @property
+    def objective(self) -> str:
+        return "throughput" if self.capacity is None else "capacity"
+
+    def starts(self) -> int:
+        return self.baseline_starts if self.baseline_starts is not None else default_starts(self.baseline_repeats)
+
+
+def default_starts(repeats: int) -> int:
+    """Server starts for ``repeats`` baseline runs by default: three when one of them can still
+    measure two runs (σ within a process needs a start with two), else as many as allow that.
+    Two starts give the between-restart part one degree of freedom, three give two: its 90 %
+    interval's upper end falls from 16x to 4.4x the estimate."""
+    return max(1, min(3, repeats - 1))
+
+
+def start_sizes(repeats: int, starts: int) -> list[int]:
+    """Runs per server start, as even as possible, the larger first: 4 over 3 is [2, 1, 1]."""
+    s = max(1, min(starts, repeats))
+    q, r = divmod(repeats, s)
+    return [q + 1] * r + [q] * (s - r)

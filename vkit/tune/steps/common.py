@@ -1,0 +1,101 @@
+"""What every step shares: the objectives, the observations the search sees, a step's record, the guard on anomalies."""
+
+from __future__ import annotations
+
+import math
+
+from vkit import search
+from vkit.errors import ExitCode, Rejected, VkitError
+from vkit.tune.measurement import Measurer
+from vkit.tune.runner import Runner
+
+OBJECTIVES = [search.Objective("output_throughput", "max"), search.Objective("p95_ttft_ms", "min")]
+# The capacity objective: SLO capacity (req/s), and interactivity as mean TPOT at the reference load
+# (per-user output tok/s = 1000 / TPOT: the same order, the axis the report shows).
+CAPACITY_OBJECTIVES = [search.Objective("slo_capacity", "max"), search.Objective("ref_mean_tpot_ms", "min")]
+
+
+def objectives(runner: Runner) -> list[search.Objective]:
+    """The search's objectives for this run's objective (throughput at one load, or SLO capacity)."""
+    return CAPACITY_OBJECTIVES if runner.s.capacity is not None else OBJECTIVES
+
+
+def primary_metric(runner: Runner) -> str:
+    return objectives(runner)[0].name
+
+
+def search_slo(runner: Runner) -> dict | None:
+    """The SLO as the search sees it: a constraint on the throughput objective; inside the capacity
+    objective already (a capacity is the highest load meeting it), so none on top."""
+    return None if runner.s.capacity is not None else (runner.s.slo or None)
+STEP_NAMES = {"1": "max-model-len", "2": "max-num-batched-tokens", "3": "max-num-seqs",
+              "4m": "gpu-memory-utilization (highest that starts, validated under load)", "4": "grid around the knee",
+              "5": "behaviour flags (validation)", "bo": "Bayesian optimisation"}
+
+
+def observations(runner: Runner, steps: tuple[str, ...] | None = None) -> list[search.Observation]:
+    """Finished trials as the search sees them (screening means; infeasible when they did not start)."""
+    st = runner.sf.read()
+    slo = search_slo(runner)
+    objs = objectives(runner)
+    out = []
+    for t in st["trials"]:
+        if steps is not None and t["step"] not in steps:
+            continue
+        if t["status"] not in ("done", "eliminated", "start_failed", "invalid", "skipped"):
+            continue
+        feasible = t["status"] in ("done", "eliminated", "skipped") and t.get("valid") is not False and bool(t.get("metrics"))
+        obj = {o.name: t["metrics"].get(o.name) for o in objs if t["metrics"].get(o.name) is not None}
+        if feasible and len(obj) < len(objs):
+            feasible = False
+        slo_ok = None
+        if feasible and slo:
+            slo_ok = all(obj.get(k, math.inf) <= v for k, v in slo.items() if k in obj)
+        reps = []
+        for p in t.get("runs") or []:
+            try:
+                d = runner.load(p)
+                reps.append({o.name: d.get(o.name) for o in objs})
+            except (OSError, ValueError):
+                continue
+        out.append(search.Observation(config=dict(t["config"]), objectives=obj, repeats=reps, feasible=feasible,
+                                      slo_ok=slo_ok, step=t["step"], trial_id=t["id"]))
+    return out
+
+
+def finished_step(runner: Runner, step: str) -> dict | None:
+    for s in runner.sf.read().get("steps", []):
+        if s["step"] == step and s.get("finished"):
+            return s
+    return None
+
+
+def record_step(runner: Runner, rec: dict) -> None:
+    runner.sf.tune.record_step(rec)
+
+
+def open_trial(runner: Runner, step: str) -> dict | None:
+    """A trial of this step that an interruption left unfinished."""
+    for t in runner.sf.read()["trials"]:
+        if t["step"] == step and t["status"] in ("proposed", "applied"):
+            return t
+    return None
+
+
+def guard_anomalies(runner: Runner) -> None:
+    """Seed: a baseline with an invariant anomaly (e.g. prefill slower than decode) blocks steps 2–4:
+    fix the path first — headroom is not a reason to use it now."""
+    b = runner.sf.read().get("baseline") or {}
+    bad = [c for c in b.get("checks", []) if c.get("code") not in (0, None)]
+    if bad:
+        f = sorted({x for c in bad for x in (c.get("findings") or [])})
+        if "client_saturation" in f and set(f) <= Measurer.TRANSIENT | Measurer.SATURATION_EFFECTS:
+            # the load generator fell behind (a busy machine): the serving path is not at fault, the baseline is
+            raise VkitError(
+                f"the baseline could not be measured: the client fell behind its schedule ({', '.join(f)}) even when "
+                "measured again: the machine running vkit is busy; when it is quiet, rerun with --restart (a new baseline) "
+                "(steps 2–4 are not started on such a baseline)", ExitCode.INVALID)
+        raise Rejected(
+            f"the baseline has invariant anomalies ({', '.join(f)}): fix the serving path before tuning throughput "
+            "(steps 2–4 are blocked; run check_invariants on the baseline runs for the explanation)"
+        )

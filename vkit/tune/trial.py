@@ -1,0 +1,160 @@
+"""A trial: APPLY → VERIFY → VALIDATE → GATE (screening), or skipped when it cannot differ."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from vkit.apply.policy import to_serve_flags
+from vkit.errors import ExitCode
+from vkit.state import now_iso
+from vkit.tune.config import Workload
+from vkit.tune.summaries import aggregate, brief, gmean, summary_metrics
+
+if TYPE_CHECKING:
+    from vkit.tune.runner import Runner
+
+
+
+class Trials:
+    """The trials of a tune: proposed, skipped without a restart, or run and screened."""
+
+    def __init__(self, r: Runner):
+        self.r = r
+
+    def cannot_differ(self, config: dict) -> tuple[str, str | None] | None:
+        """(why, the trial it is the same as) when measuring ``config`` cannot tell anything new, so it
+        is not worth a restart: it was measured in this run already (a trial, or the baseline when it
+        is the kept configuration); it differs from a measured configuration only in ``max_num_seqs``
+        with both values at or above the most requests the server ever held in that configuration's
+        measurements (the peak in flight of its capacity searches, or the client's concurrency: the
+        limit never bound, so it cannot bind at the other value either); or vLLM refuses to start
+        it (``max_num_batched_tokens`` below ``max_model_len`` with chunked prefill off). None: measure it."""
+        st = self.r.sf.read()
+        tokens, mml = config.get("max_num_batched_tokens"), config.get("max_model_len")
+        if (config.get("enable_chunked_prefill") is False and isinstance(tokens, int) and isinstance(mml, int)
+                and tokens < mml):
+            return (f"vLLM refuses to start it: max_num_batched_tokens {tokens} < max_model_len {mml} with chunked "
+                    "prefill off", None)
+        measured = [(t["id"], t["config"], t.get("runs") or []) for t in st["trials"]
+                    if t["status"] in ("done", "eliminated") and t.get("valid") is not False and t["step"] not in ("1", "5")]
+        b = st.get("baseline") or {}
+        if b.get("config") and b.get("metrics") and b.get("workload") == self.r.s.workload.describe():
+            measured.insert(0, ("baseline", b["config"], b.get("runs") or []))
+        for tid, cfg, _ in measured:
+            if cfg == config:
+                return f"the same configuration as {tid}, measured in this run", tid
+        for tid, cfg, runs in measured:
+            if {k for k in set(cfg) | set(config) if cfg.get(k) != config.get(k)} != {"max_num_seqs"}:
+                continue
+            peak = self._peak_in_flight(runs)
+            a, c = cfg.get("max_num_seqs"), config.get("max_num_seqs")
+            if peak and isinstance(a, int) and isinstance(c, int) and min(a, c) >= peak:
+                return (f"max_num_seqs {c} cannot differ from {a} ({tid}): the server never held more than {peak} "
+                        f"requests at any load measured, so neither limit binds", tid)
+        return None
+
+    def _peak_in_flight(self, runs: list[str]) -> int | None:
+        """The most requests in flight in these runs: a capacity search's peak over its points, or a
+        closed-loop run's concurrency (the client never sends more)."""
+        peak = 0
+        for p in runs:
+            try:
+                d = self.r.load(p)
+            except (OSError, ValueError):
+                return None
+            if "slo_capacity" in d:
+                peak = max(peak, int(d.get("peak_in_flight") or 0))
+            elif isinstance(d.get("max_concurrency"), int):
+                peak = max(peak, d["max_concurrency"])
+            else:
+                return None  # open loop without a recorded peak: the limit may have bound
+        return peak or None
+
+    def skip(self, step: str, config: dict, reason: str, why: str, same_as: str | None, audit: dict | None = None) -> dict:
+        """A proposed configuration recorded without a restart: it carries the measurement of the trial it
+        is the same as (so the search sees it as measured), status ``skipped`` and the reason."""
+        t = self.new(step, config, reason, audit)
+        st = self.r.sf.read()
+        src = next((x for x in st["trials"] if x["id"] == same_as), None)
+        if same_as == "baseline":
+            metrics, valid = dict((st.get("baseline") or {}).get("metrics") or {}), True
+        elif src is not None:
+            metrics, valid = dict(src.get("metrics") or {}), src.get("valid")
+        else:
+            metrics, valid = {}, False  # refused by vLLM: infeasible, as a start failure would be
+        self.r.log("skip", trial=t["id"], config=config, why=why, same_as=same_as)
+        self.r.progress(f"{t['id']} step {step}: skipped, no restart: {why}")
+        return self.r.update_trial(t["id"], status="skipped", valid=valid, metrics=metrics, verdict=None, why=why,
+                                 same_as=same_as, finished=now_iso())
+
+    # -- a trial ----------------------------------------------------------------
+    def new(self, step: str, config: dict, reason: str, audit: dict | None = None) -> dict:
+        t = self.r.sf.tune.add_trial(step, config, reason, audit or {})
+        self.r.log("propose", trial=t["id"], step=step, config=config, reason=reason, audit=audit or {})
+        return t
+
+    def run(self, tid: str, baseline_key: str = "baseline", workload: Workload | None = None,
+                  primary: str | None = None, guards: list[str] | None = None, repeats: int | None = None) -> dict:
+        """APPLY → VERIFY → VALIDATE → GATE (screening), resuming from the recorded phase. ``repeats``:
+        the runs the caller needs (step 1's stability, an ablation's verdict); else ``screen_size``."""
+        t = self.r.trial(tid)
+        if t["status"] in ("done", "start_failed", "eliminated", "invalid", "skipped"):
+            return t
+        b = self.r.sf.read().get(baseline_key)  # None before BASELINE (step 1): measured, not gated
+        if t["status"] == "proposed":
+            self.r.progress(f"{tid} step {t['step']}: apply {' '.join(to_serve_flags(t['changes'])) or '(kept)'}")
+            ok, res = self.r.apply(t["config"], fresh=True)
+            if not ok:
+                diag = res.get("diagnosis") or {}
+                return self.r.update_trial(tid, status="start_failed", valid=False, verdict="reject", finished=now_iso(),
+                                         why=f"start failed: {diag.get('quote') or res.get('message')}", diagnosis=diag)
+            t = self.r.update_trial(tid, status="applied", startup=res.get("startup") or {})
+        else:
+            ok, res = self.r.apply(t["config"])  # resumed: make sure it is what runs
+            if not ok:
+                diag = res.get("diagnosis") or {}
+                return self.r.update_trial(tid, status="start_failed", valid=False, verdict="reject", finished=now_iso(),
+                                         why=f"start failed: {diag.get('quote') or res.get('message')}", diagnosis=diag)
+        base_docs = [self.r.load(p) for p in b["runs"]] if b else []
+        pm = (primary or self.r.s.primary).split(":")[0]
+        pm = pm if pm in ("output_throughput", "slo_capacity") else "output_throughput"  # elimination: higher is better
+        base_tp = gmean([d.get(pm) for d in base_docs]) or 0.0
+        sig_tp = ((b or {}).get("sigma") or {}).get(pm, 0.02)
+        if repeats is None:
+            repeats = t.get("repeats_planned")
+            if repeats is None:
+                repeats, why_n = self.r.budget.screen_size(baseline_key) if b else (self.r.s.screen_repeats, "no baseline yet")
+                t = self.r.update_trial(tid, repeats_planned=repeats, repeats_why=why_n)
+        while len(t["runs"]) < repeats:
+            k = len(t["runs"]) + 1
+            path, doc, check = self.r.measurer.measure(tid, k, workload)
+            t["runs"].append(path)
+            t["checks"].append(check)
+            t = self.r.update_trial(tid, runs=t["runs"], checks=t["checks"])
+            self.r.progress(f"{tid} run {k}: {brief(doc)}"
+                          + ("" if check["code"] == 0 else f"  [{check['verdict']}: {', '.join(check.get('findings') or [])}]"))
+            if check["code"] == ExitCode.INVALID:
+                return self.r.update_trial(tid, status="invalid", valid=False, verdict=None, finished=now_iso(),
+                                         metrics=summary_metrics(doc),
+                                         why=f"invalid measurement ({', '.join(check.get('findings') or [])}): no verdict")
+            cut = max(4 * sig_tp, self.r.s.eliminate_below)
+            what = "capacity" if pm == "slo_capacity" else "throughput"
+            # only a run check_invariants passed shows a clearly worse candidate (a busy client's run does not)
+            if k == 1 and check["code"] == 0 and base_tp and (doc.get(pm) or 0.0) < base_tp * (1 - cut):
+                self.r.progress(f"{tid} eliminated: {doc[pm] / base_tp - 1:+.1%} {what} vs the baseline")
+                return self.r.update_trial(tid, status="eliminated", valid=True, verdict="reject", finished=now_iso(),
+                                         metrics=summary_metrics(doc),
+                                         why=f"eliminated after 1 run: {(doc.get(pm) or 0.0) / base_tp - 1:+.1%} {what} vs the "
+                                             f"baseline, beyond -{cut:.0%}; no full repeats for a clearly worse candidate")
+        docs = [self.r.load(p) for p in t["runs"]]
+        valid = all(c["code"] == 0 for c in t["checks"])
+        if not b:
+            return self.r.update_trial(tid, status="done", valid=valid, metrics=aggregate(docs), verdict=None,
+                                     why=t.get("why") or "measured; no baseline yet to gate against", finished=now_iso())
+        g = self.r.compare.gate(b["runs"], t["runs"], primary=primary, guards=guards, key=baseline_key)
+        verdict = g.get("decision")
+        why = g.get("why") or ""
+        self.r.progress(f"{tid} screened: {verdict} — {why}")
+        return self.r.update_trial(tid, status="done", valid=valid, metrics=aggregate(docs), verdict=verdict, why=why,
+                                 gate={k: g.get(k) for k in ("decision", "why", "primary", "more_runs", "warnings", "exit_code")},
+                                 finished=now_iso())
