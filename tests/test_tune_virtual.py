@@ -76,3 +76,24 @@ def test_a_start_vllm_refuses_is_rolled_back_in_vllms_words(tmp_path, monkeypatc
     st = sf.read()
     assert st["service"]["running"]["config"] == st["kept"]["config"]
     assert st["service"]["running"]["pid"] >= VIRTUAL_PID_BASE
+
+
+def test_a_time_budget_on_the_virtual_backend_is_simulated_time(tmp_path, monkeypatch):
+    """--time-budget with --virtual counts what the restarts and runs took on the simulated accelerator:
+    a tune of seconds of wall time stops where a real one would, at the budget in simulated time."""
+    path = init(tmp_path, monkeypatch)
+    steps = [a if a != "1,2" else "1,2,3" for a in TUNE]
+    full = call("tune", *steps)
+    assert full.code == 0, full.err[-2000:]
+    st = json.loads(open(path).read())
+    spent = sum(st["timing"][k]["s"] for k in ("restart", "run"))
+    budget = spent / 2  # half of what the whole run took: it must give candidates up
+    d = tmp_path / "budget"
+    d.mkdir()
+    path = init(d, monkeypatch)
+    r = call("tune", *steps, "--time-budget", f"{budget:.0f}s")
+    assert r.code == 0, r.err[-2000:]
+    st = json.loads(open(path).read())
+    rules = " ".join(s.get("stop_rule") or "" for s in st["steps"])
+    assert "time budget" in rules and "given up" in rules
+    assert sum(st["timing"][k]["s"] for k in ("restart", "run")) < spent

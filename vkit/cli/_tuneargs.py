@@ -87,7 +87,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
                         "about one baseline and 3 runs a parameter); off: only by hand (sweep --ablate)")
     d.add_argument("--guard", action="append", default=None, metavar="SPEC", help="gate guard, e.g. p95_ttft_ms:-:15%% (default that one)")
     d.add_argument("--time-budget", type=duration_arg, default=None, metavar="T",
-                   help="wall time for the whole run, e.g. 8h, 90m, 600s: a step starts no candidate that cannot finish, "
+                   help="wall time for the whole run (simulated time with --virtual), e.g. 8h, 90m, 600s: a step starts "
+                        "no candidate that cannot finish, "
                         "with the step's confirmation, within it (timed from this run's own restarts and measurements), and "
                         "its stop rule says what was given up (default: no limit; the ETA is on stderr either way)")
     r = p.add_argument_group("server")

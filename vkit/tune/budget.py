@@ -113,10 +113,16 @@ class Budget:
         return budget_plan(rows, self.r.s.confirm_blocks, self.r.s.grant_budget, effect, gs, bnd)
 
     def elapsed_s(self) -> float | None:
-        """Seconds since the tuning run under way started (None outside a tune)."""
+        """Seconds since the tuning run under way started (None outside a tune). On the virtual backend, in
+        simulated time: what the run's restarts and measurements took on the simulated accelerator (nothing
+        else costs time there; the wall clock, seconds for hours of a real tune, would never meet a budget)."""
         import datetime as _dt
 
-        started = _gate.parse_date((self.r.sf.read().get("tune") or {}).get("started"))  # naive UTC
+        st = self.r.sf.read()
+        started = _gate.parse_date((st.get("tune") or {}).get("started"))  # naive UTC
         if started is None:
             return None
+        if self.r.backend.name == "virtual":
+            t = st.get("timing") or {}
+            return float(sum((t.get(k) or {}).get("s") or 0.0 for k in ("restart", "run")))
         return max(0.0, time.time() - started.replace(tzinfo=_dt.timezone.utc).timestamp())
