@@ -28,6 +28,11 @@ FAST = ["--sandbox", "--objective", "throughput", "--concurrency", "16", "--inpu
         "--slo", "p95_ttft_ms=5000", "--guard", "p95_ttft_ms:-:50%"]
 
 
+# The same tune on the virtual backend (vkit.tune.virtual): the simulator's engine in virtual time, no process; for
+# the tests of the tune's logic (what it proposes, replays, warm-starts), which need no socket
+VIRTUAL = [*FAST, "--virtual"]
+
+
 def sim(port: int, *extra: str) -> list[str]:
     return [sys.executable, os.path.join(REPO, "bin", "sim_server"), "sim-8b", "--port", str(port), "--sim-speed", "8",
             "--sim-startup-s", "0.2", "--sim-seed", "5", "--max-model-len", "4096", *extra]
@@ -161,7 +166,7 @@ def test_tune_needs_confirmation_mode(svc):
 
 def test_bo_mode_and_replay_of_its_proposals(svc):
     init(svc, "max_num_seqs=4", "max_num_batched_tokens=2048")
-    r = call("tune", *FAST, "--steps", "2", "--mode", "bo", "--budget", "4", "--json", "--report-dir", str(svc["dir"] / "rep"))
+    r = call("tune", *VIRTUAL, "--steps", "2", "--mode", "bo", "--budget", "4", "--json", "--report-dir", str(svc["dir"] / "rep"))
     assert r.code == 0, r.err[-3000:]
     st = svc["sf"].read()
     bo = [t for t in st["trials"] if t["step"] == "bo"]
@@ -175,7 +180,7 @@ def test_bo_mode_and_replay_of_its_proposals(svc):
     # a second run in the same environment warm-starts from the knowledge base: it never re-measures
     # a configuration the first run evaluated
     first = {json.dumps(t["config"], sort_keys=True) for t in bo}
-    r = call("tune", *FAST, "--steps", "2", "--mode", "bo", "--budget", "2", "--restart", "-q")
+    r = call("tune", *VIRTUAL, "--steps", "2", "--mode", "bo", "--budget", "2", "--restart", "-q")
     assert r.code == 0, r.err[-3000:]
     st = svc["sf"].read()
     assert len(st["tune"]["knowledge"]["matched"]) == 1 and st["tune"]["knowledge"]["ignored"] == []
@@ -231,20 +236,20 @@ def test_only_a_busy_client_earns_a_remeasure():
 
 def test_sweep_step2_with_octave_candidates(svc):
     init(svc, "max_num_seqs=32", "max_num_batched_tokens=8192")
-    r = call("sweep", "--step", "2", "--staged-candidates", "octaves", "--budget", "2", *FAST)
+    r = call("sweep", "--step", "2", "--staged-candidates", "octaves", "--budget", "2", *VIRTUAL)
     assert r.code == 0, r.err[-2000:]
     budgets = [t["config"]["max_num_batched_tokens"] for t in svc["sf"].read()["trials"]]
     # every power of two in 256..32768, from the bottom: values the policy's list (4096..32768) does not hold
     assert budgets == [256, 512], budgets
     # --deliver alone only reads: nothing is measured, nothing is written
     before = svc["sf"].read()
-    r = call("sweep", "--deliver", *[a for a in FAST if a != "--sandbox"])
+    r = call("sweep", "--deliver", *[a for a in VIRTUAL if a != "--sandbox"])
     assert r.code == 0, r.err[-2000:]
     out = json.loads(r.out)
     assert svc["sf"].read() == before
     assert all(p["confirmation"]["decision"] in ("kept", None) for p in out["pareto"])
     # with --sandbox it re-confirms (or drops) the front's other members under the lease, and records why
-    r = call("sweep", "--deliver", "--confirm-front", "1", *FAST)
+    r = call("sweep", "--deliver", "--confirm-front", "1", *VIRTUAL)
     assert r.code == 0, r.err[-2000:]
     st = svc["sf"].read()
     checks = st.get("delivery_confirmations", [])
@@ -321,7 +326,7 @@ def test_a_step_that_keeps_several_parameters_attributes_the_gain_by_itself(svc)
     # step 2 moves the token budget and, from 4 to a safe value above the 16 streams, max_num_seqs: one keep,
     # two parameters; the tune then measures each alone against the configuration before, unasked
     init(svc, "max_num_seqs=4", "max_num_batched_tokens=2048")
-    r = call("tune", *FAST, "--steps", "2", "--budget", "2", "--confirm-front", "0", "--json")
+    r = call("tune", *VIRTUAL, "--steps", "2", "--budget", "2", "--confirm-front", "0", "--json")
     assert r.code == 0, r.err[-3000:]
     st = svc["sf"].read()
     step2 = next(s for s in st["steps"] if s["step"] == "2")
