@@ -16,7 +16,6 @@ if TYPE_CHECKING:
     from vkit.tune.runner import Runner
 
 
-
 class Baselines:
     """The baselines of a tune (``baseline`` and any other key): measured, finished (means, σ and its components), rebased."""
 

@@ -14,7 +14,6 @@ if TYPE_CHECKING:
     from vkit.tune.runner import Runner
 
 
-
 class Budget:
     """Runs per candidate, blocks per confirmation and seconds per trial, from the σ components and the costs measured so far."""
 

@@ -15,7 +15,6 @@ if TYPE_CHECKING:
     from vkit.tune.runner import Runner
 
 
-
 class Compare:
     """gate's verdict on two sets of runs, at the σ components of the baseline they are measured against (and
     the devices' spread when the two sides ran on different slots)."""

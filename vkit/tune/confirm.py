@@ -15,7 +15,6 @@ if TYPE_CHECKING:
     from vkit.tune.runner import Runner
 
 
-
 class Confirmer:
     """Confirmations of a step's winner (kept on accept) and of delivered configurations (nothing kept)."""
 

@@ -22,7 +22,6 @@ if TYPE_CHECKING:
     from vkit.tune.runner import Runner
 
 
-
 class Measurer:
     """The runs of a tune: one bench_stream run (or one capacity search) of the running configuration, validated,
     measured again when the client was busy or the server died, its server start recorded."""

@@ -15,7 +15,6 @@ if TYPE_CHECKING:
     from vkit.tune.runner import Runner
 
 
-
 class Promise:
     """The capacity objective's promise, verified."""
 

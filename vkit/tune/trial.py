@@ -14,7 +14,6 @@ if TYPE_CHECKING:
     from vkit.tune.runner import Runner
 
 
-
 class Trials:
     """The trials of a tune: proposed, skipped without a restart, or run and screened."""
 
