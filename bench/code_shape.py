@@ -32,6 +32,11 @@ def modules(root: str) -> list[str]:
     return sorted(out)
 
 
+def module_lines(text: str) -> int:
+    """A module's lines, the last one counted whether or not it ends in a newline."""
+    return text.count("\n") + (0 if text.endswith("\n") else 1)
+
+
 def _imports(tree: ast.AST) -> list[str]:
     names = []
     for node in ast.walk(tree):
@@ -108,7 +113,7 @@ def measure(root: str) -> dict:
         with open(path, encoding="utf-8") as f:
             text = f.read()
         tree = ast.parse(text, path)
-        n = text.count("\n") + (0 if text.endswith("\n") else 1)
+        n = module_lines(text)
         rel = os.path.relpath(path, root)
         if n > MODULE_LINES:
             big.append({"module": rel, "lines": n})

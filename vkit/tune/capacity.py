@@ -32,7 +32,7 @@ from vkit.decide.runs import GAUGE_TOP, GAUGE_VKIT
 from vkit.measure.benchconfig import BenchConfig
 from vkit.measure.gauge import build_config
 from vkit.tune import boundary, pooled
-from vkit.tune.capplan import GOODPUT_KEYS, SLO_METRICS, Plan, Slo  # noqa: F401  (the search's inputs, named here too)
+from vkit.tune.capplan import Plan, Slo
 from vkit.validate import invariants
 
 HOLDS, FAILS, UNCLEAR, INVALID = "holds", "fails", "unclear", "invalid"
