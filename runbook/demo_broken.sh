@@ -38,7 +38,7 @@ bench() {  # bench NAME SEED [flags]
         --num-prompts 200 --max-concurrency 16 --seed "$seed" -q --records "$DIR/$name.jsonl" "$@" > "$DIR/$name.json" || fail "bench_stream failed"
 }
 phase() {  # phase FILE: prefill vs decode per request, phase-isolated
-    "$PY" - "$1" <<'PYEOF' >&2
+    "$PY" - "$1" <<'PYEOF' >&2 || fail "the phase summary of $1 failed"
 import json, sys
 d = json.load(open(sys.argv[1])); ph = d["vkit"]["phase"]
 pre = (ph.get("prefill_isolated_tok_s") or ph.get("prefill_tok_s") or {}).get("p50")
@@ -97,7 +97,7 @@ bench after 1
 phase "$DIR/after.json"
 finding after phase_order throughput_latency_consistency; rc=$?
 [ "$rc" -eq 0 ] || fail "the fixed configuration's run is not valid (check_invariants exit $rc)"
-"$PY" - "$DIR/before.json" "$DIR/after.json" <<'PYEOF' >&2
+"$PY" - "$DIR/before.json" "$DIR/after.json" <<'PYEOF' >&2 || fail "the recovery figures failed"
 import json, sys
 b, a = (json.load(open(p)) for p in sys.argv[1:3])
 pre = lambda d: d["vkit"]["phase"]["prefill_isolated_tok_s"]["p50"]
@@ -110,7 +110,7 @@ print(f"  throughput {g:+.1%}, mean E2E latency {-e:+.1%}: on the same request s
       f"(|(T/T0)(E/E0) - 1| = {abs((1 + g) * (1 - e) - 1):.1%})")
 PYEOF
 say "4. why step 2's prefill sat where it did: prefill/decode per request, by the prefill step its prompt was computed in"
-"$PY" - "$DIR/before.jsonl" "$DIR/after.jsonl" "$DIR/before.json" "$DIR/after.json" <<'PYEOF' >&2
+"$PY" - "$DIR/before.jsonl" "$DIR/after.jsonl" "$DIR/before.json" "$DIR/after.json" <<'PYEOF' >&2 || fail "the per-step analysis failed"
 import json, statistics, sys, textwrap
 
 def by_step(path):
@@ -125,19 +125,21 @@ def by_step(path):
         t = r["start_s"] * 1e3 + r["ttft_ms"]
         if last is None or t - last > tol:
             steps.append([])
-        steps[-1].append(r["prefill_isolated_tok_s"] / r["decode_tok_s"])
+        steps[-1].append(r)
         last = t
     out = {}
-    for s in steps:
-        out.setdefault(len(s), []).extend(s)
-    return out
+    for s in steps:  # a request whose TTFT is below the run's mean queue time has no isolated prefill
+        out.setdefault(len(s), []).extend(r["prefill_isolated_tok_s"] / r["decode_tok_s"] for r in s if "prefill_isolated_tok_s" in r)
+    return {k: v for k, v in out.items() if v}, sum("prefill_isolated_tok_s" not in r for r in rs)
 
-def row(name, groups):  # the three step sizes that hold the most requests
+def row(name, grouped):  # the three step sizes that hold the most requests
+    groups, unisolated = grouped
     top = sorted(groups, key=lambda k: (-len(groups[k]), k))[:3]
     parts = [f"{statistics.median(groups[k]):.2f}x {'alone' if k == 1 else f'in steps of {k} prompts'} ({len(groups[k])} requests)"
              for k in top]
     rest = sum(len(v) for k, v in groups.items() if k not in top)
-    return f"{name}: " + ", ".join(parts) + (f"; {rest} requests in steps of other sizes" if rest else "")
+    return (f"{name}: " + ", ".join(parts) + (f"; {rest} requests in steps of other sizes" if rest else "")
+            + (f"; {unisolated} with TTFT below the mean queue time (no isolated prefill)" if unisolated else ""))
 
 b, a = (json.load(open(p))["vkit"]["phase"] for p in sys.argv[3:5])
 p50 = b["prefill_isolated_tok_s"]["p50"] / b["decode_tok_s"]["p50"]

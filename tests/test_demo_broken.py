@@ -43,13 +43,18 @@ def _step_rows(records: list[dict]) -> str:
     order = np.argsort(first, kind="stable")
     cuts = np.flatnonzero(np.diff(first[order]) > np.median([r["tpot_ms"] for r in rs]) / 2) + 1
     by_size: dict[int, list[float]] = {}
+    isolated = [i for i in range(len(rs)) if "prefill_isolated_tok_s" in rs[i]]  # TTFT above the mean queue time
     for step in np.split(order, cuts):
-        by_size.setdefault(len(step), []).extend(rs[i]["prefill_isolated_tok_s"] / rs[i]["decode_tok_s"] for i in step)
+        ratios = [rs[i]["prefill_isolated_tok_s"] / rs[i]["decode_tok_s"] for i in step if i in isolated]
+        if ratios:
+            by_size.setdefault(len(step), []).extend(ratios)
     top = sorted(by_size, key=lambda k: (-len(by_size[k]), k))[:3]
     parts = [f"{statistics.median(by_size[k]):.2f}x {'alone' if k == 1 else f'in steps of {k} prompts'} ({len(by_size[k])} requests)"
              for k in top]
-    rest = len(rs) - sum(len(by_size[k]) for k in top)
-    return ", ".join(parts) + (f"; {rest} requests in steps of other sizes" if rest else "")
+    rest = len(isolated) - sum(len(by_size[k]) for k in top)
+    missing = len(rs) - len(isolated)
+    return (", ".join(parts) + (f"; {rest} requests in steps of other sizes" if rest else "")
+            + (f"; {missing} with TTFT below the mean queue time (no isolated prefill)" if missing else ""))
 
 
 @pytest.mark.slow
