@@ -14,7 +14,7 @@ replaces (``"bracket"``), on the same seeds.
 - **The truth**: the same predictor without noise; per load, ``TRUTH_SEEDS`` runs of
   ``TRUTH_REQUESTS`` requests on the same arrival seeds at every load, each judged as a search judges a run (the SLOs' margins, the keep-up
   rule at 0.95 of the offered rate, a queue that grew within the run); the capacity is the highest load
-  at which their mean margin is >= 0, bisected in log load to 0.2 %.
+  at which every SLO's mean margin over them (the keep-up's included) is >= 0, bisected in log load to 0.2 %.
 - **Scenarios** (``SCENARIOS``): a smooth TTFT-bound boundary (long prompts), a cliff (16 sequences:
   the queue grows the moment they are all busy), a mean-TPOT-bound boundary (long outputs), and a
   keep-up-bound one (latency SLOs so loose that only the throughput binds).
@@ -81,13 +81,29 @@ def scenario(sc: dict, rate: float, n: int, seed: int, noise: float = 0.0, key: 
 
 
 # -- the truth ------------------------------------------------------------------------------------
-def _holds(sc: dict, rate: float) -> bool:
-    """The SLO holds at ``rate`` when the mean over ``TRUTH_SEEDS`` long noise-free runs of each run's
-    margin, judged as a search judges a run (the SLOs, the keep-up rule, a growing queue), is >= 0."""
+def _holds(sc: dict, rate: float, requests: int = TRUTH_REQUESTS, seeds: int = TRUTH_SEEDS) -> bool:
+    """The SLO holds at ``rate`` when every SLO's margin (and the keep-up margin), each averaged over
+    ``TRUTH_SEEDS`` long noise-free runs judged as a search judges a run (the SLOs, the keep-up rule,
+    a growing queue), is >= 0: the least of the means, as the boundary model estimates it (each SLO's
+    expected margin against load, the binding one the least). Not the mean of each run's least margin:
+    where the binding SLO differs from run to run (a run that keeps up binds on its latency margin,
+    two far above zero, one that falls short on its keep-up margin, a few hundredths below), one run
+    that kept up would outweigh five that did not."""
     slo, plan = cap.Slo(dict(sc["slo"])), cap.Plan(keep_up=KEEP_UP)
-    m = [cap.judge_run(bench_summary(scenario(sc, rate, TRUTH_REQUESTS, 10_000 + s)), slo, plan, rate)["margin"]
-         for s in range(TRUTH_SEEDS)]
-    return float(np.mean(m)) >= 0
+    runs = [cap.judge_run(bench_summary(scenario(sc, rate, requests, 10_000 + s)), slo, plan, rate)
+            for s in range(seeds)]
+    return least_mean_margin(runs, list(slo.limits)) >= 0
+
+
+def least_mean_margin(runs: list[dict], keys: list[str]) -> float:
+    """The least over the SLOs ``keys`` and the keep-up of their margin averaged over ``runs``
+    (:func:`vkit.tune.capacity.judge_run`'s answers; the keep-up margin is each run's ``keep``, kept
+    up or not)."""
+    means = [float(np.mean([r["margins"][k] for r in runs])) for k in keys]
+    keep = [r["keep"] for r in runs if r.get("keep") is not None]
+    if keep:
+        means.append(float(np.mean(keep)))
+    return min(means)
 
 
 def _digest(sc: dict) -> str:
@@ -95,6 +111,8 @@ def _digest(sc: dict) -> str:
     for f in sorted(glob.glob(os.path.join(ROOT, "vkit", "sim", "*.py"))):
         h.update(open(f, "rb").read())
     h.update(inspect.getsource(cap.judge_run).encode())  # how a run is judged is part of the truth
+    for f in (_holds, least_mean_margin):  # and how the runs of a load are judged together
+        h.update(inspect.getsource(f).encode())
     return h.hexdigest()[:16]
 
 
@@ -116,25 +134,27 @@ def cached_truth(name: str) -> float:
     return cache[name]["capacity"]
 
 
-def true_capacity(sc: dict) -> float:
+def true_capacity(sc: dict, requests: int = TRUTH_REQUESTS, seeds: int = TRUTH_SEEDS) -> float:
+    def holds(rate: float) -> bool:
+        return _holds(sc, rate, requests, seeds)
+
     lo, hi = 1.0, 2.0
-    while not _holds(sc, lo):
+    while not holds(lo):
         lo, hi = lo / 2, lo
-    while _holds(sc, hi):
+    while holds(hi):
         lo, hi = hi, hi * 2
     while hi / lo > 1.002:
         mid = math.sqrt(lo * hi)
-        lo, hi = (mid, hi) if _holds(sc, mid) else (lo, mid)
+        lo, hi = (mid, hi) if holds(mid) else (lo, mid)
     return math.sqrt(lo * hi)
 
 
 # -- one search -----------------------------------------------------------------------------------
 def one_search(args) -> dict:
-    name, method, rep, *rest = args
+    name, method, rep, overrides = args
     sc = SCENARIOS[name]
     slo = cap.Slo(dict(sc["slo"]))
-    plan = cap.Plan(start=sc["start"], method=method, keep_up=KEEP_UP,
-                    **({"crossing_factor": rest[0]} if rest and rest[0] else {}))
+    plan = cap.Plan(start=sc["start"], method=method, keep_up=KEEP_UP, **overrides)
     count = [0]
 
     def measure(load: float, k: int, n: int | None = None) -> dict:
@@ -199,16 +219,37 @@ def main(argv=None) -> int:
     ap.add_argument("--rows", default=None, metavar="FILE", help="also write every search's row here (JSON Lines)")
     ap.add_argument("--crossing-factor", type=float, default=None, metavar="F",
                     help="the searches' Plan.crossing_factor (default: the Plan's own)")
+    ap.add_argument("--point-seconds", type=float, default=None, metavar="S",
+                    help="the searches' Plan.point_seconds, the shortest run in seconds of load (default: the Plan's own)")
+    ap.add_argument("--truth-at", metavar="N:S",
+                    help="run no search: print each scenario's truth judged on S runs of N requests per load "
+                         "(the capacity over a window of N requests; not cached)")
+    ap.add_argument("--rescore", metavar="ROWS",
+                    help="run no search: score the model and bracket rows of ROWS (a --rows file) against the current "
+                         "truth of each scenario named (recomputed where the truth's definition or the simulator changed)")
     a = ap.parse_args(argv)
+    overrides = {k: v for k, v in (("crossing_factor", a.crossing_factor), ("point_seconds", a.point_seconds)) if v}
     names = [s for s in a.scenarios.split(",") if s]
     bad = [s for s in names if s not in SCENARIOS]
     if bad:
         print(f"bench_capacity_interval: unknown scenario(s) {', '.join(bad)}; one of {', '.join(SCENARIOS)}", file=sys.stderr)
         return 2
     result = json.load(open(a.out)) if os.path.exists(a.out) else {}
+    if a.truth_at:
+        n, _, k = a.truth_at.partition(":")
+        if not (n.isdigit() and k.isdigit() and int(n) >= 100 and int(k) >= 1):
+            print(f"bench_capacity_interval: --truth-at wants N:S, N >= 100 requests and S >= 1 runs (got {a.truth_at!r})",
+                  file=sys.stderr)
+            return 2
+        for name in names:
+            c = true_capacity(SCENARIOS[name], int(n), int(k))
+            print(json.dumps({"scenario": name, "requests": int(n), "runs": int(k), "capacity": c,
+                              "over_truth": c / cached_truth(name)}))
+        return 0
+    if a.rescore:
+        return rescore(a.rescore, names, a.out)
     result.update({"revision": _revision(), "machine": platform.node(), "noise": NOISE, "keep_up": KEEP_UP,
-                   "plan": {k: v for k, v in vars(cap.Plan(**({"crossing_factor": a.crossing_factor}
-                                                                      if a.crossing_factor else {}))).items()}})
+                   "plan": dict(vars(cap.Plan(**overrides)))})
     result.setdefault("scenarios", {})
     with mp.Pool(a.jobs) as pool:
         for name in names:
@@ -216,8 +257,8 @@ def main(argv=None) -> int:
             truth = cached_truth(name)
             print(f"{name}: truth {truth:.4g} req/s ({time.time() - t0:.0f} s)", file=sys.stderr)
             rows: dict[str, list] = {"model": [], "bracket": []}
-            jobs = ([(name, "model", i, a.crossing_factor) for i in range(a.searches)]
-                    + [(name, "bracket", i, a.crossing_factor) for i in range(a.bracket_searches)])
+            jobs = ([(name, "model", i, overrides) for i in range(a.searches)]
+                    + [(name, "bracket", i, overrides) for i in range(a.bracket_searches)])
             for k, r in enumerate(pool.imap_unordered(one_search, jobs), 1):
                 rows[r["method"]].append(r)
                 if k % 25 == 0 or k == len(jobs):
@@ -233,11 +274,37 @@ def main(argv=None) -> int:
                                          "wall_s": time.time() - t0}
             print(json.dumps({name: {m: result["scenarios"][name][m] for m in ("truth", "model", "bracket")}}, indent=1),
                   file=sys.stderr)
-            tmp = a.out + ".tmp"
-            with open(tmp, "w") as f:
-                json.dump(result, f, indent=1, sort_keys=True)
-                f.write("\n")
-            os.replace(tmp, a.out)
+            _write(a.out, result)
+    return 0
+
+
+def _write(path: str, doc: dict) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(doc, f, indent=1, sort_keys=True)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def rescore(rows_path: str, names: list[str], out: str) -> int:
+    """Score stored searches against each scenario's current truth, without searching again: the
+    scenario's entry in ``out`` gets its model and bracket scores from the rows, the truth they were
+    scored against before (``truth_before``) and when (``rescored``)."""
+    rows = [json.loads(x) for x in open(rows_path) if x.strip()]
+    result = json.load(open(out)) if os.path.exists(out) else {"scenarios": {}}
+    for name in names:
+        mine = [r for r in rows if r["scenario"] == name]
+        if not mine:
+            continue
+        truth = cached_truth(name)
+        entry = result["scenarios"].setdefault(name, {"config": SCENARIOS[name]})
+        before = entry.get("truth")
+        bracket = [r for r in mine if r["method"] == "bracket"]
+        entry.update({"truth": truth, "model": score([r for r in mine if r["method"] == "model"], truth),
+                      "bracket": score(bracket, truth) if bracket else None,
+                      "rescored": {"revision": _revision(), "truth_before": before, "rows": os.path.relpath(rows_path, ROOT)}})
+        print(json.dumps({name: {m: entry[m] for m in ("truth", "model")}}, indent=1), file=sys.stderr)
+    _write(out, result)
     return 0
 
 

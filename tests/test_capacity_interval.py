@@ -210,3 +210,21 @@ def test_the_tunes_capacity_measurement_sizes_its_runs_as_bin_capacity_does(tmp_
     assert all(n is not None for _, n in sent)
     near = [(x, n) for x, n in sent[2:] if lo <= x <= hi]
     assert near and all(n >= math.ceil(x * 40.0) for x, n in near)
+
+
+def test_the_benchmarks_truth_is_the_least_of_each_slos_mean_margin_not_the_mean_of_each_runs_least():
+    # bench_capacity_interval's truth at one load: where the binding SLO differs between runs, one run
+    # that kept up (bound by its TPOT margin, 2.0) must not outweigh five that fell short by 0.04
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "bench" / "bench_capacity_interval.py"
+    spec = importlib.util.spec_from_file_location("bench_capacity_interval", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    kept = {"margins": {"p95_ttft_ms": 5.0, "mean_tpot_ms": 2.0}, "keep": 0.05}
+    short = {"margins": {"p95_ttft_ms": 4.0, "mean_tpot_ms": 2.0, "throughput": -0.04}, "keep": -0.04}
+    runs = [kept] + [short] * 5
+    assert np.mean([min(r["margins"].values()) for r in runs]) > 0  # the mean of each run's least: "holds"
+    assert bench.least_mean_margin(runs, ["p95_ttft_ms", "mean_tpot_ms"]) == pytest.approx((0.05 - 5 * 0.04) / 6)
+    assert bench.least_mean_margin([kept] * 6, ["p95_ttft_ms", "mean_tpot_ms"]) == pytest.approx(0.05)
