@@ -303,6 +303,14 @@ def test_no_module_is_over_600_lines():
     assert big == []
 
 
+def test_the_tune_driver_stays_a_driver_of_at_most_300_lines():
+    # what it runs lives beside it: the phases on the runner's parts, the run's inputs and results
+    # (tune/runplan.py), slots (tune/slotrun.py), the result's assembly (tune/assemble.py)
+    shape = _code_shape()
+    path = os.path.join(ROOT, "tune", "driver.py")
+    assert shape.module_lines(open(path, encoding="utf-8").read()) <= 300
+
+
 def test_no_class_has_over_25_methods_or_400_code_lines():
     shape = _code_shape()
     big = []

@@ -14,7 +14,7 @@ from vkit.errors import UsageError
 from vkit.measure.gauge import BenchOptions
 from vkit.tune import capacity as cap
 from vkit.tune.config import CapacityObjective, Settings, Workload
-from vkit.tune.driver import RunContext, TunePlan
+from vkit.tune.runplan import RunContext, TunePlan
 
 OBJECTIVE_HELP = ("capacity (default): each configuration's SLO capacity, the highest open-loop request rate at which every "
                   "--slo holds (a capacity search per measurement, bracketed from the reference load: the first baseline "

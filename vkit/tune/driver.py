@@ -14,14 +14,11 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 from vkit import search
-from vkit.apply.backend import PROCESS, Backend
-from vkit.apply.policy import Policy
+from vkit.apply.backend import PROCESS
 from vkit.errors import Abnormal, ExitCode, UsageError, VkitError
-from vkit.interrupts import Interrupts
 from vkit.jsonio import load_json_lines
 from vkit.state import StateFile, now_iso
 from vkit.tune import capsentinel, knowledge
@@ -30,80 +27,8 @@ from vkit.tune.assemble import build_result, goal, recommended_capacity, server_
 from vkit.tune.config import Settings, Workload
 from vkit.tune.result import TuneResult
 from vkit.tune.runner import Runner
-
-
-def _quiet(msg: str) -> None:
-    pass
-
-
-@dataclass
-class RunContext:
-    """Who drives and where it reports: the tool's name, the lease owner (a parent run's when it
-    hands its lease down), the parameter policy, the lease's lifetime and the callbacks."""
-
-    tool: str
-    owner: str
-    policy: Policy
-    lease_ttl_s: float = 6 * 3600.0
-    progress: Callable[[str], None] = _quiet
-    warn: Callable[[str], None] = _quiet
-    interrupts: Interrupts = field(default_factory=Interrupts)
-    ray: str | None = None  # --ray ADDRESS: the slots served on a Ray cluster's nodes (vkit.tune.fleet)
-    backend: Backend | None = None  # where the servers run: processes (None), or the simulator in virtual time (--virtual)
-
-
-@dataclass
-class TunePlan:
-    """What a tuning run does: its mode, steps and budgets (tune's search flags)."""
-
-    mode: str = "staged"  # staged | bo
-    steps: list[str] = field(default_factory=lambda: ["1", "2", "3", "4m", "4", "5"])  # 4m: gpu_memory_utilization
-    budget: int = 8  # trials per step (staged) or in all (bo)
-    seed: int = 1  # the Bayesian search's seed
-    staged_candidates: str = "policy"  # policy | octaves
-    business_len: int | None = None  # step 1: None = (longest prompt + output) x 1.25
-    max_model_len_candidates: list[int] = field(default_factory=lambda: [1024, 2048, 4096, 8192])
-    confirm_front: int = 4  # delivered configurations re-confirmed before delivery
-    ablate: bool = True  # attribution after a keep that changed several parameters (steps.auto_ablate)
-    restart: bool = False  # a new run even if the state holds an unfinished one
-    report_dir: str | None = None  # None: reports/<run id> beside the state
-    kb_path: str | None = None  # the knowledge base; None: knowledge.jsonl beside the state
-    acquisition: str = "auto"  # --mode bo: vkit.search.propose's acquisition
-    patience: int = 4  # --mode bo: early stop after this many evaluations in a row without a screened gain (0: never)
-    batch_lie: str = "kb"  # --mode bo on slots: how a batch's later proposals treat its pending ones
-
-
-@dataclass
-class Tuned:
-    """A finished tuning run: its result, its id and the report files written."""
-
-    result: TuneResult
-    run_id: str
-    report: dict = field(default_factory=dict)  # md, html, json: paths
-
-
-@dataclass
-class StepRun:
-    """One sweep step (or Bayesian search): its record, its trials, the kept configuration after it."""
-
-    step: dict
-    trials: list[dict]
-    kept: dict
-
-    def to_dict(self) -> dict:
-        return {"step": self.step, "trials": self.trials, "kept": self.kept}
-
-
-@dataclass
-class Replay:
-    """Logged proposals re-derived: how many, how many identical, and each difference."""
-
-    proposals: int
-    identical: int
-    differences: list
-
-    def to_dict(self) -> dict:
-        return {"proposals": self.proposals, "identical": self.identical, "differences": self.differences}
+from vkit.tune.runplan import Replay, RunContext, StepRun, Tuned, TunePlan
+from vkit.tune.slotrun import on_first_slot, slot_leases, stop_other_slots, take_out_failed_slot
 
 
 @contextlib.contextmanager
@@ -133,61 +58,6 @@ def make_runner(sf: StateFile, s: Settings, ctx: RunContext, run_id: str | None 
 
         r.fleet = Fleet(ctx.ray, sf.path, s, ctx.owner, ctx.tool, ctx.policy, progress=ctx.progress)
     return on_first_slot(r)
-
-
-def on_first_slot(runner: Runner) -> Runner:
-    """The runner of the serial phases (baseline, confirmations, steps 1, 4m, 5, delivery): on the first
-    slot in service when the state has slots, else on the service itself."""
-    if not runner.use_first_slot():
-        raise Abnormal("every slot of this state has been taken out (see `state show`): fix them, then "
-                       "`state --slot-in NAME` and rerun the same command to continue")
-    return runner
-
-
-@contextlib.contextmanager
-def slot_leases(sf: StateFile, ctx: RunContext) -> Iterator[None]:
-    """One lease per slot under the run's own: a slot's restarts are refused to any other run."""
-    with contextlib.ExitStack() as stack:
-        for s in sf.read().get("slots") or []:
-            if not s.get("out"):
-                stack.enter_context(StateFile(os.path.join(sf.dir, s["state"])).leases.hold(ctx.owner, ttl_s=ctx.lease_ttl_s, tool=ctx.tool))
-        yield
-
-
-def take_out_failed_slot(runner: Runner, e: VkitError) -> Runner | None:
-    """The serial phases' slot went ABNORMAL (``e``): taken out, and the runner of the next slot in
-    service returned (the phase resumes from the state there); None when it is not a slot's failure or
-    no slot is left."""
-    if e.code != ExitCode.UNAVAILABLE or runner.slot is None:
-        return None
-    ab = runner.svc.read().get("abnormal") or {}
-    if not ab.get("flag"):
-        return None
-    reason = f"ABNORMAL: {ab.get('reason')}"
-    did = runner.log("slot_out", slot=runner.slot, reason=reason)
-    runner.sf.slots.take_out(runner.slot, reason, did)
-    runner.warn(f"slot {runner.slot} taken out: {reason}; the tune goes on with the other slots ({did})")
-    try:
-        return on_first_slot(runner)
-    except Abnormal:
-        return None
-
-
-def stop_other_slots(runner: Runner) -> None:
-    """At the end of a run, the slots other than the serial phases' stop their servers (they served
-    the run's trials, nothing else); the first slot stays on the kept configuration."""
-    from vkit.apply.lifecycle import Lifecycle
-
-    for s in runner.slots(live=False):
-        if s["name"] != runner.slot:
-            other = runner.for_slot(s)
-            with contextlib.suppress(VkitError):
-                if other.remote():
-                    runner.fleet.call(other, "stop")
-                    runner.fleet.release(s["name"])
-                else:
-                    Lifecycle(other.svc, runner.tool_name, runner.owner, progress=runner.progress, policy=runner.policy,
-                              backend=runner.backend).stop()
 
 
 def check_drift(runner: Runner, warn: Callable[[str], None]) -> dict:
