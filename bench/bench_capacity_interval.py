@@ -49,6 +49,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from vkit.sim.predict import Scenario, bench_summary  # noqa: E402
+from vkit.state import atomic_write_text  # noqa: E402
 from vkit.tune import capacity as cap  # noqa: E402
 
 OUT = os.path.join(ROOT, "bench", "results", "capacity_interval.json")
@@ -126,11 +127,7 @@ def cached_truth(name: str) -> float:
         entry = {"digest": key, "capacity": true_capacity(SCENARIOS[name]), "cpu_s": time.time() - t0}
         cache = json.load(open(TRUTH)) if os.path.exists(TRUTH) else {}  # again: another process may have written
         cache[name] = entry
-        tmp = f"{TRUTH}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            json.dump(cache, f, indent=1, sort_keys=True)
-            f.write("\n")
-        os.replace(tmp, TRUTH)
+        _write(TRUTH, cache)
     return cache[name]["capacity"]
 
 
@@ -247,6 +244,9 @@ def main(argv=None) -> int:
                               "over_truth": c / cached_truth(name)}))
         return 0
     if a.rescore:
+        if not os.path.isfile(a.rescore):
+            print(f"bench_capacity_interval: --rescore {a.rescore}: no such file (a --rows file of an earlier run)", file=sys.stderr)
+            return 2
         return rescore(a.rescore, names, a.out)
     result.update({"revision": _revision(), "machine": platform.node(), "noise": NOISE, "keep_up": KEEP_UP,
                    "plan": dict(vars(cap.Plan(**overrides)))})
@@ -279,11 +279,7 @@ def main(argv=None) -> int:
 
 
 def _write(path: str, doc: dict) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(doc, f, indent=1, sort_keys=True)
-        f.write("\n")
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps(doc, indent=1, sort_keys=True) + "\n")
 
 
 def rescore(rows_path: str, names: list[str], out: str) -> int:

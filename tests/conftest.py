@@ -10,6 +10,16 @@ import sys
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def load_script(path: str, name: str):
+    """A script that is not a package module (bench/, tests/golden/), loaded as module ``name``."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 

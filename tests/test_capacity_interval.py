@@ -4,6 +4,7 @@ search on it (vkit.tune.capsearch)."""
 from __future__ import annotations
 
 import math
+import os
 import random
 
 import numpy as np
@@ -215,13 +216,9 @@ def test_the_tunes_capacity_measurement_sizes_its_runs_as_bin_capacity_does(tmp_
 def test_the_benchmarks_truth_is_the_least_of_each_slos_mean_margin_not_the_mean_of_each_runs_least():
     # bench_capacity_interval's truth at one load: where the binding SLO differs between runs, one run
     # that kept up (bound by its TPOT margin, 2.0) must not outweigh five that fell short by 0.04
-    import importlib.util
-    import pathlib
+    from tests.conftest import REPO, load_script
 
-    path = pathlib.Path(__file__).resolve().parents[1] / "bench" / "bench_capacity_interval.py"
-    spec = importlib.util.spec_from_file_location("bench_capacity_interval", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_script(os.path.join(REPO, "bench", "bench_capacity_interval.py"), "bench_capacity_interval")
     kept = {"margins": {"p95_ttft_ms": 5.0, "mean_tpot_ms": 2.0}, "keep": 0.05}
     short = {"margins": {"p95_ttft_ms": 4.0, "mean_tpot_ms": 2.0, "throughput": -0.04}, "keep": -0.04}
     runs = [kept] + [short] * 5

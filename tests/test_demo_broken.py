@@ -43,7 +43,7 @@ def _step_rows(records: list[dict]) -> str:
     order = np.argsort(first, kind="stable")
     cuts = np.flatnonzero(np.diff(first[order]) > np.median([r["tpot_ms"] for r in rs]) / 2) + 1
     by_size: dict[int, list[float]] = {}
-    isolated = [i for i in range(len(rs)) if "prefill_isolated_tok_s" in rs[i]]  # TTFT above the mean queue time
+    isolated = {i for i in range(len(rs)) if "prefill_isolated_tok_s" in rs[i]}  # TTFT above the mean queue time
     for step in np.split(order, cuts):
         ratios = [rs[i]["prefill_isolated_tok_s"] / rs[i]["decode_tok_s"] for i in step if i in isolated]
         if ratios:

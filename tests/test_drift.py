@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -10,7 +9,7 @@ import os
 import numpy as np
 import pytest
 
-from tests.conftest import REPO, call
+from tests.conftest import REPO, call, load_script
 from vkit.decide import drift as vd
 from vkit.state import StateFile, new_state
 
@@ -20,10 +19,7 @@ G = os.path.join(REPO, "tests", "golden", "gate")
 
 
 def _fixtures_module():
-    spec = importlib.util.spec_from_file_location("make_fixtures", os.path.join(G, "make_fixtures.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(os.path.join(G, "make_fixtures.py"), "make_fixtures")
 
 
 def series(n=40, step_at=None, step=-0.05, sigma=0.02, seed=3):

@@ -287,13 +287,9 @@ def test_an_import_circle_is_found_even_through_type_checking_blocks():
 # -- the code's shape, held: small modules, small classes, no reach into another object's private parts --------
 def _code_shape():
     """bench/code_shape.py, the module that measures the shape for the before/after table (one definition)."""
-    import importlib.util
+    from tests.conftest import load_script
 
-    path = os.path.join(os.path.dirname(ROOT), "bench", "code_shape.py")
-    spec = importlib.util.spec_from_file_location("vkit_code_shape", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(os.path.join(os.path.dirname(ROOT), "bench", "code_shape.py"), "vkit_code_shape")
 
 
 def test_no_module_is_over_600_lines():
