@@ -18,6 +18,7 @@ from vkit.sim.calibrated import CostParams
 from vkit.sim.predict import Scenario, bench_summary
 from vkit.tune import capacity as cap
 from vkit.tune import capsentinel
+from vkit.tune.ledger import Ledger
 
 # bench/bench_capacity_interval.py's "ttft-smooth": 8B on an H200, 2048-token prompts, P95 TTFT <= 500 ms.
 # Its noise-free capacity, 11.695 req/s, is that benchmark's truth (bench/results/capacity_interval_truth.json).
@@ -78,6 +79,7 @@ class _Runner:
                 self.state["drift"] = drift
         sf.tune.record_drift_check = record
         self.sf = sf
+        self.ledger, self.served = Ledger(sf), Ledger(self.svc)  # the typed reads of both state files
 
     def restore_kept(self, fresh: bool = False) -> None:
         self.restarts += fresh

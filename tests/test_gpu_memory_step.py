@@ -102,7 +102,7 @@ class StubRunner(Runner):
         return True, {"startup": {"kv_cache_tokens": kv(v)}}
 
     def run_trial(self, tid, **kw):
-        t = self.trial(tid)
+        t = self.ledger.trial(tid)
         v = t["config"]["gpu_memory_utilization"]
         ok, res = self.apply(t["config"], fresh=True)
         su = res.get("startup") or {}
@@ -114,7 +114,7 @@ class StubRunner(Runner):
                                  metrics={"output_throughput": 110.0}, why="stub gate: accept")
 
     def confirm_and_keep(self, tid, selected_from, **kw):
-        t = self.trial(tid)
+        t = self.ledger.trial(tid)
         with self.sf.transaction() as st:
             st["kept"]["config"] = dict(t["config"])
         self.update_trial(tid, kept=True)

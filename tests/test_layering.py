@@ -355,3 +355,73 @@ def test_no_module_reaches_into_another_objects_private_members():
 def test_a_reach_into_a_private_member_is_found():
     src = "def f(r):\n    r._measure_once()\n    self._ok()\n    return r.fleet._call, obj.__dict__\n"
     assert private_reaches(src) == [(2, "r._measure_once"), (4, "r.fleet._call")]
+
+
+# the state file's readers: a StateFile's read() is called on these names (runner.sf, runner.svc, a worker's slot, sf)
+STATE_FILE_NAMES = {"sf", "svc", "slot", "state_file"}
+TRIAL_STATUSES = {"proposed", "applied", "done", "eliminated", "start_failed", "invalid", "skipped", "probe_started",
+                  "probe_failed"}
+
+
+def state_reads(source: str) -> list[tuple[int, str]]:
+    """(line, expression) for each ``X.read()`` whose ``X`` is a state file (one of STATE_FILE_NAMES, or ``StateFile(...)``)."""
+    out = []
+    for n in ast.walk(ast.parse(source)):
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "read" and not n.args:
+            x = n.func.value
+            name = x.attr if isinstance(x, ast.Attribute) else x.id if isinstance(x, ast.Name) else \
+                getattr(x.func, "id", "") if isinstance(x, ast.Call) else ""
+            if name in STATE_FILE_NAMES or name == "StateFile":
+                out.append((n.lineno, ast.unparse(n)))
+    return sorted(out)
+
+
+def status_literals(source: str) -> list[tuple[int, str]]:
+    """(line, expression) for each trial status written as a string: ``t["status"] == "done"``, ``... in ("done", ...)``,
+    ``status="done"``."""
+    def literal(e: ast.expr) -> bool:
+        consts = e.elts if isinstance(e, (ast.Tuple, ast.List, ast.Set)) else [e]
+        return any(isinstance(c, ast.Constant) and c.value in TRIAL_STATUSES for c in consts)
+
+    out = []
+    for n in ast.walk(ast.parse(source)):
+        if isinstance(n, ast.Compare):
+            sides = [n.left, *n.comparators]
+            is_status = any(isinstance(s, ast.Subscript) and isinstance(s.slice, ast.Constant) and s.slice.value == "status"
+                            for s in sides)
+            if is_status and any(literal(s) for s in sides):
+                out.append((n.lineno, ast.unparse(n)))
+        elif isinstance(n, ast.keyword) and n.arg == "status" and literal(n.value):
+            out.append((n.value.lineno, ast.unparse(n)))
+    return sorted(out)
+
+
+def _tune_modules() -> list[tuple[str, str]]:
+    return [(os.path.relpath(p, ROOT), p) for _, p in library_modules() if os.path.relpath(p, ROOT).startswith("tune" + os.sep)]
+
+
+def test_the_tune_reads_its_state_only_through_the_ledger():
+    # vkit/tune/ledger.py: typed views of one read each (the kept configuration, trials, baselines, the server)
+    found = [f"{rel}:{line}: {expr}" for rel, p in _tune_modules() if rel != os.path.join("tune", "ledger.py")
+             for line, expr in state_reads(open(p, encoding="utf-8").read())]
+    assert found == []
+
+
+def test_a_state_read_is_found_and_a_decision_log_read_is_not():
+    src = ("def f(runner, sf, p):\n    a = runner.sf.read()['kept']\n    b = sf.read()\n    c = runner.sf.log.read()\n"
+           "    d = StateFile(p).read()\n    e = self.slot.read()\n    with open(p) as fh:\n        return fh.read()\n")
+    assert [line for line, _ in state_reads(src)] == [2, 3, 5, 6]
+
+
+def test_a_trials_status_is_never_a_string_in_the_tune():
+    # vkit.tune.ledger.Status and its groups (PENDING, RANKED, FINISHED, PROBING)
+    found = [f"{rel}:{line}: {expr}" for rel, p in _tune_modules() if rel != os.path.join("tune", "ledger.py")
+             for line, expr in status_literals(open(p, encoding="utf-8").read())]
+    assert found == []
+
+
+def test_a_status_written_as_a_string_is_found():
+    src = ("def f(t, r):\n    if t['status'] == 'done':\n        pass\n    if t['status'] in ('proposed', 'applied'):\n"
+           "        r.update(t, status='invalid')\n    if t['status'] == Status.DONE or t['verdict'] == 'done':\n"
+           "        r.update(t, status=Status.SKIPPED, decision='reject')\n")
+    assert [line for line, _ in status_literals(src)] == [2, 4, 5]

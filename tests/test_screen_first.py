@@ -122,7 +122,7 @@ def test_a_threefold_winner_on_a_noisy_primary_is_screened_confirmed_and_kept(tm
     assert not r.budget.confirm_plan()["fits"]
     rec = run_step(r, [128, 256])
     winner = rec["confirmed"]["trial_id"]
-    assert r.trial(winner)["config"]["max_num_seqs"] == 256 and rec["confirmed"]["decision"] == "kept"
+    assert r.ledger.trial(winner)["config"]["max_num_seqs"] == 256 and rec["confirmed"]["decision"] == "kept"
     assert r.sf.read()["kept"]["config"]["max_num_seqs"] == 256
 
 
@@ -139,7 +139,7 @@ def test_a_winner_too_small_for_the_budget_is_underpowered_after_its_screening(t
     # 2 blocks cannot confirm even at the low end of σ's interval
     r, sim = capacity_tune(tmp_path, {128: 1.35, 256: 1.35, 512: 1.35}, confirm_blocks=2, within=0.0, between=0.0)
     rec = run_step(r, [128, 256, 512])
-    assert len(rec["trials"]) == 3 and all(r.trial(t)["status"] == "done" for t in rec["trials"])
+    assert len(rec["trials"]) == 3 and all(r.ledger.trial(t)["status"] == "done" for t in rec["trials"])
     assert rec["confirmed"]["decision"] == "underpowered" and not rec["plan"]["fits"]
     assert rec["plan"]["effect"]["k"] == 3 and rec["plan"]["effect"]["corrected"] == pytest.approx(math.log(1.35) - 0.846 * 0.1529, abs=1e-3)
     assert "cannot confirm the best screened candidate within the budget" in rec["result"]

@@ -108,9 +108,9 @@ def test_step5_measures_each_flip_on_its_own_workload_and_nothing_when_none(tmp_
     calls = []
 
     def run_trial(tid, baseline_key="baseline", workload=None, primary=None, guards=None, repeats=None):
-        calls.append(("trial", r.trial(tid)["config"], baseline_key, workload.name))
+        calls.append(("trial", r.ledger.trial(tid)["config"], baseline_key, workload.name))
         r.update_trial(tid, status="done", valid=True, verdict="reject", metrics={"p99_ttft_ms": 1.0})
-        return r.trial(tid)
+        return r.ledger.trial(tid)
 
     monkeypatch.setattr(r.baselines, "measure", lambda workload=None, key="baseline", **kw: calls.append(("baseline", key, workload.name)))
     monkeypatch.setattr(r.budget, "confirm_plan", lambda *a, **kw: {"fits": True})

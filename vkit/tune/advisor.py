@@ -33,6 +33,7 @@ from vkit.measure.serverapi import Server
 from vkit.search import advisor as advice
 from vkit.state import StateFile
 from vkit.tune import steps as tuning
+from vkit.tune.ledger import Ledger
 from vkit.tune.runner import Runner
 
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
@@ -173,11 +174,11 @@ class Advisor:
 def proposal_inputs(runner: Runner, hist: list[search.Observation]) -> dict:
     """What the advisor is shown: the Bayesian search's space with the policy's bounds, the kept
     configuration and its baseline, every measured trial, the objectives, the SLO, the fixed premises."""
-    st = runner.sf.read()
-    frozen = st.get("frozen") or {}
+    st = runner.ledger.tune()
+    frozen = st.frozen
     space = tuning.bo_space(runner, runner.policy)
-    base = dict(st["kept"]["config"])
-    kept_metrics = (st.get("baseline") or {}).get("metrics") or {}
+    base = dict(st.kept_config)
+    kept_metrics = st.record("baseline").get("metrics") or {}
     return advice.proposal_inputs(space, hist, base, kept_metrics, tuning.objectives(runner), tuning.search_slo(runner),
                                   advice.rules_from_policy(runner.policy, frozen))
 
@@ -220,16 +221,16 @@ def advised_proposer(advisor: Advisor, step: str = "bo") -> Callable[[Runner, Ca
 def explain_step(sf: StateFile, slo: dict, advisor: Advisor, rec: dict) -> dict:
     """Ask the advisor to explain a finished step (its record and trials); logged. The text is
     advice for the engineer: no decision depends on it."""
-    st = sf.read()
+    st = Ledger(sf).tune()
     shown = set(slo) | {o.name for o in tuning.OBJECTIVES + tuning.CAPACITY_OBJECTIVES}  # a small model's context is short
 
     def metrics(m: dict | None) -> dict:
         return {k: v for k, v in (m or {}).items() if k in shown}
 
     trials = [{"id": t["id"], "config": t["config"], "status": t["status"], "metrics": metrics(t.get("metrics")),
-               "verdict": t.get("verdict"), "why": t.get("why")} for t in st["trials"] if t["step"] == rec.get("step")]
+               "verdict": t.get("verdict"), "why": t.get("why")} for t in st.trials() if t["step"] == rec.get("step")]
     finding = {"step": {k: rec.get(k) for k in ("step", "name", "stop_rule", "result", "confirmed")},
-               "kept": st["kept"]["config"], "baseline": metrics((st.get("baseline") or {}).get("metrics")), "trials": trials,
+               "kept": st.kept_config, "baseline": metrics(st.record("baseline").get("metrics")), "trials": trials,
                "slo": slo}
     out = advisor.ask("explain", advice.explain_messages(finding), search.jsonable(finding), step=rec.get("step"))
     return {"call": out["id"], "outcome": out["outcome"], "text": out.get("answer"), "reason": out.get("reason"),

@@ -11,6 +11,7 @@ import numpy as np
 from vkit.state import now_iso
 from vkit.tune import steps as tuning
 from vkit.tune.config import Settings
+from vkit.tune.ledger import Status, first
 from vkit.tune.result import TuneResult
 from vkit.tune.runner import Runner
 
@@ -47,21 +48,21 @@ def sigma_text(comp: dict) -> str:
 def recommended_capacity(runner: Runner, rec: dict) -> dict:
     """The recommendation's capacity over its searches: the kept configuration's (its baseline, or the
     trial that became it), or the goal's other pick's (its trial and its delivery confirmation)."""
-    st = runner.sf.read()
+    st = runner.ledger.tune()
     if rec.get("kept_config") is not None:
-        t = next((x for x in st["trials"] if x["id"] == rec.get("trial_id")), {})
-        conf = next((c for c in st.get("delivery_confirmations", []) if c.get("trial_id") == rec.get("trial_id")), {})
+        t = first(st.trials(), id=rec.get("trial_id")) or {}
+        conf = first(st.confirmations("delivery_confirmations"), trial_id=rec.get("trial_id")) or {}
         return capacity_of(runner, [*(t.get("runs") or []), *(conf.get("b_runs") or [])])
-    b = st.get("baseline") or {}
-    kept_runs = b.get("runs") if b.get("config") == st["kept"]["config"] else None
-    kept_trial = next((t for t in reversed(st["trials"]) if t.get("kept") and t["config"] == st["kept"]["config"]
+    b = st.record("baseline")
+    kept_runs = b.get("runs") if b.get("config") == st.kept_config else None
+    kept_trial = next((t for t in reversed(st.trials()) if t.get("kept") and t["config"] == st.kept_config
                        and t["step"] not in ("1", "5")), None)
     return capacity_of(runner, kept_runs or (kept_trial or {}).get("runs") or [])
 
 
 def server_info(runner: Runner) -> dict:
     """The server's version facts, from the baseline's first run ({} when there is none)."""
-    b = runner.sf.read().get("baseline") or {}
+    b = runner.ledger.record("baseline")
     try:
         return runner.load(b["runs"][0])["vkit"]["server"].get("version_info") or {}
     except (KeyError, IndexError, OSError, ValueError):
@@ -70,19 +71,19 @@ def server_info(runner: Runner) -> dict:
 
 def build_result(runner: Runner, settings: Settings, t0: float) -> TuneResult:
     """The tune result of the state as it is now (``t0``: when the run started)."""
-    st = runner.sf.read()
-    svc = st["service"]
+    st = runner.ledger.tune()
+    svc = st.server
     g = goal(settings)
     delivered = tuning.deliver(runner, g)
-    b = st.get("baseline") or {}
+    b = st.record("baseline")
     version = server_info(runner)
     opts = settings.workload.options
     restarts = sum(1 for log in runner.service_logs() for e in log.read() if e.get("event") in ("applied", "rolled_back", "start_failed"))
     trials = []
-    for t in st["trials"]:
+    for t in st.trials():
         row = {k: t.get(k) for k in ("id", "step", "config", "changes", "status", "verdict", "why", "valid", "metrics",
                                      "kept", "decision_id", "diagnosis")}
-        row["status"] = "measured" if t["status"] == "done" else t["status"]
+        row["status"] = "measured" if t["status"] == Status.DONE else t["status"]
         row["repeats"] = len(t.get("runs") or [])
         if settings.capacity is not None and t.get("runs") and t["step"] not in ("1", "5"):
             row["capacity"] = capacity_of(runner, t["runs"])
@@ -90,11 +91,11 @@ def build_result(runner: Runner, settings: Settings, t0: float) -> TuneResult:
             row["same_as"] = t["same_as"]
         trials.append(row)
     warnings = []
-    for t in st["trials"]:
+    for t in st.trials():
         for w in ((t.get("gate") or {}).get("warnings") or []):
             if w not in warnings:
                 warnings.append(w)
-    tune_run = st.get("tune") or {}
+    tune_run = st.tune
     rec = delivered.get("recommendation")
     cap_block = None
     if settings.capacity is not None:
@@ -115,18 +116,18 @@ def build_result(runner: Runner, settings: Settings, t0: float) -> TuneResult:
                     capd["per_accelerator"] = {"req_s": capd["req_s"] / acc if capd["req_s"] else None,
                                                "output_tok_s": capd["output_tok_s"] / acc if capd["output_tok_s"] else None}
             rec = dict(rec, capacity=capd, binding_slo=rc.get("binding_slo"))
-        cap_block = {"reference_load": (st.get("capacity_reference") or {}).get("load"),
+        cap_block = {"reference_load": st.record("capacity_reference").get("load"),
                      "settings": settings.capacity.describe(), "kept": kc}
     return TuneResult(
         title="vkit tuning report",
         generated=now_iso(),
         simulated=bool((version or {}).get("sim")),
-        server={"url": svc["url"], "model": svc["model"], "version": (version or {}).get("version"),
+        server={"url": svc.url, "model": svc.model, "version": (version or {}).get("version"),
                 "sim": ({"gpu": version.get("sim_gpu"), "model": version.get("sim_model"), "speed": version.get("sim_speed"),
                          "noise": version.get("sim_noise"), "seed": version.get("sim_seed"),
                          # virtual: no process ran; every time (latencies, restarts, the run's) is the simulated accelerator's
                          "virtual": bool(version.get("virtual"))} if (version or {}).get("sim") else None),
-                "launch_argv": svc["launch"].get("argv")},
+                "launch_argv": svc.argv},
         workload={"dataset": opts.dataset_name if not opts.dataset_path else f"{opts.dataset_name} {opts.dataset_path}",
                   "input_len": opts.random_input_len if not opts.dataset_path else None,
                   "output_len": opts.random_output_len, "max_concurrency": opts.max_concurrency if settings.capacity is None else None,
@@ -137,19 +138,19 @@ def build_result(runner: Runner, settings: Settings, t0: float) -> TuneResult:
                   "sigma_components": b.get("components") or {}},
         trials=trials,
         steps=[{"step": s["step"], "name": s.get("name"), "stop_rule": s.get("stop_rule"), "result": s.get("result"),
-                **({"kv_cache": s["kv_cache"]} if s.get("kv_cache") else {})} for s in st.get("steps", [])],
+                **({"kv_cache": s["kv_cache"]} if s.get("kv_cache") else {})} for s in st.steps],
         knee=delivered.get("knee"),
         pareto=delivered.get("pareto"),
         not_confirmed=delivered.get("not_confirmed") or [],
         recommendation=rec,
         capacity=cap_block,
-        stop_rule="; ".join(f"step {s['step']}: {s.get('stop_rule')}" for s in st.get("steps", [])),
+        stop_rule="; ".join(f"step {s['step']}: {s.get('stop_rule')}" for s in st.steps),
         drift=[{"after_trial": d.get("after_trial"), "changed": d.get("changed"), "runs": d.get("runs"),
-                "min_runs": d.get("min_runs"), "detail": d.get("why")} for d in st.get("drift_checks", [])],
+                "min_runs": d.get("min_runs"), "detail": d.get("why")} for d in st.drift_checks],
         warnings=warnings + [f"knowledge base: {x}" for x in (tune_run.get("knowledge") or {}).get("ignored", [])[:3]],
         knowledge=tune_run.get("knowledge"),
         soak=soak(runner),
-        timings=timings(st, runner.backend.now() - t0, restarts),
+        timings=timings(st.timing, runner.backend.now() - t0, restarts),
     )
 
 
@@ -176,9 +177,8 @@ def soak(runner: Runner) -> str:
                        threshold_rule=f"max(2σ, {floor:.0%})" if thr else f"the {floor:.0%} floor: no σ measured")["text"]
 
 
-def timings(st: dict, total_s: float, restarts: int) -> dict:
-    """Where the run's wall time went: restarts, measurements, and the rest (gates, waiting)."""
-    t = st.get("timing") or {}
+def timings(t: dict, total_s: float, restarts: int) -> dict:
+    """Where the run's wall time went (``t``: the state's time accounting): restarts, measurements, and the rest (gates, waiting)."""
     r, m = t.get("restart") or {}, t.get("run") or {}
     rs, ms = float(r.get("s") or 0.0), float(m.get("s") or 0.0)
     return {"total_s": round(total_s, 1), "restarts": restarts, "restart_s": round(rs, 1), "runs": int(m.get("n") or 0),

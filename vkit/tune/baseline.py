@@ -26,9 +26,9 @@ class Baselines:
                  config: dict | None = None) -> dict:
         """Measure the kept configuration (or ``config``) N times (resumable); σ_baseline into the state."""
         w = workload or self.r.s.workload
-        st = self.r.sf.read()
-        b = st.get(key)
-        kept = dict(config) if config is not None else st["kept"]["config"]
+        st = self.r.ledger.tune()
+        b = st.record(key)
+        kept = dict(config) if config is not None else st.kept_config
         if b and not force and b.get("config") == kept and b.get("workload") == w.describe() and len(b.get("runs", [])) >= self.r.s.baseline_repeats:
             return b
         if force or not b or b.get("config") != kept or b.get("workload") != w.describe():
@@ -64,13 +64,13 @@ class Baselines:
             self.r.progress(f"{key} {k}/{self.r.s.baseline_repeats}: {brief(doc)}"
                           + ("" if check["code"] == 0 else f"  [{check['verdict']}: {', '.join(check.get('findings') or [])}]"))
             self.r.sf.tune.set_baseline(key, b)
-            if "slo_capacity" in doc and not self.r.sf.read().get("capacity_reference"):
+            if "slo_capacity" in doc and not self.r.ledger.record("capacity_reference"):
                 self._set_reference(doc, path)
         return self.finish(key, b)
 
     def starts_of(self, runs: list[str]) -> list[str]:
         """The distinct server processes that measured ``runs`` (as recorded), in order."""
-        known = self.r.sf.read().get("run_starts") or {}
+        known = self.r.ledger.tune().run_starts
         return list(dict.fromkeys(known[p] for p in runs if known.get(p)))
 
     def _only_step1_on_it(self) -> bool:
@@ -79,12 +79,12 @@ class Baselines:
         (seeds from seed + 1000 up): a capacity baseline can start on it without a restart. Step 1's
         choice is a business rule, not a selection on performance, so no winner's curse rides on its
         process either."""
-        st = self.r.sf.read()
-        key, run = self.r.measurer.start_key(), self.r.svc.read()["service"].get("running") or {}
-        if self.r.s.capacity is None or key is None or run.get("config") != st["kept"]["config"]:
+        st = self.r.ledger.tune()
+        key, run = self.r.measurer.start_key(), self.r.served.running()
+        if self.r.s.capacity is None or key is None or run.get("config") != st.kept_config:
             return False
-        step1 = {p for t in st["trials"] if t["step"] == "1" for p in t.get("runs") or []}
-        on_it = [p for p, s in (st.get("run_starts") or {}).items() if s == key]
+        step1 = {p for t in st.trials(step="1") for p in t.get("runs") or []}
+        on_it = [p for p, s in st.run_starts.items() if s == key]
         return bool(on_it) and set(on_it) <= step1
 
     def finish(self, key: str, b: dict) -> dict:
@@ -92,7 +92,7 @@ class Baselines:
         runs on two or more server starts, σ has two parts (``components``): within one process
         and between restarts; ``sigma`` is then the sd of one run on a new process (both parts)."""
         docs = [self.r.load(p) for p in b["runs"]]
-        known = self.r.sf.read().get("run_starts") or {}
+        known = self.r.ledger.tune().run_starts
         starts = [known.get(p) for p in b["runs"]]
         sig, comps = {}, {}
         for m in KEY_METRICS:
@@ -119,12 +119,12 @@ class Baselines:
         (its screening runs and the confirmation's B runs, each on a fresh server start) become the
         baseline the next candidates are screened against, with no extra run; None when they are
         fewer than the baseline repeats (the next ``baseline()`` then measures it)."""
-        t = self.r.trial(tid)
-        st = self.r.sf.read()
+        t = self.r.ledger.trial(tid)
+        st = self.r.ledger.tune()
         runs = list(dict.fromkeys([*(t.get("runs") or []), *(conf.get("b_runs") or [])]))
-        if len(runs) < self.r.s.baseline_repeats or t["config"] != st["kept"]["config"]:
+        if len(runs) < self.r.s.baseline_repeats or t["config"] != st.kept_config:
             return None
-        old = st.get("baseline") or {}
+        old = st.record("baseline")
         b = {"config": dict(t["config"]), "workload": self.r.s.workload.describe(), "runs": runs,
              "checks": [{"code": 0, "verdict": "valid", "findings": []} for _ in runs],
              "generation": old.get("generation", 0) + 1, "started": now_iso(), "rebased_from": tid}

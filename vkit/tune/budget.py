@@ -22,7 +22,7 @@ class Budget:
 
     def costs(self) -> tuple[float, float] | None:
         """Mean seconds of one restart and of one measurement so far (None before both were timed)."""
-        t = self.r.sf.read().get("timing") or {}
+        t = self.r.ledger.tune().timing
         r, m = t.get("restart") or {}, t.get("run") or {}
         if not r.get("n") or not m.get("n"):
             return None
@@ -47,10 +47,10 @@ class Budget:
     # -- how many runs: the power analysis at the measured σ components ---------------
     def components(self, key: str = "baseline") -> dict:
         """σ components per metric of baseline ``key`` (the main one's are also the run's)."""
-        st = self.r.sf.read()
-        comps = (st.get(key) or {}).get("components")
+        st = self.r.ledger.tune()
+        comps = st.record(key).get("components")
         if comps is None and key == "baseline":
-            comps = st.get("sigma_components")
+            comps = st.sigma["components"]
         return comps or {}
 
     def screen_size(self, key: str = "baseline") -> tuple[int, str]:
@@ -84,7 +84,7 @@ class Budget:
         gs = GateSettings()
         bnd = Boundaries.build(gs)
         comps = self.components(key)
-        sig0 = ((self.r.sf.read().get(key) or {}).get("sigma") or {})
+        sig0 = self.r.ledger.record(key).get("sigma") or {}
         rows = []
         specs = [_gate.parse_metric(primary or self.r.s.primary, "primary"),
                  *_gate.parse_guards(self.r.s.guards if guards is None else guards)]
@@ -117,11 +117,11 @@ class Budget:
         else costs time there; the wall clock, seconds for hours of a real tune, would never meet a budget)."""
         import datetime as _dt
 
-        st = self.r.sf.read()
-        started = _gate.parse_date((st.get("tune") or {}).get("started"))  # naive UTC
+        st = self.r.ledger.tune()
+        started = _gate.parse_date(st.tune.get("started"))  # naive UTC
         if started is None:
             return None
         if self.r.backend.name == "virtual":
-            t = st.get("timing") or {}
+            t = st.timing
             return float(sum((t.get(k) or {}).get("s") or 0.0 for k in ("restart", "run")))
         return max(0.0, time.time() - started.replace(tzinfo=_dt.timezone.utc).timestamp())

@@ -23,7 +23,7 @@ import os
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from vkit.state import launch_argv, now_iso
+from vkit.state import now_iso
 from vkit.tune import capacity as _cap
 
 if TYPE_CHECKING:
@@ -61,10 +61,10 @@ def sentinel(runner: Runner) -> dict:
     (``drift``, the alarm time that resets the kept series) as the series sentinel records one."""
     c = runner.s.capacity
     assert c is not None
-    st = runner.sf.read()
-    trials = st.get("trials") or []
+    st = runner.ledger.tune()
+    trials = st.trials()
     base = {"after_trial": trials[-1]["id"] if trials else None, "detector": "capacity_low_end", "shift": None}
-    at = check_load(st.get("baseline") or {}, c.plan)
+    at = check_load(st.record("baseline"), c.plan)
     if at is None:
         return _record(runner, dict(base, changed=False, why="no capacity with a σ in the baseline: no drift verdict"))
     load, cap, sigma = at
@@ -72,9 +72,9 @@ def sentinel(runner: Runner) -> dict:
     w = runner.s.workload
     d = os.path.join(runner.runs_dir, "sentinel")
     k = 1 + (len(os.listdir(d)) if os.path.isdir(d) else 0)  # never overwrite an earlier check
-    run = _cap.live_measure(replace(w.options, seed=w.seed + 70_000 + 10 * k), runner.svc.read()["service"]["url"],
+    run = _cap.live_measure(replace(w.options, seed=w.seed + 70_000 + 10 * k), runner.served.url(),
                             os.path.join(d, f"check{k}"), c.plan, command=["--state", runner.sf.path],
-                            interrupts=runner.interrupts, launch_argv=launch_argv(st), bench=runner.measurer.bench)
+                            interrupts=runner.interrupts, launch_argv=st.server.launch_argv, bench=runner.measurer.bench)
     point, verdict = _cap.Point(load), None
     for i in range(RUNS):
         t0 = runner.backend.now()

@@ -28,8 +28,8 @@ class Compare:
         guards = guards if guards is not None else self.r.s.guards
         # σ pooled from the repeats of baseline ``key`` (the same workload as the evidence), for the
         # primary and every guard (normal-mixture sequences)
-        st = self.r.sf.read()
-        sig = (st.get(key) or {}).get("sigma") or (st.get("sigma_baseline") if key == "baseline" else None) or {}
+        st = self.r.ledger.tune()
+        sig = st.record(key).get("sigma") or (st.sigma["baseline"] if key == "baseline" else None) or {}
         comps = self.r.budget.components(key)
         # runs per server start on the evidence side: screening runs share one process (its level
         # does not average out over them); a confirmation's arms change process every one or two runs
@@ -69,5 +69,5 @@ class Compare:
         a, b = self.slots_of(baseline), self.slots_of(candidate)
         if not a or not b or a == b:
             return {}
-        eff = (self.r.sf.read().get("slot_effects") or {}).get("metrics") or {}
+        eff = self.r.ledger.tune().slot_effects
         return {m: e["sigma_device"] for m, e in eff.items() if e.get("sigma_device")}

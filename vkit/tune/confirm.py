@@ -8,6 +8,7 @@ from vkit.apply.policy import to_serve_flags
 from vkit.errors import ExitCode
 from vkit.state import now_iso
 from vkit.tune.config import Workload
+from vkit.tune.ledger import first
 from vkit.tune.power import Effect
 from vkit.tune.summaries import brief
 
@@ -27,7 +28,7 @@ class Confirmer:
         """Fresh interleaved runs of trial ``tid``'s configuration against the kept one (B A A B blocks),
         gated with --fresh --selected-from K; an accept is kept (a gate decision, logged). ``effect``: the
         winner's screened effect, corrected for the winner's curse, that the blocks are planned for."""
-        t = self.r.trial(tid)
+        t = self.r.ledger.trial(tid)
         conf = self.confirm(tid, "confirmations", selected_from, workload, primary, guards, key, effect)
         if conf.get("decision") == "kept":
             return conf
@@ -35,7 +36,7 @@ class Confirmer:
             self.r.progress(f"REVERT: {tid} not kept ({conf.get('decision')}): {conf.get('why')}")
             return conf
         if self.kept_before_saved(conf, t, "confirmations"):
-            did = self.r.sf.read()["kept"]["decision_id"]  # the keep was made before an interruption: not made twice
+            did = self.r.ledger.tune().kept["decision_id"]  # the keep was made before an interruption: not made twice
         else:
             if not conf.get("keep_id"):
                 # the keep's id first: a stop between its log line and the state finds it again on the rerun
@@ -61,7 +62,7 @@ class Confirmer:
         """A confirmation whose keep was made (the kept configuration is the trial's, by a gate decision): not yet
         recorded on it ("accept": vkit was stopped between the two writes), or recorded ("kept": stopped before
         what follows a keep). Its ``against`` is the configuration kept before, so it is not confirmed again."""
-        k = self.r.sf.read()["kept"]
+        k = self.r.ledger.tune().kept
         return (list_key == "confirmations" and conf.get("decision") in ("accept", "kept") and k.get("decision") == "gate"
                 and k["config"] == trial["config"] and conf.get("against") != trial["config"])
 
@@ -79,10 +80,10 @@ class Confirmer:
         block until a decision or the planned blocks (``confirm_plan``, at most ``confirm_blocks``
         unless granted); one the budget cannot decide is refused before any run (``underpowered``).
         Resumable from the record in ``list_key``."""
-        t = self.r.trial(tid)
-        st = self.r.sf.read()
-        kept_cfg = dict(st["kept"]["config"])
-        conf = next((c for c in st.get(list_key, []) if c["trial_id"] == tid), None)
+        t = self.r.ledger.trial(tid)
+        st = self.r.ledger.tune()
+        kept_cfg = dict(st.kept_config)
+        conf = first(st.confirmations(list_key), trial_id=tid)
         if conf is not None and conf.get("against", kept_cfg) != kept_cfg:
             if self.kept_before_saved(conf, t, list_key):
                 return conf  # accepted and kept, interrupted before the record said so: confirm_and_keep finishes it
@@ -195,7 +196,7 @@ class Confirmer:
         self.r.sf.tune.save_confirmation(conf, list_key)
 
     def _new_conf(self, tid: str, selected_from: int, primary: str | None, against: dict) -> dict:
-        t = self.r.trial(tid)
+        t = self.r.ledger.trial(tid)
         return {"trial_id": tid, "step": t["step"], "config": t["config"], "selected_from": selected_from,
                 "primary": primary, "against": dict(against), "a_runs": [], "b_runs": [], "decision": None,
                 "started": now_iso(), "sequence": []}
@@ -203,7 +204,7 @@ class Confirmer:
     def drop_point(self, tid: str, selected_from: int, primary: str, why: str) -> dict:
         """A delivered configuration dropped without measuring (it claims nothing over the kept one),
         recorded as a rejected delivery confirmation."""
-        conf = self._new_conf(tid, selected_from, primary, self.r.sf.read()["kept"]["config"])
+        conf = self._new_conf(tid, selected_from, primary, self.r.ledger.kept_config())
         conf.update(decision="reject", why=why, finished=now_iso())
         self.save(conf, "delivery_confirmations")
         return conf

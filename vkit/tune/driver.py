@@ -25,6 +25,7 @@ from vkit.tune import capsentinel, knowledge
 from vkit.tune import steps as tuning
 from vkit.tune.assemble import build_result, goal, recommended_capacity, server_info, sigma_text
 from vkit.tune.config import Settings, Workload
+from vkit.tune.ledger import Ledger
 from vkit.tune.result import TuneResult
 from vkit.tune.runner import Runner
 from vkit.tune.runplan import Replay, RunContext, StepRun, Tuned, TunePlan
@@ -34,7 +35,7 @@ from vkit.tune.slotrun import on_first_slot, slot_leases, stop_other_slots, take
 @contextlib.contextmanager
 def held(sf: StateFile, ctx: RunContext) -> Iterator[StateFile]:
     """The service's lease for ``ctx.owner`` over the block; refused while the environment is ABNORMAL."""
-    ab = sf.read().get("abnormal") or {}
+    ab = Ledger(sf).server().abnormal
     if ab.get("flag"):
         raise Abnormal(f"the environment is ABNORMAL since {ab.get('since')}: {ab.get('reason')}; fix the cause, then "
                        "`state --clear-abnormal --reason ...`")
@@ -101,7 +102,7 @@ def tune(sf: StateFile, settings: Settings, mixed: Workload, plan: TunePlan, ctx
                 if nxt is not None:
                     runner = nxt
                     continue
-                ab = ((runner.svc.read().get("abnormal") or {}) if e.code == ExitCode.UNAVAILABLE else {})
+                ab = (runner.served.server().abnormal if e.code == ExitCode.UNAVAILABLE else {})
                 if ab.get("flag") and on_abnormal is not None:
                     on_abnormal(ab.get("reason") if runner.slot is None else f"slot {runner.slot}: {ab.get('reason')}")
                 raise
@@ -116,14 +117,14 @@ def tune(sf: StateFile, settings: Settings, mixed: Workload, plan: TunePlan, ctx
 def _open_run(sf: StateFile, settings: Settings, plan: TunePlan, ctx: RunContext) -> str:
     """Start a new tuning run (archiving a finished one), or resume the unfinished one the state
     holds when its settings are the same; returns the run's id."""
-    st = sf.read()
+    st = Ledger(sf).tune()
     cfg: dict[str, Any] = {"mode": plan.mode, "steps": list(plan.steps), "budget": plan.budget,
                            "workload": settings.workload.describe(), "slo": settings.slo, "guards": settings.guards,
                            "baseline_repeats": settings.baseline_repeats, "baseline_starts": settings.starts(),
                            "screen_repeats": settings.screen_repeats,
                            "objective": settings.objective,
                            "capacity": settings.capacity.describe() if settings.capacity is not None else None}
-    prev = st.get("tune") or {}
+    prev = st.tune
     if plan.restart or not prev or prev.get("finished"):
         cfg["run_id"] = time.strftime("run-%Y%m%dT%H%M%S", time.gmtime())
         cfg["started"] = now_iso()
@@ -134,8 +135,8 @@ def _open_run(sf: StateFile, settings: Settings, plan: TunePlan, ctx: RunContext
             diff = sorted(k for k in cfg if cfg[k] != theirs[k])
             raise UsageError(f"this state holds an unfinished tuning run with other settings ({', '.join(diff)}); resume it "
                              "with the same flags, or pass --restart")
-        ctx.progress(f"resuming tuning run {prev.get('run_id')} ({len(st['trials'])} trials recorded)")
-    return sf.read()["tune"]["run_id"]
+        ctx.progress(f"resuming tuning run {prev.get('run_id')} ({len(st.trials())} trials recorded)")
+    return Ledger(sf).tune().tune["run_id"]
 
 
 def _drive(runner: Runner, settings: Settings, mixed: Workload, plan: TunePlan, ctx: RunContext, run_id: str,
@@ -159,7 +160,7 @@ def _drive(runner: Runner, settings: Settings, mixed: Workload, plan: TunePlan, 
     if staged:
         tuning.guard_anomalies(runner)
     kb = plan.kb_path or knowledge.default_path(sf.dir)
-    kb_key = knowledge.fingerprint_key(sf.read(), server_info(runner))
+    kb_key = knowledge.fingerprint_key(runner.ledger.raw(), server_info(runner))
     kb_work = {"bench_args": main.options.flags(), "slo": settings.slo}
     matched = _knowledge(sf, kb, kb_key, kb_work, plan.mode, ctx.progress)
     if plan.mode == "bo" and staged:
@@ -194,7 +195,7 @@ def _drive(runner: Runner, settings: Settings, mixed: Workload, plan: TunePlan, 
         _verify_promise(runner, settings, ctx)
     runner.restore_kept()  # the tune ends on the kept configuration (a no-op when it already runs)
     result = build_result(runner, settings, t0)
-    if not (sf.read().get("tune") or {}).get("kb_recorded"):
+    if not runner.ledger.tune().tune.get("kb_recorded"):
         knowledge.record(kb, kb_key, kb_work, tuning.kb_observations(runner), result.recommendation, run_id)
         sf.tune.update(kb_recorded=True)
     return result
@@ -205,7 +206,7 @@ def _verify_promise(runner: Runner, settings: Settings, ctx: RunContext) -> dict
     the same configuration already recorded in this run is kept)."""
     sf = runner.sf
     rec = tuning.deliver(runner, goal(settings)).get("recommendation") or {}
-    prev = (sf.read().get("tune") or {}).get("promise") or {}
+    prev = runner.ledger.tune().tune.get("promise") or {}
     if prev.get("finished") and prev.get("config") == rec.get("config"):
         return prev
     searched = (recommended_capacity(runner, rec) or {}).get("req_s")
@@ -240,8 +241,7 @@ def sweep_step(sf: StateFile, settings: Settings, ctx: RunContext, step: str | N
     if mode != "bo" and step is None:
         raise UsageError("a staged sweep needs its step (2, 3 or 4)")
     with held(sf, ctx), slot_leases(sf, ctx):
-        st = sf.read()
-        runner = make_runner(sf, settings, ctx, run_id=(st.get("tune") or {}).get("run_id") or "sweep")
+        runner = make_runner(sf, settings, ctx, run_id=Ledger(sf).tune().tune.get("run_id") or "sweep")
         runner.baselines.measure()
         tuning.guard_anomalies(runner)
         if mode == "bo":
@@ -254,8 +254,8 @@ def sweep_step(sf: StateFile, settings: Settings, ctx: RunContext, step: str | N
             nxt, stop = tuning.staged_proposer(runner, ctx.policy, step, staged_candidates)
             rec = tuning.run_screening_step(runner, step, nxt, ctx.progress, budget, stop)
         runner.restore_kept()  # a sweep ends on the kept configuration
-    st = sf.read()
-    return StepRun(step=rec, trials=[t for t in st["trials"] if t["step"] == rec["step"]], kept=st["kept"])
+    st = Ledger(sf).tune()
+    return StepRun(step=rec, trials=st.trials(step=rec["step"]), kept=st.kept)
 
 
 def deliver(sf: StateFile, settings: Settings, ctx: RunContext, confirm_front: int = 0) -> dict:

@@ -33,6 +33,7 @@ import time
 from typing import Any, Callable
 
 from vkit.errors import ExitCode, Unavailable, UsageError, VkitError
+from vkit.tune.ledger import Ledger, TuneView, first
 
 CALL_TIMEOUT_S = 6 * 3600.0  # one measurement or restart; a lost node answers long before this
 
@@ -123,7 +124,7 @@ class SlotWorker:
             out["error"] = (int(e.code), str(e), type(e).__name__)
         out["files"] = self._new_files()
         out["node_dir"] = self.dir
-        out["slot_state"] = self.slot.read()
+        out["slot_state"] = Ledger(self.slot).raw()
         events = self.slot.log.read()
         out["events"], self.log_seen = events[self.log_seen:], len(events)
         return out
@@ -207,9 +208,9 @@ class Fleet:
     def call(self, runner: Any, op: str, *args: Any) -> Any:
         """``op`` on ``runner``'s slot's worker; its files, state and events brought back to the driver."""
         ray = self.ray
-        main = runner.sf.read()
-        slot = next(s for s in main.get("slots") or [] if s["name"] == runner.slot)
-        w = self.worker(slot, runner.svc.read(), os.path.relpath(runner.svc.path, runner.sf.dir))
+        main = runner.ledger.raw()
+        slot = first(TuneView(main).slots(live=False), name=runner.slot)
+        w = self.worker(slot, runner.served.raw(), os.path.relpath(runner.svc.path, runner.sf.dir))
         rel = os.path.relpath(runner.runs_dir, runner.sf.dir)
         t0 = time.time()
         try:

@@ -12,7 +12,7 @@ from vkit import environment
 from vkit.apply.lifecycle import Lifecycle
 from vkit.errors import Abnormal, ExitCode, VkitError
 from vkit.measure.gauge import build_config
-from vkit.state import atomic_write_text, launch_argv
+from vkit.state import atomic_write_text
 from vkit.tune import capacity as _cap
 from vkit.tune.config import Workload
 from vkit.tune.summaries import bench_failed, capacity_checker, cut_by_the_client, plain, relative
@@ -46,7 +46,7 @@ class Measurer:
 
     def start_key(self) -> str | None:
         """The server process running now, as ``pid:ticks`` (None when none is recorded)."""
-        run = self.r.svc.read()["service"].get("running") or {}
+        run = self.r.served.running()
         return f"{run['pid']}:{run.get('ticks')}" if run.get("pid") else None
 
     def measure(self, label: str, k: int, workload: Workload | None = None) -> tuple[str, dict, dict]:
@@ -77,9 +77,9 @@ class Measurer:
         for attempt in range(1, last + 1):
             try:
                 path, doc, check = self.once(label, k, workload)
-                died = bool(doc.get("failed")) and not self.r.healthy(self.r.svc.read()["service"]["url"])
+                died = bool(doc.get("failed")) and not self.r.healthy(self.r.served.url())
             except VkitError as e:
-                if e.code != ExitCode.UNAVAILABLE or self.r.healthy(self.r.svc.read()["service"]["url"]):
+                if e.code != ExitCode.UNAVAILABLE or self.r.healthy(self.r.served.url()):
                     raise
                 # the server was gone before the run began (killed between two runs): the same path as a death mid-run
                 doc, died = {"failed": 1, "vkit": {"errors": {" ".join(str(e).split())[:200]: 1}}}, True
@@ -108,17 +108,17 @@ class Measurer:
         """The server died during a measurement: that run is not a measurement of the configuration.
         Restart the same configuration and measure again; if it dies again, a candidate's trial is
         invalid, and the kept configuration's death marks the environment ABNORMAL."""
-        st = self.r.svc.read()
-        cfg = dict((st["service"].get("running") or {}).get("config") or st["kept"]["config"])
+        st = self.r.served.server()
+        cfg = dict(st.running.get("config") or st.kept["config"])
         errs = "; ".join(f"{n}x {m}" for m, n in sorted((doc.get("vkit") or {}).get("errors", {}).items(), key=lambda kv: -kv[1])[:2])
         self.r.progress(f"{label} run {k}: the server died during the measurement ({errs}); restarting it and measuring again")
         self.r.log("server_died", label=label, run=k, config=cfg, errors=(doc.get("vkit") or {}).get("errors"))
         ok, res = self.r.apply(cfg, fresh=True)
         if ok:
             path, doc2, check = self.once(label, k, workload)
-            if not (doc2.get("failed") and not self.r.healthy(st["service"]["url"])):
+            if not (doc2.get("failed") and not self.r.healthy(st.url)):
                 return path, doc2, check
-        if cfg == st["kept"]["config"]:
+        if cfg == st.kept["config"]:
             reason = (f"the server of the kept configuration died during measurements twice ({errs}); "
                       "read the server log in the logs/ folder beside the state file")
             Lifecycle(self.r.svc, self.r.tool_name, self.r.owner, progress=self.r.progress, policy=self.r.policy,
@@ -142,9 +142,8 @@ class Measurer:
         # the command that makes the same measurement by hand, recorded in the summary
         command = ["--state", self.r.sf.path, *w.options.flags(), "--seed", str(seed), "-q", "--records", rec, "-o", path]
         try:
-            st = self.r.sf.read()
-            cfg = build_config(replace(w.options, seed=seed), self.r.svc.read()["service"]["url"], command)
-            cfg.launch_argv = launch_argv(st)
+            cfg = build_config(replace(w.options, seed=seed), self.r.served.url(), command)
+            cfg.launch_argv = self.r.ledger.server().launch_argv
             summary = self.bench(cfg, rec, path)
         except VkitError as e:
             raise bench_failed(e) from None
@@ -170,20 +169,20 @@ class Measurer:
         d = os.path.join(self.r.runs_dir, label)
         os.makedirs(d, exist_ok=True)
         path = os.path.join(d, f"rep{k}.json")
-        st = self.r.sf.read()
-        reference = (st.get("capacity_reference") or {}).get("load")
+        st = self.r.ledger.tune()
+        reference = st.record("capacity_reference").get("load")
         # where the answer probably is: the kept configuration's capacity, once its baseline is final
-        b = st.get("baseline") or {}
-        hint = (b.get("metrics") or {}).get("slo_capacity") if b.get("config") == st["kept"]["config"] else None
+        b = st.record("baseline")
+        hint = (b.get("metrics") or {}).get("slo_capacity") if b.get("config") == st.kept_config else None
         # every point's run its own prompts: measurement k starts 1000 seeds above measurement k - 1
         opts = replace(w.options, seed=w.seed + 1000 * k)
         command = ["--state", self.r.sf.path]
         try:
-            doc = _cap.measure_configuration(opts, self.r.svc.read()["service"]["url"], os.path.join(d, f"rep{k}-points"), c.slo, c.plan,
+            doc = _cap.measure_configuration(opts, self.r.served.url(), os.path.join(d, f"rep{k}-points"), c.slo, c.plan,
                                              reference, command=command, interrupts=self.r.interrupts,
                                              progress=lambda m: self.r.progress(f"{label} capacity {k}: {m}"),
                                              accelerators=c.accelerators, seed=w.seed + k, hint=hint,
-                                             launch_argv=launch_argv(st), bench=self.bench)
+                                             launch_argv=st.server.launch_argv, bench=self.bench)
         except VkitError as e:
             raise bench_failed(e) from None
         atomic_write_text(path, json.dumps(plain(doc), indent=2) + "\n")

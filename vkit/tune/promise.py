@@ -7,7 +7,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from vkit.errors import ExitCode, VkitError
-from vkit.state import launch_argv, now_iso
+from vkit.state import now_iso
 from vkit.tune import capacity as _cap
 from vkit.tune.summaries import relative
 
@@ -38,9 +38,8 @@ class Promise:
         w = self.r.s.workload
         opts = replace(w.options, seed=w.seed + 50_000)
         out_dir = os.path.join(self.r.runs_dir, "promise")
-        st = self.r.sf.read()
-        run = _cap.live_measure(opts, self.r.svc.read()["service"]["url"], out_dir, plan, command=["--state", self.r.sf.path],
-                                interrupts=self.r.interrupts, launch_argv=launch_argv(st), bench=self.r.measurer.bench)
+        run = _cap.live_measure(opts, self.r.served.url(), out_dir, plan, command=["--state", self.r.sf.path],
+                                interrupts=self.r.interrupts, launch_argv=self.r.ledger.server().launch_argv, bench=self.r.measurer.bench)
         ok, res = self.r.apply(dict(config), fresh=True)
         if not ok:
             raise VkitError(f"the recommended configuration does not start: {res.get('message')}", ExitCode.UNAVAILABLE)
@@ -77,7 +76,7 @@ class Promise:
             load = plan.snap(load / (1 + plan.tolerance) ** (2 ** down))
             point = _cap.Point(load)
             down += 1
-        if config != self.r.sf.read()["kept"]["config"]:
+        if config != self.r.ledger.kept_config():
             self.r.restore_kept()
         out = {"config": dict(config), "searched": rate, "verified": verified, "seconds": c.verify_seconds, "runs": runs,
                "finished": now_iso()}

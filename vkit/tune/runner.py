@@ -51,6 +51,7 @@ from vkit.interrupts import Interrupts
 from vkit.jsonio import read_json_file
 from vkit.state import StateFile, default_owner
 from vkit.tune.config import Settings
+from vkit.tune.ledger import Ledger
 from vkit.tune.summaries import plain
 
 
@@ -98,9 +99,19 @@ class Runner:
         self.confirmer, self.sentinel = Confirmer(self), Sentinel(self)
 
     # -- slots (vkit.apply.slots) ---------------------------------------------
+    @property
+    def ledger(self) -> Ledger:
+        """Typed reads of the tune's state file (trials, baselines, the kept configuration)."""
+        return Ledger(self.sf)
+
+    @property
+    def served(self) -> Ledger:
+        """Typed reads of the state file of the server this runner restarts (the service's, or its slot's)."""
+        return Ledger(self.svc)
+
     def slots(self, live: bool = True) -> list[dict]:
         """The state's slots in order (``live``: those not taken out); [] for a state without slots."""
-        return [s for s in self.sf.read().get("slots") or [] if not (live and s.get("out"))]
+        return self.ledger.tune().slots(live)
 
     def for_slot(self, slot: dict) -> Runner:
         """A runner of the same run whose restarts and measurements go to ``slot``'s server (its own
@@ -133,9 +144,9 @@ class Runner:
     def _mirror_kept(self) -> None:
         """A slot's rollback target and frozen parameters are the tune's: copied before each restart."""
         if self.svc is not self.sf:
-            st = self.sf.read()
-            k = st["kept"]
-            self.svc.service.mirror_kept(k["config"], k.get("decision_id"), k.get("decision"), frozen=st.get("frozen") or {})
+            st = self.ledger.tune()
+            k = st.kept
+            self.svc.service.mirror_kept(k["config"], k.get("decision_id"), k.get("decision"), frozen=st.frozen)
 
     # -- state helpers ----------------------------------------------------
     def abs_path(self, rel: str) -> str:
@@ -145,12 +156,6 @@ class Runner:
         """A run's summary (``OSError``, ``ValueError`` propagate: a caller may skip a damaged run)."""
         return read_json_file(self.abs_path(rel))[0]
 
-    def trial(self, tid: str) -> dict:
-        for t in self.sf.read()["trials"]:
-            if t["id"] == tid:
-                return t
-        raise KeyError(tid)
-
     def update_trial(self, tid: str, **fields: Any) -> dict:
         return self.sf.tune.update_trial(tid, **fields)
 
@@ -159,7 +164,7 @@ class Runner:
 
     # -- the tools ----------------------------------------------------------
     def running_config(self) -> dict | None:
-        run = self.svc.read()["service"].get("running") or {}
+        run = self.served.running()
         return run.get("config") if run.get("pid") else None
 
     def remote(self) -> bool:
@@ -174,13 +179,12 @@ class Runner:
         if self.remote():
             ok, res = self.fleet.call(self, "apply", dict(config), fresh)
             return bool(ok), res
-        st = self.svc.read()
-        run = st["service"].get("running") or {}
-        cand = st.get("candidate") or {}
+        st = self.served.server()
+        run, cand = st.running, st.candidate
         if (not fresh and run.get("config") == config and self.backend.alive(run.get("pid"), run.get("ticks"))
-                and cand.get("status") != "applying" and self.healthy(st["service"]["url"])):
+                and cand.get("status") != "applying" and self.healthy(st.url)):
             return True, {"action": "already running"}
-        kept = st["kept"]["config"]
+        kept = st.kept["config"]
         changes = {k: v for k, v in config.items() if kept.get(k) != v}
         removed = [k for k in kept if k not in config]
         if removed:
@@ -225,7 +229,7 @@ class Runner:
             self.restore_kept()
 
     def restore_kept(self, fresh: bool = False) -> None:
-        kept = self.sf.read()["kept"]["config"]
+        kept = self.ledger.kept_config()
         ok, res = self.apply(dict(kept), fresh=fresh)
         if not ok:
             raise VkitError(f"the kept configuration does not start: {res.get('message')}", ExitCode.UNAVAILABLE)
@@ -233,11 +237,11 @@ class Runner:
     def keep(self, reason: str, decision: str, decision_id: str | None = None) -> str:
         """The applied candidate on this runner's server becomes the kept configuration (the lifecycle's
         keep, logged); on a slot, the tune's state records it too (the other slots copy it at their next restart)."""
-        previous = self.sf.read()["kept"]
+        previous = self.ledger.tune().kept
         lc = Lifecycle(self.svc, self.tool_name, self.owner, progress=self.progress, policy=self.policy, backend=self.backend)
         did = lc.keep(reason=reason, decision=decision, decision_id=decision_id)
         if self.svc is not self.sf:
-            k = self.svc.read()["kept"]
+            k = self.served.server().kept
             self.sf.service.mirror_kept(k["config"], did, decision)
             if not self.sf.log.holds("keep", did):
                 self.sf.log.append(self.tool_name, "keep", decision_id=did, config=k["config"], previous=previous, reason=reason,

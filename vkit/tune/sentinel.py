@@ -23,7 +23,7 @@ class Sentinel:
         self.r = r
 
     def kept_series(self) -> list[tuple[str, dict]]:
-        return kept_series(self.r.sf.read(), self.r.load)
+        return kept_series(self.r.ledger.raw(), self.r.load)
 
     def check(self) -> dict:
         """Re-measure the kept configuration once and look for a level change in everything measured
@@ -31,13 +31,13 @@ class Sentinel:
         from vkit.decide.drift import MIN_RUNS, detect, level_check
 
         self.r.restore_kept(fresh=True)
-        st = self.r.sf.read()
+        st = self.r.ledger.tune()
         d = os.path.join(self.r.runs_dir, "sentinel")
         k = 1 + (sum(1 for f in os.listdir(d) if f.endswith(".json")) if os.path.isdir(d) else 0)  # never overwrite
         path, doc, check = self.r.measurer.measure("sentinel", k)
         if check["code"] == ExitCode.INVALID:
             # an invalid run (failed requests, a broken gauge) says nothing of the level: kept out of the series
-            trials = st.get("trials") or []
+            trials = st.trials()
             out = {"after_trial": trials[-1]["id"] if trials else None, "runs": None, "min_runs": MIN_RUNS, "detector": None,
                    "changed": False, "shift": None, "last": None,
                    "why": f"invalid sentinel run {path} ({', '.join(check.get('findings') or [])}): no drift verdict"}
@@ -54,7 +54,7 @@ class Sentinel:
         else:
             # too short for the detectors: the sentinel's start against the earlier starts' level, calibrated
             # for the tune's few starts (drift.level_check; false alarms and delay in bench/bench_drift_tune.py)
-            known = self.r.sf.read().get("run_starts") or {}
+            known = self.r.ledger.tune().run_starts
             groups: dict = {}
             for i, (p, d) in enumerate(series):
                 groups.setdefault(known.get(p) or f"unknown-{i}", []).append(d["output_throughput"])
@@ -64,7 +64,7 @@ class Sentinel:
             res.setdefault("detector", "level_check")
             if res.get("changed"):
                 res["change_index"] = next(i for i, (p, _) in enumerate(series) if (known.get(p) or "") == mine)
-        trials = st.get("trials") or []
+        trials = st.trials()
         out = {"after_trial": trials[-1]["id"] if trials else None, "runs": len(vals), "min_runs": MIN_RUNS,
                "detector": res.get("detector"), "changed": bool(res.get("changed")), "shift": res.get("shift"),
                "why": res.get("why") or res.get("verdict"), "last": doc["output_throughput"]}

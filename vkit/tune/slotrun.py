@@ -9,6 +9,7 @@ from typing import Iterator
 
 from vkit.errors import Abnormal, ExitCode, VkitError
 from vkit.state import StateFile
+from vkit.tune.ledger import Ledger
 from vkit.tune.runner import Runner
 from vkit.tune.runplan import RunContext
 
@@ -26,9 +27,8 @@ def on_first_slot(runner: Runner) -> Runner:
 def slot_leases(sf: StateFile, ctx: RunContext) -> Iterator[None]:
     """One lease per slot under the run's own: a slot's restarts are refused to any other run."""
     with contextlib.ExitStack() as stack:
-        for s in sf.read().get("slots") or []:
-            if not s.get("out"):
-                stack.enter_context(StateFile(os.path.join(sf.dir, s["state"])).leases.hold(ctx.owner, ttl_s=ctx.lease_ttl_s, tool=ctx.tool))
+        for s in Ledger(sf).tune().slots(live=True):
+            stack.enter_context(StateFile(os.path.join(sf.dir, s["state"])).leases.hold(ctx.owner, ttl_s=ctx.lease_ttl_s, tool=ctx.tool))
         yield
 
 
@@ -38,7 +38,7 @@ def take_out_failed_slot(runner: Runner, e: VkitError) -> Runner | None:
     no slot is left."""
     if e.code != ExitCode.UNAVAILABLE or runner.slot is None:
         return None
-    ab = runner.svc.read().get("abnormal") or {}
+    ab = runner.served.server().abnormal
     if not ab.get("flag"):
         return None
     reason = f"ABNORMAL: {ab.get('reason')}"

@@ -8,6 +8,7 @@ from vkit.apply.policy import to_serve_flags
 from vkit.errors import ExitCode
 from vkit.state import now_iso
 from vkit.tune.config import Workload
+from vkit.tune.ledger import FINISHED, RANKED, Status, first
 from vkit.tune.summaries import aggregate, brief, gmean, summary_metrics
 
 if TYPE_CHECKING:
@@ -28,15 +29,15 @@ class Trials:
         measurements (the peak in flight of its capacity searches, or the client's concurrency: the
         limit never bound, so it cannot bind at the other value either); or vLLM refuses to start
         it (``max_num_batched_tokens`` below ``max_model_len`` with chunked prefill off). None: measure it."""
-        st = self.r.sf.read()
+        st = self.r.ledger.tune()
         tokens, mml = config.get("max_num_batched_tokens"), config.get("max_model_len")
         if (config.get("enable_chunked_prefill") is False and isinstance(tokens, int) and isinstance(mml, int)
                 and tokens < mml):
             return (f"vLLM refuses to start it: max_num_batched_tokens {tokens} < max_model_len {mml} with chunked "
                     "prefill off", None)
-        measured = [(t["id"], t["config"], t.get("runs") or []) for t in st["trials"]
-                    if t["status"] in ("done", "eliminated") and t.get("valid") is not False and t["step"] not in ("1", "5")]
-        b = st.get("baseline") or {}
+        measured = [(t["id"], t["config"], t.get("runs") or []) for t in st.trials(status=RANKED)
+                    if t.get("valid") is not False and t["step"] not in ("1", "5")]
+        b = st.record("baseline")
         if b.get("config") and b.get("metrics") and b.get("workload") == self.r.s.workload.describe():
             measured.insert(0, ("baseline", b["config"], b.get("runs") or []))
         for tid, cfg, _ in measured:
@@ -73,17 +74,17 @@ class Trials:
         """A proposed configuration recorded without a restart: it carries the measurement of the trial it
         is the same as (so the search sees it as measured), status ``skipped`` and the reason."""
         t = self.new(step, config, reason, audit)
-        st = self.r.sf.read()
-        src = next((x for x in st["trials"] if x["id"] == same_as), None)
+        st = self.r.ledger.tune()
+        src = first(st.trials(), id=same_as)
         if same_as == "baseline":
-            metrics, valid = dict((st.get("baseline") or {}).get("metrics") or {}), True
+            metrics, valid = dict(st.record("baseline").get("metrics") or {}), True
         elif src is not None:
             metrics, valid = dict(src.get("metrics") or {}), src.get("valid")
         else:
             metrics, valid = {}, False  # refused by vLLM: infeasible, as a start failure would be
         self.r.log("skip", trial=t["id"], config=config, why=why, same_as=same_as)
         self.r.progress(f"{t['id']} step {step}: skipped, no restart: {why}")
-        return self.r.update_trial(t["id"], status="skipped", valid=valid, metrics=metrics, verdict=None, why=why,
+        return self.r.update_trial(t["id"], status=Status.SKIPPED, valid=valid, metrics=metrics, verdict=None, why=why,
                                  same_as=same_as, finished=now_iso())
 
     # -- a trial ----------------------------------------------------------------
@@ -96,23 +97,23 @@ class Trials:
                   primary: str | None = None, guards: list[str] | None = None, repeats: int | None = None) -> dict:
         """APPLY → VERIFY → VALIDATE → GATE (screening), resuming from the recorded phase. ``repeats``:
         the runs the caller needs (step 1's stability, an ablation's verdict); else ``screen_size``."""
-        t = self.r.trial(tid)
-        if t["status"] in ("done", "start_failed", "eliminated", "invalid", "skipped"):
+        t = self.r.ledger.trial(tid)
+        if t["status"] in FINISHED:
             return t
-        b = self.r.sf.read().get(baseline_key)  # None before BASELINE (step 1): measured, not gated
-        if t["status"] == "proposed":
+        b = self.r.ledger.record(baseline_key)  # {} before BASELINE (step 1): measured, not gated
+        if t["status"] == Status.PROPOSED:
             self.r.progress(f"{tid} step {t['step']}: apply {' '.join(to_serve_flags(t['changes'])) or '(kept)'}")
             ok, res = self.r.apply(t["config"], fresh=True)
             if not ok:
                 diag = res.get("diagnosis") or {}
-                return self.r.update_trial(tid, status="start_failed", valid=False, verdict="reject", finished=now_iso(),
+                return self.r.update_trial(tid, status=Status.START_FAILED, valid=False, verdict="reject", finished=now_iso(),
                                          why=f"start failed: {diag.get('quote') or res.get('message')}", diagnosis=diag)
-            t = self.r.update_trial(tid, status="applied", startup=res.get("startup") or {})
+            t = self.r.update_trial(tid, status=Status.APPLIED, startup=res.get("startup") or {})
         else:
             ok, res = self.r.apply(t["config"])  # resumed: make sure it is what runs
             if not ok:
                 diag = res.get("diagnosis") or {}
-                return self.r.update_trial(tid, status="start_failed", valid=False, verdict="reject", finished=now_iso(),
+                return self.r.update_trial(tid, status=Status.START_FAILED, valid=False, verdict="reject", finished=now_iso(),
                                          why=f"start failed: {diag.get('quote') or res.get('message')}", diagnosis=diag)
         base_docs = [self.r.load(p) for p in b["runs"]] if b else []
         pm = (primary or self.r.s.primary).split(":")[0]
@@ -133,7 +134,7 @@ class Trials:
             self.r.progress(f"{tid} run {k}: {brief(doc)}"
                           + ("" if check["code"] == 0 else f"  [{check['verdict']}: {', '.join(check.get('findings') or [])}]"))
             if check["code"] == ExitCode.INVALID:
-                return self.r.update_trial(tid, status="invalid", valid=False, verdict=None, finished=now_iso(),
+                return self.r.update_trial(tid, status=Status.INVALID, valid=False, verdict=None, finished=now_iso(),
                                          metrics=summary_metrics(doc),
                                          why=f"invalid measurement ({', '.join(check.get('findings') or [])}): no verdict")
             cut = max(4 * sig_tp, self.r.s.eliminate_below)
@@ -141,19 +142,19 @@ class Trials:
             # only a run check_invariants passed shows a clearly worse candidate (a busy client's run does not)
             if k == 1 and check["code"] == 0 and base_tp and (doc.get(pm) or 0.0) < base_tp * (1 - cut):
                 self.r.progress(f"{tid} eliminated: {doc[pm] / base_tp - 1:+.1%} {what} vs the baseline")
-                return self.r.update_trial(tid, status="eliminated", valid=True, verdict="reject", finished=now_iso(),
+                return self.r.update_trial(tid, status=Status.ELIMINATED, valid=True, verdict="reject", finished=now_iso(),
                                          metrics=summary_metrics(doc),
                                          why=f"eliminated after 1 run: {(doc.get(pm) or 0.0) / base_tp - 1:+.1%} {what} vs the "
                                              f"baseline, beyond -{cut:.0%}; no full repeats for a clearly worse candidate")
         docs = [self.r.load(p) for p in t["runs"]]
         valid = all(c["code"] == 0 for c in t["checks"])
         if not b:
-            return self.r.update_trial(tid, status="done", valid=valid, metrics=aggregate(docs), verdict=None,
+            return self.r.update_trial(tid, status=Status.DONE, valid=valid, metrics=aggregate(docs), verdict=None,
                                      why=t.get("why") or "measured; no baseline yet to gate against", finished=now_iso())
         g = self.r.compare.gate(b["runs"], t["runs"], primary=primary, guards=guards, key=baseline_key)
         verdict = g.get("decision")
         why = g.get("why") or ""
         self.r.progress(f"{tid} screened: {verdict} — {why}")
-        return self.r.update_trial(tid, status="done", valid=valid, metrics=aggregate(docs), verdict=verdict, why=why,
+        return self.r.update_trial(tid, status=Status.DONE, valid=valid, metrics=aggregate(docs), verdict=verdict, why=why,
                                  gate={k: g.get(k) for k in ("decision", "why", "primary", "more_runs", "warnings", "exit_code")},
                                  finished=now_iso())

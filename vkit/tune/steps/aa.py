@@ -47,16 +47,16 @@ def baseline_beside_aa(runner: Runner, progress: Callable[[str], None], repeats:
 
 def _aa_recorded(runner: Runner) -> tuple[dict | None, list[dict], dict]:
     """(the A/A pass recorded for the kept configuration, or None; the live slots; the kept configuration)."""
-    st = runner.sf.read()
+    st = runner.ledger.tune()
     live = runner.slots()
-    kept = st["kept"]["config"]
-    done = st.get("slot_effects")
+    kept = st.kept_config
+    done = st.record("slot_effects")  # the whole record (config, finished, metrics)
     return (done if done and done.get("config") == kept and done.get("finished") else None), live, kept
 
 
 def _first_start_runs(runner: Runner, runs: list[str], slot: str) -> list[str]:
     """The runs of ``runs`` measured on ``slot`` by the first server start among them."""
-    known = runner.sf.read().get("run_starts") or {}
+    known = runner.ledger.tune().run_starts
     mine = [p for p in runs if slot in runner.compare.slots_of([p]) and known.get(p)]
     return [p for p in mine if known[p] == known[mine[0]]] if mine else []
 

@@ -31,10 +31,10 @@ def auto_ablate(runner: Runner, step: str, progress: Callable[[str], None]) -> d
     if (rec.get("confirmed") or {}).get("decision") != "kept":
         return None
     found = _last_multi_keep(runner)
-    if found is None or found[2] != runner.sf.read()["kept"]["config"]:
+    if found is None or found[2] != runner.ledger.kept_config():
         return None
     if (rec.get("ablation") or {}).get("decision_id") == found[0]["id"] or any(
-            a.get("decision_id") == found[0]["id"] for a in runner.sf.read().get("ablations") or []):
+            a.get("decision_id") == found[0]["id"] for a in runner.ledger.tune().ablations):
         return None  # attributed, or refused, already (a resumed run)
     progress(f"step {step} kept {len(found[3])} parameters changed at once: measuring each alone (attribution)")
     try:
@@ -61,7 +61,7 @@ def run_ablation(runner: Runner, progress: Callable[[str], None]) -> dict:
     if found is None:
         raise Rejected("no kept change moved several parameters at once: nothing to ablate")
     e, prev, new, variants = found
-    if runner.sf.read()["kept"]["config"] != new:
+    if runner.ledger.kept_config() != new:
         raise Rejected("the configuration kept by that decision is no longer the kept one: ablate right after the keep")
     unset = sorted(k for k in new if k not in prev)
     if unset:
@@ -73,12 +73,12 @@ def run_ablation(runner: Runner, progress: Callable[[str], None]) -> dict:
     runner.baselines.measure(key=key, config=prev)
     rows = []
     for param, cfg in variants:
-        t = next((x for x in runner.sf.read()["trials"] if x["step"] == "ablate" and x["config"] == cfg), None)
+        t = next((x for x in runner.ledger.trials(step="ablate") if x["config"] == cfg), None)
         if t is None:
             t = runner.trials.new("ablate", cfg, f"{param} alone: {prev.get(param)} -> {new.get(param)}, against the configuration before {e['id']}")
         # an attribution needs a verdict, not a screening glance
         t = runner.trials.run(t["id"], baseline_key=key, repeats=max(runner.s.screen_repeats, 3))
-        base = runner.sf.read()[key]["metrics"]
+        base = runner.ledger.record(key)["metrics"]
         gain = (t["metrics"].get(pm) or 0) / base[pm] - 1 if base.get(pm) else None
         rows.append({"param": param, "from": prev.get(param), "to": new.get(param), "trial_id": t["id"], "verdict": t.get("verdict"),
                      "metric": pm, "change": gain, "why": t.get("why")})

@@ -6,6 +6,7 @@ import math
 
 from vkit import search
 from vkit.errors import ExitCode, Rejected, VkitError
+from vkit.tune.ledger import FINISHED, PENDING, Status
 from vkit.tune.measurement import Measurer
 from vkit.tune.runner import Runner
 
@@ -35,16 +36,14 @@ STEP_NAMES = {"1": "max-model-len", "2": "max-num-batched-tokens", "3": "max-num
 
 def observations(runner: Runner, steps: tuple[str, ...] | None = None) -> list[search.Observation]:
     """Finished trials as the search sees them (screening means; infeasible when they did not start)."""
-    st = runner.sf.read()
+    st = runner.ledger.tune()
     slo = search_slo(runner)
     objs = objectives(runner)
     out = []
-    for t in st["trials"]:
+    for t in st.trials(status=FINISHED):
         if steps is not None and t["step"] not in steps:
             continue
-        if t["status"] not in ("done", "eliminated", "start_failed", "invalid", "skipped"):
-            continue
-        feasible = t["status"] in ("done", "eliminated", "skipped") and t.get("valid") is not False and bool(t.get("metrics"))
+        feasible = t["status"] in (Status.DONE, Status.ELIMINATED, Status.SKIPPED) and t.get("valid") is not False and bool(t.get("metrics"))
         obj = {o.name: t["metrics"].get(o.name) for o in objs if t["metrics"].get(o.name) is not None}
         if feasible and len(obj) < len(objs):
             feasible = False
@@ -64,7 +63,7 @@ def observations(runner: Runner, steps: tuple[str, ...] | None = None) -> list[s
 
 
 def finished_step(runner: Runner, step: str) -> dict | None:
-    for s in runner.sf.read().get("steps", []):
+    for s in runner.ledger.tune().steps:
         if s["step"] == step and s.get("finished"):
             return s
     return None
@@ -76,16 +75,14 @@ def record_step(runner: Runner, rec: dict) -> None:
 
 def open_trial(runner: Runner, step: str) -> dict | None:
     """A trial of this step that an interruption left unfinished."""
-    for t in runner.sf.read()["trials"]:
-        if t["step"] == step and t["status"] in ("proposed", "applied"):
-            return t
-    return None
+    pending = runner.ledger.trials(step=step, status=PENDING)
+    return pending[0] if pending else None
 
 
 def guard_anomalies(runner: Runner) -> None:
     """Seed: a baseline with an invariant anomaly (e.g. prefill slower than decode) blocks steps 2–4:
     fix the path first — headroom is not a reason to use it now."""
-    b = runner.sf.read().get("baseline") or {}
+    b = runner.ledger.record("baseline")
     bad = [c for c in b.get("checks", []) if c.get("code") not in (0, None)]
     if bad:
         f = sorted({x for c in bad for x in (c.get("findings") or [])})

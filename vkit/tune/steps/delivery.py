@@ -10,23 +10,24 @@ from vkit import search
 from vkit.apply.launcher import serve_argv
 from vkit.apply.policy import to_serve_flags
 from vkit.tune.config import Workload
+from vkit.tune.ledger import TuneView, first
 from vkit.tune.runner import Runner
 from vkit.tune.steps.common import objectives, observations
 
 
 def _front(runner: Runner, goal: dict) -> tuple[dict, list[search.Observation]]:
     """The search's delivery over every screened configuration plus the kept one."""
-    st = runner.sf.read()
+    st = runner.ledger.tune()
     # a member whose claim the gate rejected on fresh runs was a screening artefact: out of the front
     gone = {c["trial_id"] for c in _current_checks(st) if c.get("decision") in _NOT_CONFIRMED}
     hist = [h for h in observations(runner) if h.step in ("2", "3", "4", "bo") and h.trial_id not in gone]
     if runner.s.capacity is not None:
         # interactivity is measured at the reference load: a configuration that does not carry that load
         # within the SLO has no interactivity to trade, so it is not deliverable on this front
-        trials = {t["id"]: t for t in st["trials"]}
+        trials = {t["id"]: t for t in st.trials()}
         hist = [h for h in hist if _carries_reference(runner, trials.get(h.trial_id) or {})]
-    b = st.get("baseline") or {}
-    kept = st["kept"]["config"]
+    b = st.record("baseline")
+    kept = st.kept_config
     # the kept configuration (confirmed) is always a candidate for delivery
     objs = objectives(runner)
     if b.get("metrics") and b.get("config") == kept:  # the baseline measured the kept configuration itself
@@ -42,8 +43,8 @@ _NOT_CONFIRMED = ("reject", "invalid", "start_failed")
 def _carries_reference(runner: Runner, trial: dict) -> bool:
     """Every capacity search of the trial (or of the one it is the same as) held the SLO at the reference load."""
     if trial.get("same_as"):
-        src = next((t for t in runner.sf.read()["trials"] if t["id"] == trial["same_as"]), None)
-        trial = src if src is not None else {"runs": (runner.sf.read().get("baseline") or {}).get("runs") or []}
+        src = first(runner.ledger.trials(), id=trial["same_as"])
+        trial = src if src is not None else {"runs": runner.ledger.record("baseline").get("runs") or []}
     docs = []
     for p in trial.get("runs") or []:
         try:
@@ -53,15 +54,15 @@ def _carries_reference(runner: Runner, trial: dict) -> bool:
     return bool(docs) and all(d.get("ref_holds", True) for d in docs)
 
 
-def _kept_ids(st: dict) -> set:
+def _kept_ids(st: TuneView) -> set:
     """Trials whose confirmation ended in a keep."""
-    return {c["trial_id"] for c in st.get("confirmations", []) if c.get("decision") == "kept"}
+    return {c["trial_id"] for c in st.confirmations() if c.get("decision") == "kept"}
 
 
-def _current_checks(st: dict) -> list[dict]:
+def _current_checks(st: TuneView) -> list[dict]:
     """Delivery confirmations made against the configuration kept now (older ones no longer apply)."""
-    kept = st["kept"]["config"]
-    return [c for c in st.get("delivery_confirmations", []) if c.get("against", kept) == kept]
+    kept = st.kept_config
+    return [c for c in st.confirmations("delivery_confirmations") if c.get("against", kept) == kept]
 
 
 def _claim(point: dict, kept_obj: dict, objs: list[search.Objective]) -> tuple[str, float]:
@@ -102,9 +103,9 @@ def confirm_front(runner: Runner, goal: dict, limit: int, progress: Callable[[st
         # the front is recomputed after every rejection: a member that was a noise artefact leaves it,
         # and whatever takes its place is confirmed in turn
         out, hist = _front(runner, goal)
-        st = runner.sf.read()
+        st = runner.ledger.tune()
         kept_ids = _kept_ids(st)
-        kept_cfg = st["kept"]["config"]
+        kept_cfg = st.kept_config
         # the kept configuration's own numbers: its baseline, else the screening of the trial that became it
         kept_obj = next((h.objectives for h in hist if h.trial_id == "kept"), None) or \
             next((h.objectives for h in hist if h.trial_id in kept_ids and h.config == kept_cfg), None)
@@ -132,8 +133,8 @@ def confirm_front(runner: Runner, goal: dict, limit: int, progress: Callable[[st
         measured += 1 if conf.get("b_runs") else 0  # one refused before any run (underpowered) cost nothing
         progress(f"deliver: {tid} {'confirmed' if conf.get('decision') == 'accept' else conf.get('decision')}: {conf.get('why')}")
         done.append(conf)
-    st = runner.svc.read()
-    if measured or (st["service"].get("running") or {}).get("config") not in (None, st["kept"]["config"]):
+    srv = runner.served.server()
+    if measured or srv.running.get("config") not in (None, srv.kept["config"]):
         runner.settle()  # once, after the last candidate (or one left running by an interrupted run)
     return done
 
@@ -160,9 +161,9 @@ def deliver(runner: Runner, goal: dict) -> dict:
     Reads the state only: a member is ``confirmed`` when it is the kept configuration or the gate
     accepted its claim on fresh interleaved runs (:func:`confirm_front`); one whose claim the gate
     rejected is moved to ``not_confirmed`` and no longer offered as better."""
-    st = runner.sf.read()
+    st = runner.ledger.tune()
     out, _ = _front(runner, goal)
-    kept = st["kept"]["config"]
+    kept = st.kept_config
     confirmed = _kept_ids(st)
     checks = {c["trial_id"]: c for c in _current_checks(st)}
     pareto = []
@@ -181,7 +182,7 @@ def deliver(runner: Runner, goal: dict) -> dict:
         else:
             row["confirmation"] = {"decision": None, "why": "screening only: not re-confirmed on fresh runs"}
         pareto.append(row)
-    trials = {t["id"]: t for t in st["trials"]}
+    trials = {t["id"]: t for t in st.trials()}
     dropped = [{"trial_id": c["trial_id"], "config": c.get("config"), "serve_flags": to_serve_flags(c.get("config") or {}),
                 "screening": (trials.get(c["trial_id"]) or {}).get("metrics"), "claim": c.get("primary"),
                 "decision": c.get("decision"), "why": c.get("why")}
@@ -195,7 +196,7 @@ def deliver(runner: Runner, goal: dict) -> dict:
         cfg = better.get("config") or {}
         out["recommendation"] = {
             "config": dict(cfg), "trial_id": better["trial_id"], "decision_id": None, "serve_flags": to_serve_flags(cfg),
-            "serve_command": shlex.join(serve_argv(st["service"]["launch"], cfg)), "kept_config": dict(kept),
+            "serve_command": shlex.join(serve_argv(st.server.launch, cfg)), "kept_config": dict(kept),
             "why": (f"the goal is the most SLO capacity, then interactivity: {better['trial_id']} was confirmed on fresh "
                     "interleaved runs against the kept configuration with a lower mean TPOT at the reference load "
                     f"({better['confirmation'].get('why')}), its capacity guarded within {CAPACITY_GUARD:.0%} of the kept "
@@ -203,10 +204,10 @@ def deliver(runner: Runner, goal: dict) -> dict:
                     "deploy this one for the stated goal")}
         return out
     # The recommendation is the kept configuration: the only one confirmed on fresh interleaved runs.
-    kept_trial = next((t["id"] for t in reversed(st["trials"]) if t.get("kept") and t["config"] == kept), "kept")
+    kept_trial = next((t["id"] for t in reversed(st.trials()) if t.get("kept") and t["config"] == kept), "kept")
     searched = out.get("recommendation") or {}
-    rec = {"config": dict(kept), "trial_id": kept_trial, "decision_id": st["kept"].get("decision_id"),
-           "serve_flags": to_serve_flags(kept), "serve_command": shlex.join(serve_argv(st["service"]["launch"], kept)),
+    rec = {"config": dict(kept), "trial_id": kept_trial, "decision_id": st.kept.get("decision_id"),
+           "serve_flags": to_serve_flags(kept), "serve_command": shlex.join(serve_argv(st.server.launch, kept)),
            "why": "the kept configuration: every change in it was accepted by the gate on fresh, interleaved runs "
                   "against the configuration it replaced",
            "search_pick": {"trial_id": searched.get("trial_id"), "config": searched.get("config"), "why": searched.get("why")}}

@@ -8,6 +8,7 @@ from vkit.apply import launcher
 from vkit.apply.policy import Policy
 from vkit.search import gpumem
 from vkit.state import now_iso
+from vkit.tune.ledger import PROBING, Status
 from vkit.tune.runner import Runner
 from vkit.tune.steps.common import STEP_NAMES, finished_step, primary_metric, record_step
 from vkit.tune.steps.delivery import versus_kept
@@ -26,11 +27,11 @@ def gpu_memory_bounds(runner: Runner, policy: Policy) -> tuple[float, float, str
     else the policy's min; the policy's max (S4: 0.98, auto_tune.sh's first value)."""
     rule = policy.rule(GMU) or {}
     hi = float(rule.get("max", gpumem.TOP))
-    st = runner.sf.read()
-    kept = st["kept"]["config"]
+    st = runner.ledger.tune()
+    kept = st.kept_config
     if kept.get(GMU) is not None:
         return float(kept[GMU]), hi, "the kept configuration's"
-    b = st.get("baseline") or {}
+    b = st.record("baseline")
     if b.get("config") == kept and b.get("runs"):
         try:
             cc = ((runner.load(b["runs"][0]).get("vkit") or {}).get("server") or {}).get("cache_config") or {}
@@ -43,10 +44,10 @@ def gpu_memory_bounds(runner: Runner, policy: Policy) -> tuple[float, float, str
 def kept_kv_tokens(runner: Runner) -> int | None:
     """The KV-cache size (tokens) the kept configuration's last start logged (vLLM's ``GPU KV cache size``):
     the running server's when it is the kept one, else the latest start of it in the decision log."""
-    st = runner.svc.read()
-    kept = st["kept"]["config"]
-    if runner.running_config() == kept and (st["service"].get("startup") or {}).get("kv_cache_tokens"):
-        return st["service"]["startup"]["kv_cache_tokens"]
+    st = runner.served.server()
+    kept = st.kept["config"]
+    if runner.running_config() == kept and st.startup.get("kv_cache_tokens"):
+        return st.startup["kv_cache_tokens"]
     for e in reversed(runner.svc.log.read()):
         cfg = e.get("kept") if e.get("event") == "rolled_back" else e.get("candidate") if e.get("event") == "applied" else None
         if cfg == kept and (e.get("startup") or {}).get("kv_cache_tokens"):
@@ -56,7 +57,7 @@ def kept_kv_tokens(runner: Runner) -> int | None:
 
 def _probe_record(t: dict) -> gpumem.Probe:
     diag = t.get("diagnosis") or {}
-    return gpumem.Probe(value=float(t["config"][GMU]), started=t["status"] == "probe_started",
+    return gpumem.Probe(value=float(t["config"][GMU]), started=t["status"] == Status.PROBE_STARTED,
                         kv_cache_tokens=(t.get("startup") or {}).get("kv_cache_tokens"), kind=diag.get("kind"),
                         quote=diag.get("quote"))
 
@@ -64,7 +65,7 @@ def _probe_record(t: dict) -> gpumem.Probe:
 def _probes(runner: Runner, kept: dict) -> list[dict]:
     """This step's start probes of the kept configuration (every parameter but the value the same)."""
     rest = {k: v for k, v in kept.items() if k != GMU}
-    return [t for t in runner.sf.read()["trials"] if t["step"] == "4m" and t.get("probe")
+    return [t for t in runner.ledger.trials(step="4m") if t.get("probe")
             and {k: v for k, v in t["config"].items() if k != GMU} == rest]
 
 
@@ -74,10 +75,10 @@ def probe_start(runner: Runner, value: float, progress: Callable[[str], None]) -
     diagnosed as memory (``MEMORY_KINDS``) is the answer the probe asks for: it is logged and not
     counted toward the two-failures-in-a-row ABNORMAL rule (the rollback verified the kept
     configuration); any other failure counts as usual."""
-    kept = runner.sf.read()["kept"]["config"]
+    kept = runner.ledger.kept_config()
     cfg = dict(kept, **{GMU: value})
     t = next((x for x in _probes(runner, kept) if x["config"] == cfg), None)
-    if t is not None and t["status"] in ("probe_started", "probe_failed"):
+    if t is not None and t["status"] in PROBING:
         return _probe_record(t)
     if t is None:
         t = runner.trials.new("4m", cfg, f"start probe: does {GMU} {value} start, and what KV cache does it log?")
@@ -87,11 +88,11 @@ def probe_start(runner: Runner, value: float, progress: Callable[[str], None]) -
     if ok:
         su = res.get("startup") or {}
         kv = su.get("kv_cache_tokens")
-        t = runner.update_trial(t["id"], status="probe_started", startup=su, finished=now_iso(),
+        t = runner.update_trial(t["id"], status=Status.PROBE_STARTED, startup=su, finished=now_iso(),
                                 why=f"started; GPU KV cache size {kv:,} tokens" if kv else "started (no KV cache size in the log)")
     else:
         diag = res.get("diagnosis") or {}
-        t = runner.update_trial(t["id"], status="probe_failed", valid=False, diagnosis=diag, finished=now_iso(),
+        t = runner.update_trial(t["id"], status=Status.PROBE_FAILED, valid=False, diagnosis=diag, finished=now_iso(),
                                 why=f"does not start ({diag.get('kind')}): {diag.get('quote') or res.get('message')}")
         if diag.get("kind") in MEMORY_KINDS:
             runner.svc.service.forgive_start_failure()
@@ -107,9 +108,9 @@ def find_highest_start(runner: Runner, lo: float, hi: float, progress: Callable[
     bisection on real starts (``vkit.search.gpumem``): the answer, its KV-cache size, the probes, the
     starts used and auto_tune.sh's count for the same answer. A probe that fails for another reason than
     memory stops the search below it (the answer is then the highest value seen to start)."""
-    kept = runner.sf.read()["kept"]["config"]
+    kept = runner.ledger.kept_config()
     lo_h, hi_h = gpumem.hundredths(lo), gpumem.hundredths(hi)
-    probes = [p for p in (_probe_record(t) for t in _probes(runner, kept) if t["status"] in ("probe_started", "probe_failed"))
+    probes = [p for p in (_probe_record(t) for t in _probes(runner, kept) if t["status"] in PROBING)
               if lo_h < gpumem.hundredths(p.value) <= hi_h]
     stopped = None
     while True:
@@ -154,9 +155,9 @@ def load_failure(runner: Runner, t: dict) -> list[str]:
             bad = [w for w in pt.get("invalid") or [] if "request(s) failed" in str(w)]
             if bad:
                 ev.append(f"{p}: at load {pt.get('load')}: {bad[0]}")
-    st = runner.svc.read()
-    run = st["service"].get("running") or {}
-    if run.get("config") == t["config"] and t.get("runs") and not runner.healthy(st["service"]["url"]):
+    st = runner.served.server()
+    run = st.running
+    if run.get("config") == t["config"] and t.get("runs") and not runner.healthy(st.url):
         quote = launcher.diagnose(launcher.tail(run["log"]))["quote"] if run.get("log") else ""
         ev.append("the server no longer answers /health after the measurement" + (f"; its log: {quote}" if quote else ""))
     return ev
@@ -184,12 +185,12 @@ def run_gpu_memory_step(runner: Runner, policy: Policy, progress: Callable[[str]
     done = finished_step(runner, "4m")
     if done:
         return done
-    st = runner.sf.read()
-    kept0 = dict(st["kept"]["config"])
+    st = runner.ledger.tune()
+    kept0 = dict(st.kept_config)
     lo, hi, lo_why = gpu_memory_bounds(runner, policy)
     kv_kept = kept_kv_tokens(runner)
     pm = primary_metric(runner)
-    b = st.get("baseline") or {}
+    b = st.record("baseline")
     base_pm = (b.get("metrics") or {}).get(pm) if b.get("config") == kept0 else None
     rec: dict[str, Any] = {"step": "4m", "name": STEP_NAMES["4m"], "lo": lo, "lo_from": lo_why, "hi": hi}
     if gpumem.hundredths(lo) >= gpumem.hundredths(hi):
@@ -216,7 +217,7 @@ def run_gpu_memory_step(runner: Runner, policy: Policy, progress: Callable[[str]
     else:
         result, kv = _validate_gpu_memory(runner, lo, found, kv, kv_kept, base_pm, budget, validations, progress)
     rec.update(kv_cache=kv, validations=validations, result=result,
-               trials=[t["id"] for t in runner.sf.read()["trials"] if t["step"] == "4m"],
+               trials=[t["id"] for t in runner.ledger.trials(step="4m")],
                stop_rule=search_text + (f"; validated under the load: {'; '.join(v['summary'] for v in validations)}" if validations else ""))
     runner.settle()
     rec["finished"] = now_iso()
@@ -229,15 +230,15 @@ def _validation_trial(runner: Runner, cfg: dict, value: float) -> dict:
     """The validation trial of ``cfg`` (resumed when recorded). When the server runs ``cfg`` on the process
     a start probe left (it served post_start_verify's short request only), that process is measured:
     no restart."""
-    st = runner.sf.read()
-    t = next((x for x in st["trials"] if x["step"] == "4m" and not x.get("probe") and x["config"] == cfg), None)
+    st = runner.ledger.tune()
+    t = next((x for x in st.trials(step="4m") if not x.get("probe") and x["config"] == cfg), None)
     if t is not None:
         return t
+    last_start = st.server.candidate.get("config")  # the service's candidate, as the same read found it
     t = runner.trials.new("4m", cfg, f"validate {GMU} {value} under the load: screening against the kept configuration")
-    probe = next((x for x in reversed(_probes(runner, st["kept"]["config"])) if x["status"] == "probe_started"), None)
-    last_start = (st.get("candidate") or {}).get("config")
+    probe = next((x for x in reversed(_probes(runner, st.kept_config)) if x["status"] == Status.PROBE_STARTED), None)
     if probe is not None and probe["config"] == cfg and runner.running_config() == cfg and last_start == cfg:
-        t = runner.update_trial(t["id"], status="applied", startup=probe.get("startup") or {}, reused_probe=probe["id"])
+        t = runner.update_trial(t["id"], status=Status.APPLIED, startup=probe.get("startup") or {}, reused_probe=probe["id"])
     return t
 
 
@@ -247,7 +248,7 @@ def _validate_gpu_memory(runner: Runner, lo: float, found: dict, kv: dict, kv_ke
     candidate is the midpoint (0.01 grid) between the kept value and it."""
     pm = kv["metric"]
     ok_h, cand = gpumem.hundredths(lo), found["value"]
-    kept = runner.sf.read()["kept"]["config"]
+    kept = runner.ledger.kept_config()
     while True:
         if len(validations) >= budget:
             return f"budget of {budget} validation(s) spent; nothing kept", kv
@@ -258,7 +259,7 @@ def _validate_gpu_memory(runner: Runner, lo: float, found: dict, kv: dict, kv_ke
         cand_kv = (t.get("startup") or {}).get("kv_cache_tokens") or (found["kv_cache_tokens"] if cand == found["value"] else None)
         row: dict[str, Any] = {"trial_id": t["id"], "value": cand, "kv_cache_tokens": cand_kv, "verdict": t.get("verdict"),
                                "metric_gain_screening": _rel_gain((t.get("metrics") or {}).get(pm), base_pm)}
-        if not ev and t["status"] == "done" and t.get("valid") and t.get("verdict") in ("accept", "undecided"):
+        if not ev and t["status"] == Status.DONE and t.get("valid") and t.get("verdict") in ("accept", "undecided"):
             # the value was chosen by its starts (the bisection), not by its screening: no winner's curse to correct
             conf = runner.confirmer.confirm_and_keep(t["id"], selected_from=len(validations) + 1, effect=screened_effect(runner, t, []))
             row["confirmation"] = {"decision": conf.get("decision"), "why": conf.get("why")}

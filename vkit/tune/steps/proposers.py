@@ -6,6 +6,7 @@ from typing import Callable
 
 from vkit import search
 from vkit.apply.policy import Policy
+from vkit.tune.ledger import Status
 from vkit.tune.runner import Runner
 from vkit.tune.steps.common import finished_step, objectives, observations, search_slo
 from vkit.tune.steps.delivery import workload_concurrency
@@ -16,14 +17,14 @@ OCTAVE_BOUNDS = {"max_num_batched_tokens": (256, 32768), "max_num_seqs": (8, 512
 
 
 def staged_proposer(runner: Runner, policy: Policy, step: str, candidates: str = "policy") -> tuple[Callable, Callable]:
-    st = runner.sf.read()
+    st = runner.ledger.tune()
     names = ["max_num_batched_tokens", "max_num_seqs"]
     octaves = candidates == "octaves"
-    space = search.space_from_policy(policy, names, frozen=st.get("frozen") or {}, bounds=OCTAVE_BOUNDS if octaves else None)
+    space = search.space_from_policy(policy, names, frozen=st.frozen, bounds=OCTAVE_BOUNDS if octaves else None)
     # open loop there is no client concurrency to stay above: the server's own limit is what is measured
     conc = workload_concurrency(runner.s.workload) if runner.s.capacity is None else None
     opts = {"tokens_candidates": "octaves", "seqs_candidates": "octaves"} if octaves else {}
-    base = dict(st["kept"]["config"])
+    base = dict(st.kept_config)
     if step == "4":
         knee = step3_knee(runner, space, base, conc, opts)
         if knee is not None:
@@ -80,14 +81,14 @@ def bo_space(runner: Runner, policy: Policy) -> list:
     names = list(BO_NAMES) + (["scheduling_policy"] if len(workload_priorities(runner.s.workload)) >= 2 else [])
     rows = {r["param"] for r in (policy.data if hasattr(policy, "data") else policy).get("situational", [])}
     names = [n for n in names if n in rows]
-    return search.space_from_policy(policy, names, frozen=runner.sf.read().get("frozen") or {},
+    return search.space_from_policy(policy, names, frozen=runner.ledger.tune().frozen,
                                     bounds={k: v for k, v in BO_BOUNDS.items() if k in names})
 
 
 def bo_stalled(runner: Runner, patience: int = BO_PATIENCE) -> int | None:
     """The evaluations in a row, at the end of this run's Bayesian search, whose screening gate did
     not accept a gain over the kept configuration, when there are at least ``patience`` of them."""
-    trials = [t for t in runner.sf.read()["trials"] if t["step"] == "bo" and t["status"] not in ("skipped",) and t.get("finished")]
+    trials = [t for t in runner.ledger.trials(step="bo") if t["status"] != Status.SKIPPED and t.get("finished")]
     run = 0
     for t in reversed(trials):
         if t.get("verdict") == "accept":
@@ -105,9 +106,9 @@ def bo_acquisition(runner: Runner, acquisition: str) -> str:
 def bo_proposer(runner: Runner, policy: Policy, budget: int, seed: int,
                 prior: list[search.Observation] | None = None, acquisition: str = "auto",
                 patience: int = BO_PATIENCE, batch_lie: str = "kb") -> tuple[Callable, Callable]:
-    st = runner.sf.read()
+    st = runner.ledger.tune()
     space = bo_space(runner, policy)
-    base = dict(st["kept"]["config"])
+    base = dict(st.kept_config)
     prior = list(prior or [])
     acquisition = bo_acquisition(runner, acquisition)
     opts = {} if acquisition == "auto" else {"acquisition": acquisition}

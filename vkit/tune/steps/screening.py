@@ -14,6 +14,7 @@ from vkit.decide.specs import parse_metric
 from vkit.errors import ExitCode, VkitError
 from vkit.state import now_iso
 from vkit.tune import power
+from vkit.tune.ledger import PENDING, RANKED, Status
 from vkit.tune.runner import Runner
 from vkit.tune.steps.common import (
     STEP_NAMES,
@@ -43,7 +44,7 @@ def run_screening_step(runner: Runner, step: str, proposer: Callable[[list], Any
     hist = observations(runner, (step,))
     best = _best_screened(runner, step)
     rec: dict[str, Any] = {"step": step, "name": STEP_NAMES.get(step, step), "trials": [h.trial_id for h in hist], "stop_rule": stop}
-    rivals = [t for t in runner.sf.read()["trials"] if t["step"] == step and t["status"] in ("done", "eliminated")]
+    rivals = runner.ledger.trials(step=step, status=RANKED)
     effect = None if best is None else screened_effect(runner, best, rivals)
     if best is None or (effect is not None and effect.observed <= 0):
         rec["result"] = "no candidate beat the kept configuration on screening; nothing to confirm" + (
@@ -65,8 +66,8 @@ def run_screening_step(runner: Runner, step: str, proposer: Callable[[list], Any
 def _spent(runner: Runner, step: str, running: bool = False) -> int:
     """Trials of ``step`` that count toward its budget: the finished ones (a skipped candidate cost no
     restart: it does not), and with ``running`` those proposed or running too."""
-    counted = ("done", "eliminated", "start_failed", "invalid") + (("proposed", "applied") if running else ())
-    return sum(1 for t in runner.sf.read()["trials"] if t["step"] == step and t["status"] in counted)
+    counted = {Status.DONE, Status.ELIMINATED, Status.START_FAILED, Status.INVALID} | (PENDING if running else set())
+    return len(runner.ledger.trials(step=step, status=counted))
 
 
 def _out_of_budget(runner: Runner, step: str, budget: int, progress: Callable[[str], None], running: bool = False) -> str | None:
@@ -89,7 +90,7 @@ def lies(runner: Runner, pending: list[dict], hist: list[search.Observation] | N
     for o in objs:
         vals = [h.objectives[o.name] for h in hist if h.feasible and isinstance(h.objectives.get(o.name), (int, float))]
         if not vals:  # nothing screened yet: the kept configuration's baseline
-            v = ((runner.sf.read().get("baseline") or {}).get("metrics") or {}).get(o.name)
+            v = (runner.ledger.record("baseline").get("metrics") or {}).get(o.name)
             vals = [v] if isinstance(v, (int, float)) else []
         if vals:
             best[o.name] = max(vals) if o.direction == "max" else min(vals)
@@ -148,7 +149,7 @@ def _propose_on_slots(runner: Runner, step: str, proposer: Callable[[list], Any]
     """The next trial's id, proposed with the trials in flight as lies (a candidate that cannot differ
     is skipped with its reason); None when the proposer has nothing now."""
     inflight = sorted(flight)
-    pending = [dict(runner.trial(t)["config"]) for t in inflight]
+    pending = [dict(runner.ledger.trial(t)["config"]) for t in inflight]
     while True:
         hist = observations(runner)
         prop = proposer(hist + lies(runner, pending, hist))
@@ -166,12 +167,12 @@ def _waiting_trials(runner: Runner, step: str, flight: dict, live: list[dict], f
     """Trials of ``step`` proposed but not running (a resumed tune's, or one whose slot failed under it),
     each with a free slot it has not tried; one that no live slot is left for is marked, with the reason."""
     out, free = [], list(free)
-    for t in runner.sf.read()["trials"]:
-        if t["step"] != step or t["status"] not in ("proposed", "applied") or t["id"] in flight:
+    for t in runner.ledger.trials(step=step, status=PENDING):
+        if t["id"] in flight:
             continue
         tried = set(t.get("slots_tried") or [])
         if all(x["name"] in tried for x in live):
-            runner.update_trial(t["id"], status="invalid", valid=False, verdict=None, finished=now_iso(),
+            runner.update_trial(t["id"], status=Status.INVALID, valid=False, verdict=None, finished=now_iso(),
                                 why=f"not measured: the slots it was tried on ({', '.join(sorted(tried))}) failed "
                                     "under it, and no other slot is left")
             continue
@@ -185,7 +186,7 @@ def _waiting_trials(runner: Runner, step: str, flight: dict, live: list[dict], f
 def _trial_on_slot(runner: Runner, slot: dict, tid: str) -> tuple[str, str | None]:
     """One trial on one slot's server (a thread's body): ("ok" | "slot_down" | "slot_fault", why)."""
     r = runner.for_slot(slot)
-    t = runner.trial(tid)
+    t = runner.ledger.trial(tid)
     runner.update_trial(tid, slot=slot["name"], slots_tried=[*(t.get("slots_tried") or []), slot["name"]])
     try:
         t = r.trials.run(tid)
@@ -194,7 +195,7 @@ def _trial_on_slot(runner: Runner, slot: dict, tid: str) -> tuple[str, str | Non
         if e.code != ExitCode.UNAVAILABLE:
             raise
         return "slot_down", " ".join(str(e).split())
-    if t["status"] == "invalid" and "server_died" in {f for c in t.get("checks") or [] for f in (c.get("findings") or [])}:
+    if t["status"] == Status.INVALID and "server_died" in {f for c in t.get("checks") or [] for f in (c.get("findings") or [])}:
         return "slot_fault", f"the server died under {tid} twice on slot {slot['name']}"
     return "ok", None
 
@@ -202,14 +203,13 @@ def _trial_on_slot(runner: Runner, slot: dict, tid: str) -> tuple[str, str | Non
 def _after_trial(runner: Runner, tid: str, slot: dict, res: tuple[str, str | None], progress: Callable[[str], None]) -> None:
     kind, why = res
     name = slot["name"]
-    t = runner.trial(tid)
+    t = runner.ledger.trial(tid)
     if kind == "ok":
         runner.sf.slots.ok(name)
         runner.log("screened", trial=tid, slot=name, status=t["status"], verdict=t.get("verdict"))
         return
     n = runner.sf.slots.failed(name, why or kind)
-    sub = runner.for_slot(slot).svc.read()
-    ab = sub.get("abnormal") or {}
+    ab = runner.for_slot(slot).served.server().abnormal
     if kind == "slot_down" or ab.get("flag") or n >= 2:
         reason = (f"ABNORMAL: {ab.get('reason')}" if ab.get("flag") else why) + f" ({n} failure(s) in a row on this slot)"
         did = runner.log("slot_out", slot=name, reason=reason, trial=tid)
@@ -219,11 +219,11 @@ def _after_trial(runner: Runner, tid: str, slot: dict, res: tuple[str, str | Non
     runner.log("slot_failed", trial=tid, slot=name, why=why, retry=len(tried) < 2)
     if len(tried) < 2:
         progress(f"{tid}: {why}; measured again on another slot")
-        runner.update_trial(tid, status="proposed", runs=[], checks=[], valid=None, verdict=None, metrics={}, finished=None,
+        runner.update_trial(tid, status=Status.PROPOSED, runs=[], checks=[], valid=None, verdict=None, metrics={}, finished=None,
                             failed_on=[*(t.get("failed_on") or []), {"slot": name, "why": why, "runs": t.get("runs") or [],
                                                                     "status": t["status"]}])
-    elif t["status"] in ("proposed", "applied"):
-        runner.update_trial(tid, status="invalid", valid=False, verdict=None, finished=now_iso(),
+    elif t["status"] in PENDING:
+        runner.update_trial(tid, status=Status.INVALID, valid=False, verdict=None, finished=now_iso(),
                             why=f"not measured: its slots ({', '.join(tried)}) failed under it; last: {why}")
 
 
@@ -266,7 +266,7 @@ def _screened_log_ratio(runner: Runner, t: dict, spec: Any, key: str) -> float |
     est = ((t.get("gate") or {}).get("primary") or {}).get("estimate_log")
     if isinstance(est, (int, float)):
         return float(est)
-    base = ((runner.sf.read().get(key) or {}).get("metrics") or {}).get(spec.name)
+    base = (runner.ledger.record(key).get("metrics") or {}).get(spec.name)
     mine = (t.get("metrics") or {}).get(spec.name)
     ok = all(isinstance(v, (int, float)) and v > 0 for v in (base, mine))
     return spec.direction * math.log(mine / base) if ok else None
@@ -325,7 +325,7 @@ def over_time(runner: Runner, step: str, left: int, progress: Callable[[str], No
     restart_s, run_s = runner.budget.costs() or (0.0, 0.0)
     progress(f"ETA step {step}: at most {left} more candidate(s) and a confirmation, about {eta / 60:.1f} min "
              f"(restart {restart_s:.0f} s, measurement {run_s:.0f} s, as measured so far)")
-    if runner.sf.read().get("tune"):
+    if runner.ledger.tune().tune:
         runner.sf.tune.update(eta={"step": step, "candidates_left": left, "seconds": round(eta), "at": now_iso(),
                                        "restart_s": round(restart_s, 1), "run_s": round(run_s, 1)})
     budget = runner.s.time_budget_s
@@ -341,8 +341,8 @@ def _best_screened(runner: Runner, step: str) -> dict | None:
     slo = search_slo(runner) or {}
     pm = primary_metric(runner)
     best = None
-    for t in runner.sf.read()["trials"]:
-        if t["step"] != step or t["status"] != "done" or not t.get("valid") or t.get("verdict") not in ("accept", "undecided"):
+    for t in runner.ledger.trials(step=step, status=(Status.DONE,)):
+        if not t.get("valid") or t.get("verdict") not in ("accept", "undecided"):
             continue
         m = t["metrics"]
         if any(m.get(k, math.inf) > v for k, v in slo.items()):

@@ -9,6 +9,7 @@ from typing import Callable
 from vkit.errors import ExitCode, Rejected, VkitError
 from vkit.state import now_iso
 from vkit.tune.config import Workload
+from vkit.tune.ledger import PENDING, Status
 from vkit.tune.runner import Runner
 from vkit.tune.steps.common import STEP_NAMES, finished_step, record_step
 
@@ -28,8 +29,7 @@ def run_step1(runner: Runner, candidates: list[int], need_len: int, target_concu
     done = finished_step(runner, "1")
     if done:
         return done
-    st = runner.sf.read()
-    frozen = st.get("frozen") or {}
+    frozen = runner.ledger.tune().frozen
     if "max_model_len" in frozen:
         rec = {"step": "1", "name": STEP_NAMES["1"], "finished": now_iso(), "chosen": frozen["max_model_len"],
                "stop_rule": f"max_model_len already frozen at {frozen['max_model_len']}"}
@@ -40,13 +40,13 @@ def run_step1(runner: Runner, candidates: list[int], need_len: int, target_concu
         raise VkitError(f"no max-model-len candidate is >= the business length {need_len}", ExitCode.USAGE)
     chosen, notes, roomy, checks = None, [], [], []
     for L in cands:
-        t = next((x for x in runner.sf.read()["trials"] if x["step"] == "1" and x["config"].get("max_model_len") == L), None)
+        t = next((x for x in runner.ledger.trials(step="1") if x["config"].get("max_model_len") == L), None)
         if t is None:
-            t = runner.trials.new("1", dict(runner.sf.read()["kept"]["config"], max_model_len=L),
+            t = runner.trials.new("1", dict(runner.ledger.kept_config(), max_model_len=L),
                                  f"max-model-len {L}: starts? KV capacity for {target_concurrency} sequences? TTFT stable?")
-        if t["status"] in ("proposed", "applied"):
+        if t["status"] in PENDING:
             t = runner.trials.run(t["id"], workload=step1_workload(runner), repeats=2)  # two runs: is TTFT stable?
-        if t["status"] == "start_failed":
+        if t["status"] == Status.START_FAILED:
             notes.append(f"{L}: does not start ({(t.get('diagnosis') or {}).get('kind')})")
             checks.append({"max_model_len": L, "starts": False})
             continue
@@ -55,7 +55,7 @@ def run_step1(runner: Runner, candidates: list[int], need_len: int, target_concu
         conc = (cap / L) if cap else None
         docs = [runner.load(p) for p in t.get("runs") or []]
         stab = max((d["p95_ttft_ms"] / d["mean_ttft_ms"] for d in docs if d.get("mean_ttft_ms")), default=None)
-        room = t["status"] == "done" and (conc is None or conc >= target_concurrency)
+        room = t["status"] == Status.DONE and (conc is None or conc >= target_concurrency)
         stable = stab is not None and stab <= STEP1_TTFT_RATIO
         checks.append({"max_model_len": L, "starts": True, "kv_cache_tokens": cap, "room_sequences": conc,
                        "ttft_p95_over_mean": stab, "ttft_threshold": STEP1_TTFT_RATIO, "room": room, "stable": stable})
@@ -76,11 +76,11 @@ def run_step1(runner: Runner, candidates: list[int], need_len: int, target_concu
         notes.append(f"TTFT unstable at every candidate with room: {chosen} chosen; see the load before trusting later steps")
     if chosen is None:
         raise Rejected("no max-model-len candidate starts with room for the target concurrency: " + "; ".join(notes))
-    kept = runner.sf.read()["kept"]["config"]
+    kept = runner.ledger.kept_config()
     if kept.get("max_model_len") != chosen:
         runner.apply(dict(kept, max_model_len=chosen))
         did = runner.keep(reason=f"step 1: max-model-len {chosen} is {why} (a business decision, frozen from now on)", decision="step1")
-        t1 = next(x for x in runner.sf.read()["trials"] if x["step"] == "1" and x["config"].get("max_model_len") == chosen)
+        t1 = next(x for x in runner.ledger.trials(step="1") if x["config"].get("max_model_len") == chosen)
         runner.update_trial(t1["id"], kept=True, decision_id=did)
     runner.sf.tune.freeze("max_model_len", chosen)
     rec = {"step": "1", "name": STEP_NAMES["1"], "finished": now_iso(), "chosen": chosen, "notes": notes, "checks": checks,

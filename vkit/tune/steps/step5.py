@@ -7,6 +7,7 @@ from typing import Any, Callable
 
 from vkit.state import now_iso
 from vkit.tune.config import Workload
+from vkit.tune.ledger import Status
 from vkit.tune.runner import Runner
 from vkit.tune.steps.common import STEP_NAMES, finished_step, record_step
 from vkit.tune.steps.screening import refuse_underpowered, screened_effect
@@ -56,7 +57,7 @@ def run_step5(runner: Runner, mixed: Workload, progress: Callable[[str], None]) 
     done = finished_step(runner, "5")
     if done:
         return done
-    kept = runner.sf.read()["kept"]["config"]
+    kept = runner.ledger.kept_config()
     prios = workload_priorities(runner.s.workload)
     flips, not_run = step5_flips(kept, prios)
     rec: dict[str, Any] = {"step": "5", "name": STEP_NAMES["5"], "not_run": not_run}
@@ -78,17 +79,18 @@ def run_step5(runner: Runner, mixed: Workload, progress: Callable[[str], None]) 
         runner.baselines.measure(workload=w, key=key)
         ids = []
         for name, value in arm_flips:
-            cfg = dict(runner.sf.read()["kept"]["config"], **{name: value})
-            t = next((x for x in runner.sf.read()["trials"] if x["step"] == "5" and x["config"] == cfg), None)
+            st = runner.ledger.tune()
+            cfg = dict(st.kept_config, **{name: value})
+            t = next((x for x in st.trials(step="5") if x["config"] == cfg), None)
             if t is None:
                 t = runner.trials.new("5", cfg, f"validate {name}={value} on the {w.name} workload: P99 TTFT, throughput loss <= 5%")
             runner.trials.run(t["id"], baseline_key=key, workload=w, primary=primary, guards=guards)
             ids.append(t["id"])
-        arm_trials = [t for t in runner.sf.read()["trials"] if t["id"] in ids]
+        arm_trials = [t for t in runner.ledger.trials() if t["id"] in ids]
         trials += arm_trials
         best = None
         for t in arm_trials:
-            if t["status"] == "done" and t.get("valid") and t.get("verdict") == "accept":
+            if t["status"] == Status.DONE and t.get("valid") and t.get("verdict") == "accept":
                 if best is None or t["metrics"].get("p99_ttft_ms", math.inf) < best["metrics"].get("p99_ttft_ms", math.inf):
                     best = t
         if best is not None:
