@@ -425,3 +425,29 @@ def test_a_status_written_as_a_string_is_found():
            "        r.update(t, status='invalid')\n    if t['status'] == Status.DONE or t['verdict'] == 'done':\n"
            "        r.update(t, status=Status.SKIPPED, decision='reject')\n")
     assert [line for line, _ in status_literals(src)] == [2, 4, 5]
+
+
+# what a trial or confirmation is compared on travels as one vkit.tune.compare.Versus, never as loose arguments
+LOOSE_COMPARISON_ARGS = {"guards", "baseline_key"}
+
+
+def loose_comparisons(source: str) -> list[tuple[int, str]]:
+    """(line, function) for each function that takes a guards list or a baseline key as its own parameter."""
+    out = []
+    for n in ast.walk(ast.parse(source)):
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            names = {a.arg for a in n.args.args + n.args.kwonlyargs + n.args.posonlyargs}
+            if names & LOOSE_COMPARISON_ARGS:
+                out.append((n.lineno, n.name))
+    return sorted(out)
+
+
+def test_what_is_compared_travels_as_one_object():
+    found = [f"{rel}:{line}: {name}" for rel, p in _tune_modules() for line, name in loose_comparisons(open(p, encoding="utf-8").read())]
+    assert found == []
+
+
+def test_a_loose_comparison_argument_is_found():
+    src = ("def run(tid, baseline_key='baseline'):\n    pass\n\n\nclass C:\n    def gate(self, a, b, *, guards=None):\n        pass\n\n"
+           "    def ok(self, versus, primary):\n        pass\n")
+    assert loose_comparisons(src) == [(1, "run"), (6, "gate")]

@@ -18,6 +18,7 @@ from vkit.apply import launcher, slots
 from vkit.errors import UsageError
 from vkit.interrupts import Interrupts
 from vkit.state import StateFile
+from vkit.tune.compare import Versus
 
 
 @pytest.mark.unit
@@ -174,7 +175,7 @@ def test_confirmation_blocks_run_side_by_side_on_the_slots():
     gates = []
     verdicts = iter(["undecided", "accept"])
     r.compare.gate = lambda a_runs, b_runs, **k: (gates.append(len(b_runs)) or {"decision": next(verdicts), "why": "x"})
-    conf = r.confirmer.confirm("t002", "confirmations", 2, None, "output_throughput", [])
+    conf = r.confirmer.confirm("t002", "confirmations", 2, Versus(primary="output_throughput", guards=()))
     assert conf["decision"] == "accept" and gates == [6, 8]
     assert conf["sequence"] == ["B", "A", "A", "B"] * 4
     for b in range(4):

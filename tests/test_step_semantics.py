@@ -107,12 +107,13 @@ def test_step5_measures_each_flip_on_its_own_workload_and_nothing_when_none(tmp_
     mixed = Workload(BenchOptions(dataset_name="mixed", num_prompts=6), name="mixed")
     calls = []
 
-    def run_trial(tid, baseline_key="baseline", workload=None, primary=None, guards=None, repeats=None):
-        calls.append(("trial", r.ledger.trial(tid)["config"], baseline_key, workload.name))
+    def run_trial(tid, versus, repeats=None):
+        calls.append(("trial", r.ledger.trial(tid)["config"], versus.key, versus.workload.name))
+        assert versus.metrics(r.s) == ("p99_ttft_ms:-", ["output_throughput:+:5%"])  # the flips' own metrics, not the tune's
         r.update_trial(tid, status="done", valid=True, verdict="reject", metrics={"p99_ttft_ms": 1.0})
         return r.ledger.trial(tid)
 
-    monkeypatch.setattr(r.baselines, "measure", lambda workload=None, key="baseline", **kw: calls.append(("baseline", key, workload.name)))
+    monkeypatch.setattr(r.baselines, "measure", lambda versus, **kw: calls.append(("baseline", versus.key, versus.workload.name)))
     monkeypatch.setattr(r.budget, "confirm_plan", lambda *a, **kw: {"fits": True})
     monkeypatch.setattr(r.trials, "run", run_trial)
     monkeypatch.setattr(r, "settle", lambda: None)

@@ -10,6 +10,7 @@ import numpy as np
 
 from vkit.state import now_iso
 from vkit.tune import steps as tuning
+from vkit.tune.compare import Versus
 from vkit.tune.config import Settings
 from vkit.tune.ledger import Status, first
 from vkit.tune.result import TuneResult
@@ -171,7 +172,7 @@ def soak(runner: Runner) -> str:
     hours = [(w - t0).total_seconds() / 3600 for w, _, _ in rows]
     run_s = float(np.median([s for _, _, s in rows])) if rows else 1.0
     floor = GateSettings().floor
-    plan = runner.budget.confirm_plan("output_throughput:+", [])
+    plan = runner.budget.confirm_plan(Versus(primary="output_throughput:+", guards=()))
     thr = next((m["threshold"] for m in plan.get("metrics") or [] if m["metric"] == "output_throughput"), None)
     return soak_advice(hours, [v for _, v, _ in rows], thr or floor, run_s,
                        threshold_rule=f"max(2σ, {floor:.0%})" if thr else f"the {floor:.0%} floor: no σ measured")["text"]

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING
 from vkit.decide.components import capacity_sigma, sigma_parts
 from vkit.errors import ExitCode, Rejected, VkitError
 from vkit.state import now_iso
-from vkit.tune.config import Workload, start_sizes
+from vkit.tune.compare import MAIN, Versus
+from vkit.tune.config import start_sizes
 from vkit.tune.summaries import KEY_METRICS, aggregate, brief, capacity_unit
 
 if TYPE_CHECKING:
@@ -22,10 +23,10 @@ class Baselines:
     def __init__(self, r: Runner):
         self.r = r
 
-    def measure(self, force: bool = False, workload: Workload | None = None, key: str = "baseline",
-                 config: dict | None = None) -> dict:
-        """Measure the kept configuration (or ``config``) N times (resumable); σ_baseline into the state."""
-        w = workload or self.r.s.workload
+    def measure(self, force: bool = False, versus: Versus = MAIN, config: dict | None = None) -> dict:
+        """Measure the kept configuration (or ``config``) N times with ``versus``'s workload, as its baseline record
+        (resumable); σ_baseline into the state."""
+        w, key = versus.workload or self.r.s.workload, versus.key
         st = self.r.ledger.tune()
         b = st.record(key)
         kept = dict(config) if config is not None else st.kept_config

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from vkit.decide import gate as _gate
 from vkit.decide.components import SIGMA_RESOLUTION, comparison_sigma, comparison_sigma_low
+from vkit.tune.compare import MAIN, Versus
 from vkit.tune.power import Effect, budget_plan
 
 if TYPE_CHECKING:
@@ -68,8 +69,7 @@ class Budget:
         return n, (f"σ within {w:.1%}, between restarts {b:.1%}: {n} run(s) on one process "
                    f"(within²/between² = {(w / b) ** 2:.2f}; budget {cap})")
 
-    def confirm_plan(self, primary: str | None = None, guards: list[str] | None = None, key: str = "baseline",
-                     effect: Effect | None = None) -> dict:
+    def confirm_plan(self, versus: Versus = MAIN, effect: Effect | None = None) -> dict:
         """B A A B blocks for a confirmation, from the gate's own sequential power analysis
         (``rule.pairs_to_decide``) at the σ a confirmation's runs carry (two runs to a process:
         ``comparison_sigma(…, 2)``), for the primary at its threshold max(2σ, floor) (σ of one run on a
@@ -83,11 +83,11 @@ class Budget:
 
         gs = GateSettings()
         bnd = Boundaries.build(gs)
-        comps = self.components(key)
-        sig0 = self.r.ledger.record(key).get("sigma") or {}
+        comps = self.components(versus.key)
+        sig0 = self.r.ledger.record(versus.key).get("sigma") or {}
         rows = []
-        specs = [_gate.parse_metric(primary or self.r.s.primary, "primary"),
-                 *_gate.parse_guards(self.r.s.guards if guards is None else guards)]
+        primary, guards = versus.metrics(self.r.s)
+        specs = [_gate.parse_metric(primary, "primary"), *_gate.parse_guards(guards)]
         for sp in specs:
             comp = comps.get(sp.name)
             sigma = comparison_sigma(comp, 2) if comp else sig0.get(sp.name)

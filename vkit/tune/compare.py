@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from vkit.decide import gate as _gate
@@ -12,7 +13,36 @@ from vkit.errors import ExitCode, VkitError
 from vkit.tune.summaries import capacity_checker, plain
 
 if TYPE_CHECKING:
+    from vkit.tune.config import Settings, Workload
     from vkit.tune.runner import Runner
+
+
+@dataclass(frozen=True)
+class Versus:
+    """What a trial or a confirmation is compared on: the workload that measures both sides (None: the tune's),
+    the baseline record the candidate is gated against (its runs, its σ), the primary metric and the guards
+    (None: the tune's). Step 5's flips are judged on their own workload, baseline and metrics; an ablation
+    against its own baseline; a delivered configuration on its own claim."""
+
+    workload: Workload | None = None
+    key: str = "baseline"
+    primary: str | None = None
+    guards: tuple[str, ...] | None = None
+
+    def primary_of(self, s: Settings) -> str:
+        """The primary metric (its spec), the tune's where this comparison leaves it open."""
+        return self.primary or s.primary
+
+    def metrics(self, s: Settings) -> tuple[str, list[str]]:
+        """(primary, guards) as the gate takes them, the tune's where this comparison leaves them open."""
+        return self.primary_of(s), list(self.guards) if self.guards is not None else list(s.guards)
+
+    def on_main_workload(self, s: Settings) -> bool:
+        """Both sides measured with the tune's own workload (a keep then rebases the main baseline)."""
+        return self.workload is None or self.workload.name == s.workload.name
+
+
+MAIN = Versus()  # the tune's workload, its baseline, primary and guards
 
 
 class Compare:
@@ -23,9 +53,9 @@ class Compare:
         self.r = r
 
     def gate(self, baseline: list[str], candidate: list[str], fresh: bool = False, selected_from: int = 1,
-             primary: str | None = None, guards: list[str] | None = None, key: str = "baseline") -> dict:
-        primary = primary or self.r.s.primary
-        guards = guards if guards is not None else self.r.s.guards
+             versus: Versus = MAIN) -> dict:
+        primary, guards = versus.metrics(self.r.s)
+        key = versus.key
         # σ pooled from the repeats of baseline ``key`` (the same workload as the evidence), for the
         # primary and every guard (normal-mixture sequences)
         st = self.r.ledger.tune()

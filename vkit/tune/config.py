@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from vkit.measure.gauge import BenchOptions
 from vkit.tune import capacity as _cap
@@ -15,6 +15,7 @@ class Workload:
     options: BenchOptions  # bench_stream's options; repeat k of a configuration uses seed + k
     seed: int = 1
     name: str = "main"
+    kind: str = "closed"  # how one measurement runs: "closed" (one bench_stream run) or "capacity" (an SLO-capacity search)
 
     def describe(self) -> dict:
         """The workload as the state file records it (bench_stream's flags, the seed apart)."""
@@ -56,6 +57,12 @@ class Settings:
     time_budget_s: float | None = None  # --time-budget: no trial is started that cannot finish (with its confirmation) within it
     grant_budget: bool = False  # --yes: a confirmation whose power analysis needs more blocks than confirm_blocks gets them
     baseline_starts: int | None = None  # server starts the baseline's repeats are spread over (None: default_starts)
+
+    def __post_init__(self) -> None:
+        # under the capacity objective the tune's own workload is measured by capacity searches; the others
+        # (step 1's, step 5's) stay single runs
+        if self.capacity is not None and self.workload.kind != "capacity":
+            self.workload = replace(self.workload, kind="capacity")
 
     @property
     def objective(self) -> str:

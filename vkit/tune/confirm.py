@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 from vkit.apply.policy import to_serve_flags
 from vkit.errors import ExitCode
 from vkit.state import now_iso
+from vkit.tune.compare import MAIN, Versus
 from vkit.tune.config import Workload
 from vkit.tune.ledger import first
 from vkit.tune.power import Effect
@@ -22,14 +23,12 @@ class Confirmer:
     def __init__(self, r: Runner):
         self.r = r
 
-    def confirm_and_keep(self, tid: str, selected_from: int, workload: Workload | None = None,
-                         primary: str | None = None, guards: list[str] | None = None, key: str = "baseline",
-                         effect: Effect | None = None) -> dict:
+    def confirm_and_keep(self, tid: str, selected_from: int, versus: Versus = MAIN, effect: Effect | None = None) -> dict:
         """Fresh interleaved runs of trial ``tid``'s configuration against the kept one (B A A B blocks),
         gated with --fresh --selected-from K; an accept is kept (a gate decision, logged). ``effect``: the
         winner's screened effect, corrected for the winner's curse, that the blocks are planned for."""
         t = self.r.ledger.trial(tid)
-        conf = self.confirm(tid, "confirmations", selected_from, workload, primary, guards, key, effect)
+        conf = self.confirm(tid, "confirmations", selected_from, versus, effect)
         if conf.get("decision") == "kept":
             return conf
         if conf.get("decision") != "accept":
@@ -54,7 +53,7 @@ class Confirmer:
         self.save(conf)
         self.r.update_trial(tid, kept=True, decision_id=did)
         self.r.progress(f"KEEP {tid}: {' '.join(to_serve_flags(t['changes']))} ({did})")
-        if workload is None or workload.name == self.r.s.workload.name:
+        if versus.on_main_workload(self.r.s):
             self.r.baselines.rebase(tid, conf)
         return conf
 
@@ -66,20 +65,20 @@ class Confirmer:
         return (list_key == "confirmations" and conf.get("decision") in ("accept", "kept") and k.get("decision") == "gate"
                 and k["config"] == trial["config"] and conf.get("against") != trial["config"])
 
-    def confirm_point(self, tid: str, selected_from: int, primary: str, guards: list[str] | None = None) -> dict:
-        """A delivered (Pareto) configuration re-confirmed on its own claim — ``primary``, the objective
-        it screened better on — against the kept one, on fresh interleaved runs; nothing is kept.
+    def confirm_point(self, tid: str, selected_from: int, claim: Versus) -> dict:
+        """A delivered (Pareto) configuration re-confirmed on its own claim — ``claim``'s primary, the objective
+        it screened better on, with its guards — against the kept one, on fresh interleaved runs; nothing is kept.
         Decision: accept (confirmed), reject (the claim was noise) or undecided. The server is left
         on the candidate (the last arm of B A A B): the caller restores the kept configuration once,
         after its last confirmation, rather than restarting it between two candidates."""
-        return self.confirm(tid, "delivery_confirmations", selected_from, None, primary, guards or [])
+        return self.confirm(tid, "delivery_confirmations", selected_from, claim)
 
-    def confirm(self, tid: str, list_key: str, selected_from: int, workload: Workload | None,
-                 primary: str | None, guards: list[str] | None, key: str = "baseline", effect: Effect | None = None) -> dict:
+    def confirm(self, tid: str, list_key: str, selected_from: int, versus: Versus = MAIN, effect: Effect | None = None) -> dict:
         """B A A B blocks of trial ``tid`` (B) against the kept configuration (A), gated after each
         block until a decision or the planned blocks (``confirm_plan``, at most ``confirm_blocks``
         unless granted); one the budget cannot decide is refused before any run (``underpowered``).
         Resumable from the record in ``list_key``."""
+        workload, primary = versus.workload, versus.primary
         t = self.r.ledger.trial(tid)
         st = self.r.ledger.tune()
         kept_cfg = dict(st.kept_config)
@@ -90,7 +89,7 @@ class Confirmer:
             conf = None  # confirmed against an earlier kept configuration: that verdict no longer applies
         if conf is None:
             conf = self._new_conf(tid, selected_from, primary, kept_cfg)
-            conf["plan"] = self.r.budget.confirm_plan(primary, guards, key, effect)
+            conf["plan"] = self.r.budget.confirm_plan(versus, effect)
             if not conf["plan"]["fits"]:
                 conf.update(decision="underpowered", why=conf["plan"]["why"], finished=now_iso())
                 self.r.progress(f"confirm {tid}: not measured: {conf['why']}")
@@ -120,8 +119,7 @@ class Confirmer:
                 self.save(conf, list_key)
                 return conf
             block += len(group)
-            g = self.r.compare.gate(conf["a_runs"], conf["b_runs"], fresh=True, selected_from=selected_from, primary=primary, guards=guards,
-                          key=key)
+            g = self.r.compare.gate(conf["a_runs"], conf["b_runs"], fresh=True, selected_from=selected_from, versus=versus)
             decision = g.get("decision")
             self.r.progress(f"confirm {tid} after {len(conf['b_runs'])} pairs: {decision} — {g.get('why')}")
             if decision in ("accept", "reject", "invalid"):

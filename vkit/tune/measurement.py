@@ -132,7 +132,7 @@ class Measurer:
             path, doc, check = self.r.fleet.call(self.r, "measure", label, k, workload)
             return path, doc, check
         w = workload or self.r.s.workload
-        if self.r.s.capacity is not None and w.name == self.r.s.workload.name:
+        if w.kind == "capacity" and self.r.s.capacity is not None:
             return self._capacity(label, k, w)
         d = os.path.join(self.r.runs_dir, label)
         os.makedirs(d, exist_ok=True)

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from vkit.apply.policy import to_serve_flags
 from vkit.errors import ExitCode
 from vkit.state import now_iso
-from vkit.tune.config import Workload
+from vkit.tune.compare import MAIN, Versus
 from vkit.tune.ledger import FINISHED, RANKED, Status, first
 from vkit.tune.summaries import aggregate, brief, gmean, summary_metrics
 
@@ -93,10 +93,11 @@ class Trials:
         self.r.log("propose", trial=t["id"], step=step, config=config, reason=reason, audit=audit or {})
         return t
 
-    def run(self, tid: str, baseline_key: str = "baseline", workload: Workload | None = None,
-                  primary: str | None = None, guards: list[str] | None = None, repeats: int | None = None) -> dict:
-        """APPLY → VERIFY → VALIDATE → GATE (screening), resuming from the recorded phase. ``repeats``:
-        the runs the caller needs (step 1's stability, an ablation's verdict); else ``screen_size``."""
+    def run(self, tid: str, versus: Versus = MAIN, repeats: int | None = None) -> dict:
+        """APPLY → VERIFY → VALIDATE → GATE (screening) on ``versus`` (its workload, against its baseline, on
+        its metrics), resuming from the recorded phase. ``repeats``: the runs the caller needs (step 1's
+        stability, an ablation's verdict); else ``screen_size``."""
+        baseline_key, workload = versus.key, versus.workload
         t = self.r.ledger.trial(tid)
         if t["status"] in FINISHED:
             return t
@@ -116,7 +117,7 @@ class Trials:
                 return self.r.update_trial(tid, status=Status.START_FAILED, valid=False, verdict="reject", finished=now_iso(),
                                          why=f"start failed: {diag.get('quote') or res.get('message')}", diagnosis=diag)
         base_docs = [self.r.load(p) for p in b["runs"]] if b else []
-        pm = (primary or self.r.s.primary).split(":")[0]
+        pm = versus.primary_of(self.r.s).split(":")[0]
         pm = pm if pm in ("output_throughput", "slo_capacity") else "output_throughput"  # elimination: higher is better
         base_tp = gmean([d.get(pm) for d in base_docs]) or 0.0
         sig_tp = ((b or {}).get("sigma") or {}).get(pm, 0.02)
@@ -151,7 +152,7 @@ class Trials:
         if not b:
             return self.r.update_trial(tid, status=Status.DONE, valid=valid, metrics=aggregate(docs), verdict=None,
                                      why=t.get("why") or "measured; no baseline yet to gate against", finished=now_iso())
-        g = self.r.compare.gate(b["runs"], t["runs"], primary=primary, guards=guards, key=baseline_key)
+        g = self.r.compare.gate(b["runs"], t["runs"], versus=versus)
         verdict = g.get("decision")
         why = g.get("why") or ""
         self.r.progress(f"{tid} screened: {verdict} — {why}")

@@ -7,6 +7,7 @@ from typing import Callable
 from vkit import search
 from vkit.errors import Rejected
 from vkit.state import now_iso
+from vkit.tune.compare import Versus
 from vkit.tune.runner import Runner
 from vkit.tune.steps.common import finished_step, primary_metric, record_step
 
@@ -70,14 +71,15 @@ def run_ablation(runner: Runner, progress: Callable[[str], None]) -> dict:
                        "configuration first (restart_with_rollback --set ... --keep) to attribute such a change")
     pm = primary_metric(runner)
     key = f"ablate-{e['id']}"
-    runner.baselines.measure(key=key, config=prev)
+    versus = Versus(key=key)
+    runner.baselines.measure(versus=versus, config=prev)
     rows = []
     for param, cfg in variants:
         t = next((x for x in runner.ledger.trials(step="ablate") if x["config"] == cfg), None)
         if t is None:
             t = runner.trials.new("ablate", cfg, f"{param} alone: {prev.get(param)} -> {new.get(param)}, against the configuration before {e['id']}")
         # an attribution needs a verdict, not a screening glance
-        t = runner.trials.run(t["id"], baseline_key=key, repeats=max(runner.s.screen_repeats, 3))
+        t = runner.trials.run(t["id"], versus, repeats=max(runner.s.screen_repeats, 3))
         base = runner.ledger.record(key)["metrics"]
         gain = (t["metrics"].get(pm) or 0) / base[pm] - 1 if base.get(pm) else None
         rows.append({"param": param, "from": prev.get(param), "to": new.get(param), "trial_id": t["id"], "verdict": t.get("verdict"),

@@ -9,6 +9,7 @@ from typing import Callable
 from vkit import search
 from vkit.apply.launcher import serve_argv
 from vkit.apply.policy import to_serve_flags
+from vkit.tune.compare import Versus
 from vkit.tune.config import Workload
 from vkit.tune.ledger import TuneView, first
 from vkit.tune.runner import Runner
@@ -129,7 +130,8 @@ def confirm_front(runner: Runner, goal: dict, limit: int, progress: Callable[[st
             continue
         progress(f"deliver: confirming {tid} ({' '.join(to_serve_flags(p.get('config') or {}))}) on its claim {primary} "
                  f"({gain:+.1%} on screening) against the kept configuration")
-        conf = runner.confirmer.confirm_point(tid, selected_from=max(1, len(hist)), primary=primary, guards=claim_guards(runner, primary))
+        claim = Versus(primary=primary, guards=tuple(claim_guards(runner, primary)))
+        conf = runner.confirmer.confirm_point(tid, selected_from=max(1, len(hist)), claim=claim)
         measured += 1 if conf.get("b_runs") else 0  # one refused before any run (underpowered) cost nothing
         progress(f"deliver: {tid} {'confirmed' if conf.get('decision') == 'accept' else conf.get('decision')}: {conf.get('why')}")
         done.append(conf)

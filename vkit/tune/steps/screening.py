@@ -14,6 +14,7 @@ from vkit.decide.specs import parse_metric
 from vkit.errors import ExitCode, VkitError
 from vkit.state import now_iso
 from vkit.tune import power
+from vkit.tune.compare import MAIN, Versus
 from vkit.tune.ledger import PENDING, RANKED, Status
 from vkit.tune.runner import Runner
 from vkit.tune.steps.common import (
@@ -272,8 +273,7 @@ def _screened_log_ratio(runner: Runner, t: dict, spec: Any, key: str) -> float |
     return spec.direction * math.log(mine / base) if ok else None
 
 
-def screened_effect(runner: Runner, t: dict, rivals: list[dict], key: str = "baseline",
-                    primary: str | None = None) -> power.Effect | None:
+def screened_effect(runner: Runner, t: dict, rivals: list[dict], versus: Versus = MAIN) -> power.Effect | None:
     """The winner ``t``'s screened effect and the sd of its screening mean (per-run σ at its runs on one
     process, over √n: within²/n + between²), for the confirmation to plan for after the winner's-curse
     correction (:class:`power.Effect`). The correction counts the contenders: the winner and those of
@@ -281,7 +281,8 @@ def screened_effect(runner: Runner, t: dict, rivals: list[dict], key: str = "bas
     the winner's; one further below could not have come first by luck, and selects nothing. On a flat
     surface every candidate contends (the correction is the full one over k); a winner far above the
     rest is corrected by nothing. None when there is no σ to plan with (planned at the threshold)."""
-    spec = parse_metric(primary or runner.s.primary, "primary")
+    key = versus.key
+    spec = parse_metric(versus.primary_of(runner.s), "primary")
     obs = _screened_log_ratio(runner, t, spec, key)
     per_run = ((t.get("gate") or {}).get("primary") or {}).get("sigma")
     n = max(1, len(t.get("runs") or []))

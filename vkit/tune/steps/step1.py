@@ -8,6 +8,7 @@ from typing import Callable
 
 from vkit.errors import ExitCode, Rejected, VkitError
 from vkit.state import now_iso
+from vkit.tune.compare import Versus
 from vkit.tune.config import Workload
 from vkit.tune.ledger import PENDING, Status
 from vkit.tune.runner import Runner
@@ -45,7 +46,7 @@ def run_step1(runner: Runner, candidates: list[int], need_len: int, target_concu
             t = runner.trials.new("1", dict(runner.ledger.kept_config(), max_model_len=L),
                                  f"max-model-len {L}: starts? KV capacity for {target_concurrency} sequences? TTFT stable?")
         if t["status"] in PENDING:
-            t = runner.trials.run(t["id"], workload=step1_workload(runner), repeats=2)  # two runs: is TTFT stable?
+            t = runner.trials.run(t["id"], Versus(workload=step1_workload(runner)), repeats=2)  # two runs: is TTFT stable?
         if t["status"] == Status.START_FAILED:
             notes.append(f"{L}: does not start ({(t.get('diagnosis') or {}).get('kind')})")
             checks.append({"max_model_len": L, "starts": False})

@@ -6,6 +6,7 @@ import math
 from typing import Any, Callable
 
 from vkit.state import now_iso
+from vkit.tune.compare import Versus
 from vkit.tune.config import Workload
 from vkit.tune.ledger import Status
 from vkit.tune.runner import Runner
@@ -67,7 +68,7 @@ def run_step5(runner: Runner, mixed: Workload, progress: Callable[[str], None]) 
         record_step(runner, rec)
         progress(f"step 5: {rec['result']}")
         return rec
-    primary, guards = "p99_ttft_ms:-", ["output_throughput:+:5%"]
+    primary, guards = "p99_ttft_ms:-", ("output_throughput:+:5%",)
     prio_w = step1_workload(runner) or runner.s.workload  # the business prompts, closed loop
     workloads = {"baseline_mixed": mixed, "baseline_priority": prio_w}  # each flip's workload, by its baseline key
     arms: dict[str, list] = {}
@@ -76,7 +77,8 @@ def run_step5(runner: Runner, mixed: Workload, progress: Callable[[str], None]) 
     results, trials = [], []
     for key, arm_flips in arms.items():
         w = workloads[key]
-        runner.baselines.measure(workload=w, key=key)
+        versus = Versus(workload=w, key=key, primary=primary, guards=guards)
+        runner.baselines.measure(versus=versus)
         ids = []
         for name, value in arm_flips:
             st = runner.ledger.tune()
@@ -84,7 +86,7 @@ def run_step5(runner: Runner, mixed: Workload, progress: Callable[[str], None]) 
             t = next((x for x in st.trials(step="5") if x["config"] == cfg), None)
             if t is None:
                 t = runner.trials.new("5", cfg, f"validate {name}={value} on the {w.name} workload: P99 TTFT, throughput loss <= 5%")
-            runner.trials.run(t["id"], baseline_key=key, workload=w, primary=primary, guards=guards)
+            runner.trials.run(t["id"], versus)
             ids.append(t["id"])
         arm_trials = [t for t in runner.ledger.trials() if t["id"] in ids]
         trials += arm_trials
@@ -94,9 +96,8 @@ def run_step5(runner: Runner, mixed: Workload, progress: Callable[[str], None]) 
                 if best is None or t["metrics"].get("p99_ttft_ms", math.inf) < best["metrics"].get("p99_ttft_ms", math.inf):
                     best = t
         if best is not None:
-            conf = runner.confirmer.confirm_and_keep(best["id"], selected_from=len(arm_trials), workload=w, primary=primary,
-                                           guards=guards, key=key,
-                                           effect=screened_effect(runner, best, arm_trials, key, primary))
+            conf = runner.confirmer.confirm_and_keep(best["id"], selected_from=len(arm_trials), versus=versus,
+                                                     effect=screened_effect(runner, best, arm_trials, versus))
             rec.setdefault("confirmed", []).append({"trial_id": best["id"], "decision": conf.get("decision"), "why": conf.get("why")})
             refuse_underpowered(runner, rec, conf, progress)
             results.append(f"{best['id']} {conf.get('decision')}")
