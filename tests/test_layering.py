@@ -451,3 +451,12 @@ def test_a_loose_comparison_argument_is_found():
     src = ("def run(tid, baseline_key='baseline'):\n    pass\n\n\nclass C:\n    def gate(self, a, b, *, guards=None):\n        pass\n\n"
            "    def ok(self, versus, primary):\n        pass\n")
     assert loose_comparisons(src) == [(1, "run"), (6, "gate")]
+
+
+def test_a_ray_worker_hosts_a_server_and_one_run_never_a_runner():
+    # the node side restarts with vkit.tune.server.ProcessServer and measures with vkit.tune.onerun.OneRun: the
+    # tune's decisions (its Runner and the phases on it) stay on the driver
+    path = os.path.join(ROOT, "tune", "fleet.py")
+    names = {name for _, name in imported(open(path, encoding="utf-8").read(), "vkit.tune.fleet")}
+    assert "vkit.tune.server.ProcessServer" in names and "vkit.tune.onerun.OneRun" in names
+    assert not any(n == "vkit.tune.runner" or n.startswith("vkit.tune.runner.") for n in names)

@@ -71,12 +71,13 @@ def _node_for(ray: Any, slot: dict, taken: dict[str, float]) -> str:
 
 
 class SlotWorker:
-    """The node side of one slot (a Ray actor): the slot's state file and server, and a runner over a
-    shadow of the tune's state (refreshed from the driver at every call)."""
+    """The node side of one slot (a Ray actor): the slot's state file and the server it describes
+    (``vkit.tune.server.ProcessServer``: restarts with rollback), one measurement at a time beside it
+    (``vkit.tune.onerun.OneRun``), against a shadow of the tune's state refreshed from the driver at every
+    call. Nothing of the tune's decisions runs here."""
 
     def __init__(self, name: str, slot_rel: str, slot_doc: dict, settings: bytes, owner: str, tool: str, policy: bytes):
         from vkit.state import StateFile
-        from vkit.tune.runner import Runner
 
         self.name = name
         # the node's side: $VKIT_FLEET_DIR (as the node's Ray was started with), else the temp folder
@@ -86,9 +87,7 @@ class SlotWorker:
         self.main = StateFile(os.path.join(self.dir, "vkit.json"))
         self.slot = StateFile(os.path.join(self.dir, slot_rel))  # the driver's layout: run and log paths alike
         self.slot.create(slot_doc, force=True)
-        self.runner = Runner(self.main, pickle.loads(settings), lambda m: None, tool_name=tool, owner=owner,
-                             policy=pickle.loads(policy))
-        self.runner.svc, self.runner.slot = self.slot, name
+        self.settings, self.owner, self.tool, self.policy = pickle.loads(settings), owner, tool, pickle.loads(policy)
         self.seen: dict[str, tuple[int, int]] = {}
         self.log_seen = 0
 
@@ -98,25 +97,31 @@ class SlotWorker:
     def call(self, main_doc: dict, runs_rel: str, op: str, args: tuple) -> dict:
         """``op`` on this node (apply, measure, healthy, stop) against the tune's state ``main_doc``;
         the answer, the files it wrote, the slot's state and its new log events."""
+        from vkit.apply.backend import PROCESS
+        from vkit.interrupts import Interrupts
+        from vkit.tune.onerun import OneRun
+        from vkit.tune.server import ProcessServer
+
         if self.main.exists():
             self.main.mirror_remote(main_doc)  # the tune's state as the driver holds it now
         else:
             self.main.create(main_doc, force=True)
-        r = self.runner
-        r.runs_dir = os.path.join(self.dir, runs_rel)
-        os.makedirs(r.runs_dir, exist_ok=True)
+        runs_dir = os.path.join(self.dir, runs_rel)
+        os.makedirs(runs_dir, exist_ok=True)
+        server = ProcessServer(self.slot, self.main, self.owner, self.policy, Interrupts(), PROCESS, self.settings.ready_timeout_s)
         out: dict[str, Any] = {}
         try:
             if op == "apply":
-                out["result"] = r.apply(*args)
+                out["result"] = server.apply(*args)
             elif op == "measure":
-                out["result"] = r.measurer.once(*args)
+                out["result"] = OneRun(self.settings, Ledger(self.main), Ledger(self.slot), runs_dir, PROCESS, Interrupts(),
+                                       lambda m: None).once(*args)
             elif op == "healthy":
-                out["result"] = r.healthy(*args)
+                out["result"] = server.healthy(*args)
             elif op == "stop":
                 from vkit.apply.lifecycle import Lifecycle
 
-                Lifecycle(self.slot, r.tool_name, r.owner, progress=lambda m: None, policy=r.policy).stop()
+                Lifecycle(self.slot, self.tool, self.owner, progress=lambda m: None, policy=self.policy).stop()
                 out["result"] = None
             else:
                 raise UsageError(f"unknown fleet call {op!r}")

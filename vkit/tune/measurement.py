@@ -2,21 +2,16 @@
 
 from __future__ import annotations
 
-import json
 import os
 import time
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from vkit import environment
 from vkit.apply.lifecycle import Lifecycle
 from vkit.errors import Abnormal, ExitCode, VkitError
-from vkit.measure.gauge import build_config
-from vkit.state import atomic_write_text
-from vkit.tune import capacity as _cap
 from vkit.tune.config import Workload
-from vkit.tune.summaries import bench_failed, capacity_checker, cut_by_the_client, plain, relative
-from vkit.validate import invariants
+from vkit.tune.onerun import OneRun
+from vkit.tune.summaries import relative
 
 if TYPE_CHECKING:
     from vkit.tune.runner import Runner
@@ -128,68 +123,17 @@ class Measurer:
         return path, doc, {"code": ExitCode.INVALID, "verdict": "invalid", "findings": ["server_died"]}
 
     def once(self, label: str, k: int, workload: Workload | None = None) -> tuple[str, dict, dict]:
+        """One run (or capacity search) of the running configuration: on the slot's Ray worker when it is
+        served there, else here (``vkit.tune.onerun``)."""
         if self.r.remote():
             path, doc, check = self.r.fleet.call(self.r, "measure", label, k, workload)
             return path, doc, check
-        w = workload or self.r.s.workload
-        if w.kind == "capacity" and self.r.s.capacity is not None:
-            return self._capacity(label, k, w)
-        d = os.path.join(self.r.runs_dir, label)
-        os.makedirs(d, exist_ok=True)
-        path = os.path.join(d, f"rep{k}.json")
-        rec = os.path.join(d, f"rep{k}.jsonl")
-        seed = w.seed + k
-        # the command that makes the same measurement by hand, recorded in the summary
-        command = ["--state", self.r.sf.path, *w.options.flags(), "--seed", str(seed), "-q", "--records", rec, "-o", path]
-        try:
-            cfg = build_config(replace(w.options, seed=seed), self.r.served.url(), command)
-            cfg.launch_argv = self.r.ledger.server().launch_argv
-            summary = self.bench(cfg, rec, path)
-        except VkitError as e:
-            raise bench_failed(e) from None
-        if summary["vkit"].get("partial"):
-            raise KeyboardInterrupt
-        doc = plain(summary)
-        try:
-            c = invariants.check_file(path, records=rec)
-            check_brief = {"code": int(c.code), "verdict": c.verdict, "findings": c.findings}
-        except VkitError as e:
-            check_brief = {"code": int(e.code), "verdict": None, "findings": None}
-        return relative(path, self.r.sf.dir), doc, check_brief
+        return self.one_run().once(label, k, workload)
+
+    def one_run(self) -> OneRun:
+        r = self.r
+        return OneRun(r.s, r.ledger, r.served, r.runs_dir, r.backend, r.interrupts, r.progress)
 
     def bench(self, cfg, records: str, output: str) -> dict:
         """One bench_stream run on this runner's backend (its files written, its summary returned)."""
-        return self.r.backend.bench(cfg, records, output, self.r.interrupts)
-
-    def _capacity(self, label: str, k: int, w: Workload) -> tuple[str, dict, dict]:
-        """One capacity search of the running configuration (measurement ``k``): its load points
-        under runs/<label>/rep<k>-points/, the capacity document at runs/<label>/rep<k>.json."""
-        c = self.r.s.capacity
-        assert c is not None
-        d = os.path.join(self.r.runs_dir, label)
-        os.makedirs(d, exist_ok=True)
-        path = os.path.join(d, f"rep{k}.json")
-        st = self.r.ledger.tune()
-        reference = st.record("capacity_reference").get("load")
-        # where the answer probably is: the kept configuration's capacity, once its baseline is final
-        b = st.record("baseline")
-        hint = (b.get("metrics") or {}).get("slo_capacity") if b.get("config") == st.kept_config else None
-        # every point's run its own prompts: measurement k starts 1000 seeds above measurement k - 1
-        opts = replace(w.options, seed=w.seed + 1000 * k)
-        command = ["--state", self.r.sf.path]
-        try:
-            doc = _cap.measure_configuration(opts, self.r.served.url(), os.path.join(d, f"rep{k}-points"), c.slo, c.plan,
-                                             reference, command=command, interrupts=self.r.interrupts,
-                                             progress=lambda m: self.r.progress(f"{label} capacity {k}: {m}"),
-                                             accelerators=c.accelerators, seed=w.seed + k, hint=hint,
-                                             launch_argv=st.server.launch_argv, bench=self.bench)
-        except VkitError as e:
-            raise bench_failed(e) from None
-        atomic_write_text(path, json.dumps(plain(doc), indent=2) + "\n")
-        code, _, _ = capacity_checker(path)
-        findings = [] if code == 0 else ["no_clear_load_point"]
-        verdict = "valid" if code == 0 else "invalid"
-        if code == 0 and cut_by_the_client(doc):
-            # the capacity is only a lower bound: the machine, not the server, ended the search (measured once more)
-            code, verdict, findings = int(ExitCode.REJECTED), "rejected", ["client_saturation"]
-        return relative(path, self.r.sf.dir), plain(doc), {"code": code, "verdict": verdict, "findings": findings}
+        return self.one_run().bench(cfg, records, output)

@@ -7,9 +7,11 @@ APPLY (restart_with_rollback) → VERIFY (post_start_verify inside it, then the 
 ``gauge.measure``, ``invariants.check_file``, ``gate.decide``), with the same outcomes and
 exit codes as ``bin/``, never re-implemented here.
 
-``Runner`` holds what every phase shares: the state file, the server it restarts (the service's, or a
-slot's: ``for_slot``) on its backend, the lease, and apply / keep / rollback. Each phase is one object
-over it: ``measurer`` (vkit.tune.measurement: a run or a capacity search, validated, measured again
+``Runner`` holds what every phase shares: the state file and its typed reads (``ledger``, ``served``:
+vkit.tune.ledger), the server it restarts (the service's, or a slot's: ``for_slot``) on its backend
+(``server``: vkit.tune.server.ProcessServer, restart with rollback; on a Ray worker's node when the slot
+is served there), the lease, and keep. Each phase is one object over it: ``measurer``
+(vkit.tune.measurement: one run or capacity search, vkit.tune.onerun, validated, measured again
 when the client was busy or the server died), ``trials`` (vkit.tune.trial: screening), ``baselines``
 (vkit.tune.baseline), ``compare`` (vkit.tune.compare: gate at the measured σ), ``budget``
 (vkit.tune.budget: runs, blocks and seconds), ``confirmer`` (vkit.tune.confirm), ``promise``
@@ -44,7 +46,7 @@ import os
 from typing import Any, Callable
 
 from vkit.apply.backend import PROCESS, Backend
-from vkit.apply.lifecycle import Held, Lifecycle, Outcome, run_held
+from vkit.apply.lifecycle import Lifecycle
 from vkit.apply.policy import Policy
 from vkit.errors import ExitCode, VkitError
 from vkit.interrupts import Interrupts
@@ -52,7 +54,7 @@ from vkit.jsonio import read_json_file
 from vkit.state import StateFile, default_owner
 from vkit.tune.config import Settings
 from vkit.tune.ledger import Ledger
-from vkit.tune.summaries import plain
+from vkit.tune.server import ProcessServer
 
 
 class Runner:
@@ -141,13 +143,6 @@ class Runner:
         """The decision logs that hold restarts: the service's, and each slot's."""
         return [self.sf.log] + [StateFile(os.path.join(self.sf.dir, s["state"])).log for s in self.slots(live=False)]
 
-    def _mirror_kept(self) -> None:
-        """A slot's rollback target and frozen parameters are the tune's: copied before each restart."""
-        if self.svc is not self.sf:
-            st = self.ledger.tune()
-            k = st.kept
-            self.svc.service.mirror_kept(k["config"], k.get("decision_id"), k.get("decision"), frozen=st.frozen)
-
     # -- state helpers ----------------------------------------------------
     def abs_path(self, rel: str) -> str:
         return rel if os.path.isabs(rel) else os.path.join(self.sf.dir, rel)
@@ -163,62 +158,30 @@ class Runner:
         return self.sf.log.append(self.tool_name, event, **kw)
 
     # -- the tools ----------------------------------------------------------
+    @property
+    def server(self) -> ProcessServer:
+        """The server this runner restarts (the service's, or its slot's), on its backend."""
+        return ProcessServer(self.svc, self.sf, self.owner, self.policy, self.interrupts, self.backend, self.s.ready_timeout_s)
+
     def running_config(self) -> dict | None:
-        run = self.served.running()
-        return run.get("config") if run.get("pid") else None
+        return self.server.running_config()
 
     def remote(self) -> bool:
         """This runner's slot is served on a Ray node (``vkit.tune.fleet``)."""
         return self.fleet is not None and self.slot is not None
 
     def apply(self, config: dict, fresh: bool = False) -> tuple[bool, dict]:
-        """restart_with_rollback to ``config`` (a full configuration); no-op if it already runs,
-        unless ``fresh``: a new measurement series starts on a freshly started server, so that no
-        request set finds its prompts in the prefix cache from an earlier series on the same process."""
-        self._mirror_kept()
+        """restart_with_rollback to ``config`` (``ProcessServer.apply``), on the slot's Ray worker when it is served there."""
         if self.remote():
+            self.server.mirror_kept()
             ok, res = self.fleet.call(self, "apply", dict(config), fresh)
             return bool(ok), res
-        st = self.served.server()
-        run, cand = st.running, st.candidate
-        if (not fresh and run.get("config") == config and self.backend.alive(run.get("pid"), run.get("ticks"))
-                and cand.get("status") != "applying" and self.healthy(st.url)):
-            return True, {"action": "already running"}
-        kept = st.kept["config"]
-        changes = {k: v for k, v in config.items() if kept.get(k) != v}
-        removed = [k for k in kept if k not in config]
-        if removed:
-            raise VkitError(f"a candidate cannot drop kept parameters ({', '.join(removed)})", ExitCode.INTERNAL)
-        if not changes:
-            code, res, err = self._held("rollback", lambda lc: lc.rollback(reason="measure the kept configuration"))
-        else:
-            typed = {k: self.policy.coerce(k, v) for k, v in sorted(changes.items())}
-            code, res, err = self._held("restart_with_rollback", lambda lc: lc.restart(typed))
-        if code == ExitCode.UNAVAILABLE:
-            raise VkitError(f"the environment is unavailable or ABNORMAL: {(res.get('message') or err.strip())}", ExitCode.UNAVAILABLE)
-        if code == ExitCode.INTERRUPTED:
-            raise KeyboardInterrupt
-        if code not in (0, 1):
-            raise VkitError(f"restart_with_rollback failed (exit {code}): {err.strip()[-300:]}", code)
-        return code == 0, res
-
-    def _held(self, tool: str, body: Callable[[Lifecycle], Outcome]) -> tuple[int, dict, str]:
-        """A restart or rollback as ``tool`` makes it: (exit code, outcome, error message)."""
-        how = Held(owner=self.owner, ready_timeout_s=self.s.ready_timeout_s, interrupts=self.interrupts, policy=self.policy,
-                   backend=self.backend)
-        t0 = self.backend.now()
-        try:
-            code, out = run_held(self.svc, tool, how, body)
-        except VkitError as e:
-            return int(e.code), {}, f"{tool}: error: {' '.join(str(e).split())}"
-        finally:
-            self.sf.tune.add_time("restart", self.backend.now() - t0)
-        return int(code), plain(out.as_dict()) if out is not None else {}, ""
+        return self.server.apply(config, fresh)
 
     def healthy(self, url: str) -> bool:
         if self.remote():
             return bool(self.fleet.call(self, "healthy", url))
-        return self.backend.healthy(url)
+        return self.server.healthy(url)
 
     def settle(self) -> None:
         """Between two trials or steps. In production (``--yes``) the service goes back to the kept
