@@ -87,8 +87,8 @@ def one_tune(workdir: str, virtual: bool, sim: list[str] = SIM, tune: list[str] 
 def noisy_argv(seed: int, virtual: bool) -> tuple[list[str], list[str]]:
     """sim_server's and tune's arguments for seed ``seed``: the default noise; live at NOISE_SPEED."""
     speed = 1.0 if virtual else NOISE_SPEED
-    sim = [a for a in SIM if a not in ("--sim-noise", "--sim-restart-noise")]
-    sim = [x for i, x in enumerate(sim) if not (i > 0 and sim[i - 1] in ("--sim-noise", "--sim-restart-noise"))]
+    noise = ("--sim-noise", "--sim-restart-noise")
+    sim = [x for i, x in enumerate(SIM) if x not in noise and not (i > 0 and SIM[i - 1] in noise)]  # the defaults
     sim[sim.index("--sim-seed") + 1] = str(seed)
     sim[sim.index("--sim-speed") + 1] = f"{speed:g}"
     tune = list(TUNE)

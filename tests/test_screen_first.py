@@ -1,6 +1,6 @@
 """Screen first, then plan the confirmation for the winner: a step's candidates are screened before the
 power analysis decides anything, and the confirmation is planned for the best screened candidate's
-effect less the winner's curse (``vkit.tune.power``), not for the gate's threshold. A noisy primary
+effect less the winner's curse (``vkit.decide.power``), not for the gate's threshold. A noisy primary
 (SLO capacity, σ 15 % between restarts on 2 degrees of freedom: threshold about 30 %) no longer refuses
 a step whose candidate carries 3x the traffic.
 
@@ -20,11 +20,12 @@ import numpy as np
 import pytest
 
 from tests.test_tune_power import runner_with
+from vkit.decide import power
 from vkit.decide.components import comparison_sigma, comparison_sigma_low
 from vkit.measure.gauge import BenchOptions
 from vkit.state import StateFile, new_state
 from vkit.tune import capacity as cap
-from vkit.tune import power, steps
+from vkit.tune import steps
 from vkit.tune.config import CapacityObjective, Settings, Workload
 from vkit.tune.runner import Runner
 from vkit.tune.summaries import aggregate

@@ -112,13 +112,15 @@ def test_capacity_tune_keeps_by_capacity_skips_what_cannot_differ_and_reports_th
 
 def test_capacity_tune_on_a_traffic_trace_searches_its_speedup(svc, tmp_path):  # noqa: F811
     """--trace: the business's own arrivals, replayed; every measurement is a search over the trace's
-    speed-up, step 1 uses the trace's prompts closed loop."""
+    speed-up, step 1 uses the trace's prompts closed loop. On the virtual backend: the trace's replay
+    through a live server is the live capacity tune's path above and tests/test_trace_replay.py's; what
+    is tested here is what the tune makes of a trace (23 s on a live server at --sim-speed 4)."""
     from tests.test_trace_replay import _trace
 
     _trace(tmp_path / "traffic.jsonl", 60, rate=10.0, priorities=False)
     init(svc, "max_num_seqs=8", "max_num_batched_tokens=8192")
     args = [a for a in CAP if a not in ("--capacity-start", "8")]
-    r = call("tune", *args, "--trace", str(tmp_path / "traffic.jsonl"), "--steps", "3", "--budget", "1", "--json",
+    r = call("tune", "--virtual", *args, "--trace", str(tmp_path / "traffic.jsonl"), "--steps", "3", "--budget", "1", "--json",
              "--report-dir", str(svc["dir"] / "rep"))
     assert r.code == 0, r.err[-3000:]
     res = json.loads(r.out)

@@ -143,7 +143,7 @@ def test_an_underpowered_confirmation_measures_nothing_and_an_underpowered_step_
 def test_a_server_that_measures_the_same_every_time_confirms_a_large_gain_in_the_fewest_pairs(state_path):
     """σ 0 (the simulator with its noise off, on the virtual backend): a +44 % screened gain is confirmed in
     two pairs, not refused as needing 'more than 200 pairs' because the plan read a σ rounded to 0."""
-    from vkit.tune import power
+    from vkit.decide import power
 
     zero = comp(1e-9, 1e-9, w_ci=[1e-10, 1e-8], b_ci=[0.0, 4e-9])  # float noise on identical figures
     r = runner_with(state_path, {"output_throughput": zero, "p95_ttft_ms": zero}, confirm_blocks=6)

@@ -145,8 +145,8 @@ def _run(args: argparse.Namespace, io: IO) -> int:
     if args.kept:
         if args.inputs:
             raise UsageError("--kept reads the runs from the state file; do not also give files")
+        from vkit.decide.kept import kept_series
         from vkit.state import StateFile
-        from vkit.tune.sentinel import kept_series
 
         sf = StateFile(args.state)
         st = sf.read()

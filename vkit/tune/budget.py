@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING
 
 from vkit.decide import gate as _gate
 from vkit.decide.components import SIGMA_RESOLUTION, comparison_sigma, comparison_sigma_low
+from vkit.decide.power import Effect, budget_plan
 from vkit.tune.compare import MAIN, Versus
-from vkit.tune.power import Effect, budget_plan
 
 if TYPE_CHECKING:
     from vkit.tune.runner import Runner

@@ -5,12 +5,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from vkit.apply.policy import to_serve_flags
+from vkit.decide.power import Effect
 from vkit.errors import ExitCode
 from vkit.state import now_iso
 from vkit.tune.compare import MAIN, Versus
 from vkit.tune.config import Workload
 from vkit.tune.ledger import first
-from vkit.tune.power import Effect
 from vkit.tune.summaries import brief
 
 if TYPE_CHECKING:

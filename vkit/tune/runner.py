@@ -34,7 +34,7 @@ Measurement design:
   blocks: it cancels linear drift) and gated with ``--fresh --selected-from K`` (the winner's
   curse), with σ pooled from the baseline; only an accept is kept. Its blocks come from the
   sequential rule's own power analysis at the measured σ components (``confirm_plan``: a step's
-  winner at its screened effect less the winner's curse, ``vkit.tune.power``), capped by
+  winner at its screened effect less the winner's curse, ``vkit.decide.power``), capped by
   ``confirm_blocks``; a confirmation that cannot reach a verdict within that budget says so
   before any run, and spends nothing (``--yes`` grants the larger budget instead).
 """

@@ -9,11 +9,11 @@ from typing import Any, Callable
 
 from vkit import search
 from vkit.apply.policy import to_serve_flags
+from vkit.decide import power
 from vkit.decide.components import comparison_sigma, comparison_sigma_low
 from vkit.decide.specs import parse_metric
 from vkit.errors import ExitCode, VkitError
 from vkit.state import now_iso
-from vkit.tune import power
 from vkit.tune.compare import MAIN, Versus
 from vkit.tune.ledger import PENDING, RANKED, Status
 from vkit.tune.runner import Runner
