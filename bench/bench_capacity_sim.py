@@ -39,6 +39,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 
 import bench_capacity_interval as virtual  # noqa: E402
+from harness import write_result  # noqa: E402
 
 from tests.sim_helpers import free_port  # noqa: E402
 
@@ -145,11 +146,7 @@ def main(argv=None) -> int:
 
     def save() -> None:
         doc["summary"] = summarise(rows, truth)
-        t = a.out + ".tmp"
-        with open(t, "w") as f:
-            json.dump(doc, f, indent=1)
-            f.write("\n")
-        os.replace(t, a.out)
+        write_result(a.out, doc, "capacity_sim", indent=1)
 
     t0 = time.time()
     try:

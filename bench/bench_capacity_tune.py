@@ -51,13 +51,15 @@ import json
 import math
 import os
 import platform
-import socket
 import subprocess
 import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+
+from harness import free_port as _free_port  # noqa: E402
+from harness import write_result  # noqa: E402
 
 from vkit.sim.predict import Scenario, predict  # noqa: E402
 
@@ -206,11 +208,6 @@ def truth(name: str, sc: dict) -> dict:
 
 
 # -- the product run ------------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def tune(name: str, sc: dict, work: str, virtual: bool = False, seed: int = 11) -> dict:
     """One tune of the scenario: on a live simulator (SPEED x faster than wall time, the SLO and the
@@ -415,11 +412,7 @@ def _write_virtual(out: str, rows: dict) -> None:
            "targets": {"ratio_to_best": TARGET_RATIO, "fresh_breaks": 0}, "scenarios": rows,
            "scenario_defs": {k: SCENARIOS[k] for k in rows if k in SCENARIOS}, "start": START,
            "command": "python3 bench/bench_capacity_tune.py --virtual --seeds N"}
-    tmp = out + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(doc, f, indent=1)
-        f.write("\n")
-    os.replace(tmp, out)
+    write_result(out, doc, indent=1)
 
 
 def _write(out: str, rows: dict) -> None:
@@ -436,9 +429,7 @@ def _write(out: str, rows: dict) -> None:
            "targets": {"ratio_to_best": TARGET_RATIO, "fresh_breaks": 0}, "summary": summary, "scenarios": rows,
            "scenario_defs": {k: SCENARIOS[k] for k in rows if k in SCENARIOS}, "start": START,
            "command": "python3 bench/bench_capacity_tune.py"}
-    os.makedirs(os.path.dirname(out), exist_ok=True)
-    with open(out, "w") as f:
-        json.dump(doc, f, indent=1)
+    write_result(out, doc, indent=1)
     print(json.dumps(summary))
 
 

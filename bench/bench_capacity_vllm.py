@@ -50,6 +50,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from harness import write_result  # noqa: E402
+
 from tests.sim_helpers import free_port  # noqa: E402
 from tests.test_vllm_real import ENV, MODEL, VENV, VLLM  # noqa: E402  (the server as the tests start it)
 from vkit.apply import launcher  # noqa: E402
@@ -278,11 +280,7 @@ def main(argv=None) -> int:
                                                          "keep_up": KEEP_UP, "ladder_point_s": POINT_S}})
 
     def save():
-        tmp = a.out + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(result, f, indent=1, sort_keys=True)
-            f.write("\n")
-        os.replace(tmp, a.out)
+        write_result(a.out, result, "capacity_vllm", indent=1, sort_keys=True)
 
     # a stop (Ctrl-C, or SIGTERM: a background job ignores SIGINT) stops the server on its way out
     signal.signal(signal.SIGTERM, signal.default_int_handler)

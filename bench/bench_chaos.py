@@ -42,13 +42,14 @@ import platform
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+
+from harness import free_port, write_result  # noqa: E402
 
 from vkit.apply import launcher  # noqa: E402
 from vkit.apply.lifecycle import expectations  # noqa: E402
@@ -269,11 +270,6 @@ def check_recommendation(ref: dict | None, got: dict | None, st: dict, ref_st: d
 
 
 # -- one tune ----------------------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def write_inputs(work: str) -> tuple[str, str, str, list[str]]:
     """The site policy (shipped table plus a string parameter the security check sets), the dataset of
@@ -724,10 +720,7 @@ def main(argv: list[str] | None = None) -> int:
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "revision": revision(),
            "python": platform.python_version(), "cpus": os.cpu_count(), "seconds": round(time.time() - t0),
            "tune_args": TUNE, "summary": s, "failures": tally.failures, "tunes": rows}
-    os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
-    with open(args.output, "w", encoding="utf-8") as f:
-        json.dump(doc, f, indent=2)
-        f.write("\n")
+    write_result(args.output, doc, "chaos")
     print(render(doc), file=sys.stderr)
     return 0 if ok else 1
 

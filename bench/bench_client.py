@@ -31,17 +31,14 @@ import requests
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from harness import free_port, write_result  # noqa: E402
+
 from vkit.measure.prom import parse  # noqa: E402
 
 OUT = os.path.join(REPO, "bench", "results", "client.json")
 VLLM = os.path.join(os.environ.get("VKIT_VLLM_VENV") or os.path.join(REPO, ".venv-vllm"), "bin", "vllm")
 TOKENIZER = os.path.join(os.path.dirname(VLLM), "..", "tiny-llama")
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def proc_cpu(pid: int) -> float | None:
@@ -349,10 +346,7 @@ def main() -> int:
         result["machine"]["loadavg_1m_after"] = os.getloadavg()[0]
         result["max_event_rate"] = max_event_rate()
         result["targets"] = {"p99_overhead_ms_at_64": 1.0}
-        os.makedirs(os.path.dirname(OUT), exist_ok=True)
-        with open(OUT + ".tmp", "w") as f:
-            json.dump(result, f, indent=2)
-        os.replace(OUT + ".tmp", OUT)
+        write_result(OUT, result, "client")
         print(f"wrote {OUT}", file=sys.stderr)
     finally:
         os.killpg(sim.pid, 15)

@@ -31,7 +31,6 @@ Writes bench/results/drift_tune.json. Run: python3 bench/bench_drift_tune.py [--
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import platform
@@ -43,6 +42,8 @@ from scipy import stats
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+
+from harness import write_result  # noqa: E402
 
 from vkit.decide import drift as vd  # noqa: E402
 
@@ -202,10 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         "targets": {"false_alarm_over_tune": f"<= {ALPHA:.2f}"},
         "rows": rows,
     }
-    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
-    with open(a.out, "w") as f:
-        json.dump(doc, f, indent=1)
-        f.write("\n")
+    write_result(a.out, doc, "drift_tune", indent=1)
     print(f"wrote {os.path.relpath(a.out, ROOT)} in {doc['wall_s']} s")
     return 0
 

@@ -15,7 +15,6 @@ Usage: python3 bench/bench_fidelity.py [--runs FILE.csv ...] [--folds 5] [--wors
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
@@ -23,6 +22,8 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+
+from harness import write_result  # noqa: E402
 
 from vkit.sim.calibrate import FREE, calibrate  # noqa: E402
 from vkit.sim.calibrated import write_profile  # noqa: E402
@@ -92,10 +93,7 @@ def main() -> int:
         "argv": ["python3", "bench/bench_fidelity.py", "--ramp-steps", args.ramp_steps, "--free", args.free]
         + ([] if args.runs == [DEFAULT_RUNS] else ["--runs", *args.runs]),
     }
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w", encoding="utf-8") as f:
-        json.dump(out, f, indent=2, sort_keys=True)
-        f.write("\n")
+    write_result(args.out, out, "fidelity", sort_keys=True)
     for name in ("default", "fitted", "kfold", "leave_group_out"):
         d = out[name]
         if d:

@@ -40,6 +40,8 @@ from scipy import stats
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from harness import write_result  # noqa: E402
+
 from vkit.decide import drift as vdrift  # noqa: E402
 from vkit.decide import gate as vgate  # noqa: E402
 from vkit.decide import rule as vrule  # noqa: E402
@@ -298,10 +300,7 @@ def main(argv: list[str] | None = None) -> int:
         "targets": targets,
         "seconds": round(time.time() - t0, 1),
     }
-    os.makedirs(os.path.dirname(a.out), exist_ok=True)
-    with open(a.out, "w") as f:
-        json.dump(result, f, indent=2, sort_keys=True)
-        f.write("\n")
+    write_result(a.out, result, "gate", sort_keys=True)
     brief = {
         "false_accept_max": targets["false_accept_le_5pct"]["max"],
         "power_at_6pct": targets["power_ge_80pct_at_6pct"],

@@ -16,7 +16,6 @@ import io
 import json
 import os
 import platform
-import socket
 import subprocess
 import sys
 import time
@@ -24,14 +23,11 @@ import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from harness import free_port, write_result  # noqa: E402
+
 OUT = os.path.join(ROOT, "bench", "results", "send_lag.json")
 TARGET_P99_MS, TARGET_RATE = 1.0, 500.0
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main(argv=None) -> int:
@@ -90,10 +86,7 @@ def main(argv=None) -> int:
         "target": {"rate": TARGET_RATE, "p99_ms": TARGET_P99_MS,
                    "met": bool(at and at["send_lag_ms"]["p99"] <= TARGET_P99_MS)},
     }
-    os.makedirs(os.path.dirname(a.out), exist_ok=True)
-    with open(a.out, "w") as f:
-        json.dump(result, f, indent=2, sort_keys=True)
-        f.write("\n")
+    write_result(a.out, result, "send_lag", sort_keys=True)
     print(json.dumps({"rates": [{"rate": r["rate"], "p99_ms": r["send_lag_ms"]["p99"]} for r in rows],
                       "target_met": result["target"]["met"]}))
     return 0

@@ -25,7 +25,6 @@ import asyncio
 import json
 import os
 import platform
-import socket
 import subprocess
 import sys
 import tempfile
@@ -36,15 +35,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "bench", "results", "sim.json")
 NOISE_RESULTS = os.path.join(ROOT, "bench", "results", "sim_noise.json")
 sys.path.insert(0, ROOT)
+from harness import free_port, write_result  # noqa: E402
+
 TARGET_P99_MS = 2.0
 PROMPT_TOKENS = 256
 OUTPUT_TOKENS = 256
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def get_json(url: str) -> dict:
@@ -189,10 +185,7 @@ def lag_part(a) -> int:
                     "with concurrency once that exceeds the event loop's wake-up jitter",
         },
     }
-    os.makedirs(os.path.dirname(a.out), exist_ok=True)
-    with open(a.out, "w") as f:
-        json.dump(result, f, indent=2, sort_keys=True)
-        f.write("\n")
+    write_result(a.out, result, "sim", sort_keys=True)
     print(json.dumps({"levels": [{k: r[k] for k in ("concurrency", "lag_ms", "server_cpu_cores")} for r in rows],
                       "target_met": result["target"]["met"]}, indent=1))
     os.unlink(log.name)
@@ -307,10 +300,7 @@ def noise_part(a) -> int:
         "note": "between includes the slow wander (OU, sd 0.25 x sim_noise, 60 s correlation), which stays "
                 "nearly constant over one start's few back-to-back runs",
     }
-    os.makedirs(os.path.dirname(a.noise_out), exist_ok=True)
-    with open(a.noise_out, "w") as f:
-        json.dump(result, f, indent=2, sort_keys=True)
-        f.write("\n")
+    write_result(a.noise_out, result, "sim_noise", sort_keys=True)
     for name, vc in (("live server", live_vc), ("engine, virtual time", eng_vc)):
         print(f"bench_sim: noise ({name}): within {100 * vc['within']:.2f}% "
               f"[{100 * vc['within_ci'][0]:.2f}, {100 * vc['within_ci'][1]:.2f}] (set {100 * a.sigma:g}%), between "

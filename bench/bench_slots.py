@@ -24,11 +24,12 @@ import json
 import os
 import platform
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
+
+from harness import free_port, write_result  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 B = os.path.join(REPO, "bin")
@@ -47,11 +48,6 @@ SPEED = [8.0]  # --sim-speed: the simulated accelerator's time over wall time
 STARTUP = [0.2]  # --sim-startup-s: wall seconds a server start takes (the host waits; no CPU)
 QUIET: list[str] = []  # --sim-noise off: the simulators' run-to-run and restart noise off
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def sim(port: int) -> list[str]:
@@ -202,10 +198,7 @@ def main(argv=None) -> int:
            "tune_args": TUNE + SEARCH[MODE[0]], "sim": sim(0)[2:], "sim_speed": SPEED[0], "sim_startup_s": STARTUP[0], "rows": rows, "summary": summary,
            "command": "python3 bench/bench_slots.py " + " ".join(argv if argv is not None else sys.argv[1:]),
            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    os.makedirs(os.path.dirname(a.output), exist_ok=True)
-    with open(a.output, "w", encoding="utf-8") as f:
-        json.dump(out, f, indent=2, sort_keys=True)
-        f.write("\n")
+    write_result(a.output, out, "slots", sort_keys=True)
     print(json.dumps(summary, indent=2))
     return 0
 

@@ -30,6 +30,8 @@ import sys
 import tempfile
 import time
 
+from harness import write_result  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "bench", "results", "tune_costs.json")
 RESTART_S, RUN_S = 60.0, 60.0
@@ -99,10 +101,7 @@ def main(argv=None) -> int:
                    if ok else None),
         "command": "python3 bench/bench_tune_costs.py",
     }
-    os.makedirs(os.path.dirname(a.out), exist_ok=True)
-    with open(a.out, "w") as f:
-        json.dump(doc, f, indent=2)
-        f.write("\n")
+    write_result(a.out, doc, "tune_costs")
     print(json.dumps(doc["ratios"]), file=sys.stderr)
     return 0 if ok else 1
 

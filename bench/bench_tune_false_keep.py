@@ -43,7 +43,6 @@ import json
 import os
 import platform
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -55,6 +54,8 @@ from scipy import stats
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from harness import free_port, write_result  # noqa: E402
+
 OUT = os.path.join(ROOT, "bench", "results", "tune_false_keep.json")
 PY, B = sys.executable, os.path.join(ROOT, "bin")
 SURFACES = {"flat": {"concurrency": 8, "kept_seqs": 16}, "plus6": {"concurrency": 16, "kept_seqs": 14},
@@ -67,11 +68,6 @@ TUNE = ["--sandbox", "--objective", "throughput", "--steps", "2", "--budget", "3
         "--input-len", "128", "--output-len", "32", "--num-prompts", "100", "--confirm-front", "0",
         "--ready-timeout", "30", "--slo", "p95_ttft_ms=2000", "--json"]
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def true_gains(surface: dict) -> list[float]:
@@ -254,10 +250,7 @@ def main(argv=None) -> int:
         shutil.rmtree(work, ignore_errors=True)
     doc = {"benchmark": "tune_false_keep", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
            "machine": f"{platform.machine()}, {os.cpu_count()} cpus", "surfaces": out}
-    os.makedirs(os.path.dirname(a.out), exist_ok=True)
-    with open(a.out, "w") as f:
-        json.dump(doc, f, indent=2)
-        f.write("\n")
+    write_result(a.out, doc, "tune_false_keep")
     for name, r in out.items():
         print(f"{name}: {r['keeps']}/{r['tunes']} kept (95 % bounds {r['keep_rate_lower95']:.2f}-{r['keep_rate_upper95']:.2f}; "
               f"{r.get('refused_up_front')} refused up front, guard {r.get('guard')}), "

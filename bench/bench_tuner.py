@@ -52,6 +52,8 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from harness import write_result  # noqa: E402
+
 from vkit.search import (  # noqa: E402
     DEFAULT_CONFIDENCE,
     Objective,
@@ -463,11 +465,7 @@ def main(argv=None) -> int:
         "targets": targets,
         "seconds": {"truth": round(t_truth, 1), "total": round(time.time() - t0, 1)},
     }
-    os.makedirs(os.path.dirname(a.out), exist_ok=True)
-    with open(a.out + ".tmp", "w") as f:
-        json.dump(result, f, indent=2, sort_keys=True, default=str)
-        f.write("\n")
-    os.replace(a.out + ".tmp", a.out)
+    write_result(a.out, result, "tuner", sort_keys=True, default=str)
     brief = {n: {k: {x: m[x] for x in ("restarts_to_98pct_median", "reached_98pct_share", "hv_ratio_at_10_median",
                                       "hv_ratio_at_20_median", "artefact_share", "artefact_share_practical",
                                       "slo_break_share", "within_98pct_at_20_share")}

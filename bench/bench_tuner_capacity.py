@@ -72,6 +72,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_capacity_tune import SCENARIOS as CAPACITY_SCENARIOS  # noqa: E402
 from bench_capacity_tune import START, run_at, true_capacity  # noqa: E402
 from bench_tuner import _median, _noise_seed  # noqa: E402
+from harness import write_result  # noqa: E402
 
 from vkit import search  # noqa: E402
 from vkit.cli._common import load_policy  # noqa: E402
@@ -321,11 +322,7 @@ def main(argv=None) -> int:
               "scenarios": per, "default_acquisition": default,
               "digest": hashlib.sha256(json.dumps([SCENARIOS, START], sort_keys=True).encode()).hexdigest()[:16],
               "seconds": round(time.time() - t0, 1)}
-    os.makedirs(os.path.dirname(a.out), exist_ok=True)
-    with open(a.out + ".tmp", "w") as f:
-        json.dump(result, f, indent=2, sort_keys=True, default=str)
-        f.write("\n")
-    os.replace(a.out + ".tmp", a.out)
+    write_result(a.out, result, "tuner_capacity", sort_keys=True, default=str)
     brief = {n: {k: {x: m[x] for x in ("restarts_to_98pct_median", "ratio_at_10_median", "ratio_at_20_median",
                                       "within_98pct_at_20_share", "failed_evaluations_mean")}
                  for k, m in r["methods"].items()} for n, r in per.items()}

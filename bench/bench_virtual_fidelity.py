@@ -25,11 +25,12 @@ import argparse
 import json
 import os
 import platform
-import socket
 import subprocess
 import sys
 import tempfile
 import time
+
+from harness import free_port, write_result  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "bench", "results", "virtual_fidelity.json")
@@ -42,11 +43,6 @@ TUNE = ["--sandbox", "--objective", "throughput", "--concurrency", "32", "--inpu
         "--num-prompts", "200", "--slo", "p95_ttft_ms=1000", "--steps", "1,2", "--budget", "2", "--ablation", "off",
         "--ready-timeout", "60", "--json"]
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def tool(name: str, *argv: str, env: dict) -> subprocess.CompletedProcess:
@@ -163,11 +159,7 @@ def noise_main(n: int, out_path: str) -> int:
 
 
 def write(path: str, doc: dict) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(doc, f, indent=1, sort_keys=True)
-        f.write("\n")
-    os.replace(tmp, path)
+    write_result(path, doc, "virtual_fidelity", indent=1, sort_keys=True)
 
 
 def compare(live: dict, virt: dict) -> dict:

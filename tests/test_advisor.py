@@ -302,12 +302,14 @@ def test_sweep_with_an_advisor_on_the_simulator_and_its_replay(svc, monkeypatch)
 @pytest.mark.e2e
 def test_tune_takes_the_advisor_in_its_bayesian_search(svc):
     """tune --mode bo --advisor: the advisor's valid answer is the search's first trial, measured and
-    gated like any other; the staged steps refuse the flag."""
+    gated like any other; the staged steps refuse the flag. On the virtual backend (the advisor is a
+    live HTTP endpoint still): what the search makes of an answer needs no server process; the sweep
+    above asks the live simulator itself."""
     init(svc, "max_num_seqs=4", "max_num_batched_tokens=2048")
     r = call("tune", *FAST, "--steps", "2", "--advisor", "http://127.0.0.1:9")
     assert r.code == 2 and "--mode bo" in r.err
     with FakeAdvisor([VALID, NONSENSE]) as srv:
-        r = call("tune", *FAST, "--steps", "2", "--mode", "bo", "--budget", "2", "--json", "--advisor", srv.url,
+        r = call("tune", *FAST, "--virtual", "--steps", "2", "--mode", "bo", "--budget", "2", "--json", "--advisor", srv.url,
                  "--advisor-every", "1", "--report-dir", str(svc["dir"] / "rep"))
     assert r.code == 0, r.err[-3000:]
     bo = [t for t in svc["sf"].read()["trials"] if t["step"] == "bo"]
