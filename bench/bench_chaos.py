@@ -49,8 +49,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from harness import free_port, write_result  # noqa: E402
-
+from bench.harness import free_port, write_result  # noqa: E402  (ROOT is on the path: a script here, bench.bench_chaos in tests/test_chaos.py)
 from vkit.apply import launcher  # noqa: E402
 from vkit.apply.lifecycle import expectations  # noqa: E402
 from vkit.apply.policy import Policy  # noqa: E402
