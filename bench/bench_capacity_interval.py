@@ -39,7 +39,6 @@ import math
 import multiprocessing as mp
 import os
 import platform
-import subprocess
 import sys
 import time
 
@@ -48,6 +47,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from bench.harness import revision as _revision  # noqa: E402  (bench_capacity_sim reads it here too)
 from vkit.sim.predict import Scenario, bench_summary  # noqa: E402
 from vkit.state import atomic_write_text  # noqa: E402
 from vkit.tune import capacity as cap  # noqa: E402
@@ -196,14 +196,6 @@ def score(rows: list[dict], truth: float) -> dict:
         "shape": {s: sum(1 for r in rows if r.get("shape") == s) for s in sorted({str(r.get("shape")) for r in rows})}
         if rows and "shape" in rows[0] else None,
     }
-
-
-def _revision() -> str | None:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip() or None
-    except (OSError, subprocess.CalledProcessError):
-        return None
 
 
 def main(argv=None) -> int:

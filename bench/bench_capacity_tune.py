@@ -59,7 +59,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from harness import free_port as _free_port  # noqa: E402
-from harness import write_result  # noqa: E402
+from harness import revision, write_result  # noqa: E402
 
 from vkit.sim.predict import Scenario, predict  # noqa: E402
 
@@ -335,7 +335,7 @@ def main(argv=None) -> int:
     out_path = a.out or (OUT_VIRTUAL if a.virtual else OUT)
     # scenarios measured earlier (the file this writes) are kept; the ones run now replace theirs
     rows = (json.load(open(out_path)).get("scenarios") or {}) if os.path.exists(out_path) else {}
-    rev = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    rev = revision()
     for name in a.scenarios.split(","):
         sc = SCENARIOS[name]
         print(f"== {name}: ground truth ({a.truth})", file=sys.stderr)

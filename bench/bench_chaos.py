@@ -49,7 +49,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from bench.harness import free_port, write_result  # noqa: E402  (ROOT is on the path: a script here, bench.bench_chaos in tests/test_chaos.py)
+from bench.harness import free_port, revision, write_result  # noqa: E402  (ROOT is on the path: a script here, bench.bench_chaos in tests/test_chaos.py)
 from vkit.apply import launcher  # noqa: E402
 from vkit.apply.lifecycle import expectations  # noqa: E402
 from vkit.apply.policy import Policy  # noqa: E402
@@ -660,13 +660,6 @@ def summary(rows: list[dict], tally: Tally) -> dict:
             "abnormal_why": why, "refused": sum(r["outcome"] == "refused" for r in rows), "refused_why": refusals,
             "stopped": sum(r["outcome"].startswith("stopped") for r in rows),
             "episodes": sum(len(r["episodes"]) for r in rows)}
-
-
-def revision() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    except OSError:
-        return ""
 
 
 def main(argv: list[str] | None = None) -> int:

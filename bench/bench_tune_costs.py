@@ -30,7 +30,7 @@ import sys
 import tempfile
 import time
 
-from harness import write_result  # noqa: E402
+from harness import revision, write_result  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "bench", "results", "tune_costs.json")
@@ -87,7 +87,7 @@ def main(argv=None) -> int:
     finally:
         subprocess.run(["git", "-C", ROOT, "worktree", "remove", "--force", old_tree], capture_output=True)
         shutil.rmtree(tmp, ignore_errors=True)
-    head = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    head = revision()
     o, n = rows["old"], rows["new"]
     ok = "error" not in o and "error" not in n
     doc = {

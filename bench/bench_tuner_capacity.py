@@ -59,7 +59,6 @@ import math
 import multiprocessing as mp
 import os
 import platform
-import subprocess
 import sys
 import time
 
@@ -72,6 +71,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_capacity_tune import SCENARIOS as CAPACITY_SCENARIOS  # noqa: E402
 from bench_capacity_tune import START, run_at, true_capacity  # noqa: E402
 from bench_tuner import _median, _noise_seed  # noqa: E402
+from harness import revision as harness_revision  # noqa: E402
 from harness import write_result  # noqa: E402
 
 from vkit import search  # noqa: E402
@@ -279,14 +279,6 @@ def choose(per: dict, budget: int) -> dict | None:
                     "the larger share within 98 % at 20 evaluations; among the bo acquisitions"}
 
 
-def _revision() -> str | None:
-    """The commit measured, with "+changes" when the tree differs from it."""
-    git = ["git", "-C", ROOT]
-    rev = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True).stdout.strip()
-    return (rev + ("+changes" if dirty else "")) or None
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  epilog="example: python3 bench/bench_tuner_capacity.py --seeds 8 --jobs 2")
@@ -313,7 +305,7 @@ def main(argv=None) -> int:
             earlier = {n: r["optimum"] for n, r in json.load(f)["scenarios"].items()}
     per = {o["scenario"]: {"scenario": SCENARIOS[o["scenario"]], **score(o, earlier.get(o["scenario"]))} for o in outs}
     default = choose(per, a.budget)
-    revision = _revision()
+    revision = harness_revision()
     result = {"bench": "tuner_capacity", "revision": revision, "python": platform.python_version(), "numpy": np.__version__,
               "cpus": os.cpu_count(), "jobs": a.jobs, "seed": SEED, "seeds": a.seeds, "budget": a.budget,
               "measurement": noise(), "space": [p.to_dict() for p in space()],

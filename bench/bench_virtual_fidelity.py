@@ -30,7 +30,7 @@ import sys
 import tempfile
 import time
 
-from harness import free_port, write_result  # noqa: E402
+from harness import free_port, revision, write_result  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "bench", "results", "virtual_fidelity.json")
@@ -94,7 +94,6 @@ def noisy_argv(seed: int, virtual: bool) -> tuple[list[str], list[str]]:
 
 def true_throughput(config: dict, seed: int) -> float:
     """``config``'s output tok/s on a noiseless virtual start of the same deployment, the tune's workload."""
-    sys.path.insert(0, ROOT)
     from vkit.cli.sim_server import parse_virtual
     from vkit.measure.gauge import BenchOptions, build_config
     from vkit.sim.virtual import VirtualServer
@@ -148,7 +147,7 @@ def noise_main(n: int, out_path: str) -> int:
     recs = set(sides["live"]["recommendations"]) | set(sides["virtual"]["recommendations"])
     agree["recommendations_total_variation"] = 0.5 * sum(abs(sides["live"]["recommendations"].get(k, 0.0)
                                                               - sides["virtual"]["recommendations"].get(k, 0.0)) for k in recs)
-    rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    rev = revision()
     out = {"revision": rev or None, "machine": platform.node(), "command": f"python3 bench/bench_virtual_fidelity.py --seeds {n}",
            "live_speed": NOISE_SPEED, "sim_server": noisy_argv(0, True)[0], "tune": TUNE, "sides": sides, "agreement": agree,
            "rows": rows, "seconds": round(time.time() - t0, 1)}
@@ -196,7 +195,7 @@ def main(argv=None) -> int:
         virt = one_tune(os.path.join(d, "virtual"), True)
         print(f"  {virt['wall_s']:.0f} s wall; live tune (about {virt['run_s'] or 0:.0f} s of runs) ...", file=sys.stderr)
         live = one_tune(os.path.join(d, "live"), False)
-    rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    rev = revision()
     out = {"revision": rev or None, "machine": platform.node(), "command": "python3 bench/bench_virtual_fidelity.py",
            "sim_server": SIM, "tune": TUNE, "live": live, "virtual": virt, "comparison": compare(live, virt)}
     write(a.out, out)

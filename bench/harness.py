@@ -3,7 +3,7 @@ machine it ran on, and its results file written atomically with one header.
 
 Every ``bench/*.py`` imports it (``bench/`` is the script's folder, so ``import harness`` works from
 ``python3 bench/x.py`` as from the Makefile). A result written with :func:`write_result` carries
-``benchmark``, ``date`` (UTC), ``revision`` (the commit, ``+dirty`` when the tree had changes),
+``benchmark``, ``date`` (UTC), ``revision`` (the commit, ``+changes`` when the tree had changes),
 ``machine`` (CPUs, Python, the load when it ended) and ``command``; a script's own fields of the same
 name are kept, never overwritten. The file is replaced in one step (temp file, fsync, rename): a
 benchmark stopped mid-write leaves the previous results whole.
@@ -35,7 +35,7 @@ def free_port() -> int:
 
 
 def revision() -> str | None:
-    """The commit measured (short), ``+dirty`` when the working tree differs from it; None outside git."""
+    """The commit measured (short), ``+changes`` when the working tree differs from it; None outside git."""
     try:
         head = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                               timeout=10).stdout.strip()
@@ -43,7 +43,7 @@ def revision() -> str | None:
                                text=True, timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
-    return (head + ("+dirty" if dirty else "")) or None
+    return (head + ("+changes" if dirty else "")) or None
 
 
 def machine() -> dict:

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.unit
 @pytest.fixture
 def harness(monkeypatch):
     h = load_script(os.path.join(REPO, "bench", "harness.py"), "bench_harness")
-    monkeypatch.setattr(h, "revision", lambda: "abc1234+dirty")  # git is a process: the header's use of it is what is tested
+    monkeypatch.setattr(h, "revision", lambda: "abc1234+changes")  # git is a process: the header's use of it is what is tested
     return h
 
 
@@ -28,7 +28,7 @@ def test_a_result_carries_the_header_and_keeps_its_own_fields(harness, tmp_path)
     doc = json.loads(path.read_text())
     assert doc["benchmark"] == "x" and doc["date"] == "the script's own" and doc["rows"] == [1, 2]
     assert doc["machine"]["cpus"] == os.cpu_count() and doc["command"].startswith("python3 ")
-    assert doc["revision"] == "abc1234+dirty"
+    assert doc["revision"] == "abc1234+changes"
 
 
 def test_a_write_that_fails_leaves_the_previous_results_whole(harness, tmp_path):
