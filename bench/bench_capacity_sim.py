@@ -39,9 +39,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 
 import bench_capacity_interval as virtual  # noqa: E402
-from harness import write_result  # noqa: E402
-
-from tests.sim_helpers import free_port  # noqa: E402
+from harness import free_port, write_result  # noqa: E402
 
 OUT = os.path.join(ROOT, "bench", "results", "capacity_sim.json")
 MODEL = "sim-8b"

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 
 import requests
 
+from bench.harness import free_port  # one definition, bench's and the tests'
 from vkit.sim.engine import CostModel, Engine, EngineConfig, Request
 from vkit.sim.profiles import get_gpu, get_model
 
@@ -31,12 +31,6 @@ def small_engine(num_blocks: int = 1000, budget: int = 64, seqs: int = 8, chunke
 def req(rid: str, n_prompt: int, max_tokens: int = 100, start: int = 0, **kw) -> Request:
     """A request whose prompt is ``start, start+1, ...`` (distinct starts share no prefix)."""
     return Request(rid, list(range(start, start + n_prompt)), max_tokens, **kw)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class SimProcess:

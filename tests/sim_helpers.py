@@ -4,18 +4,12 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
 
+from bench.harness import free_port  # noqa: F401  (one definition, bench's and the tests')
 from tests.conftest import REPO
 
 SIM_FAST = ["--sim-speed", "20", "--sim-startup-s", "0.2", "--sim-seed", "1"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def sim_argv(port: int, *extra: str, model: str = "sim-8b") -> list[str]:

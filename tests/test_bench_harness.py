@@ -46,9 +46,10 @@ def test_the_free_port_is_free(harness):
         s.bind(("127.0.0.1", port))  # raises if it were taken
 
 
-def test_no_benchmark_keeps_its_own_copy_of_the_harness():
+def test_no_benchmark_or_test_helper_keeps_its_own_copy_of_the_harness():
     own = []
-    for p in sorted(glob.glob(os.path.join(REPO, "bench", "*.py"))):
+    helpers = [os.path.join(REPO, "tests", f) for f in ("sim_helpers.py", "sim_fixtures.py")]
+    for p in sorted(glob.glob(os.path.join(REPO, "bench", "*.py"))) + helpers:
         if os.path.basename(p) == "harness.py":
             continue
         text = open(p, encoding="utf-8").read()
