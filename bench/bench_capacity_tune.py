@@ -81,6 +81,15 @@ SCENARIOS = {
                              "max_model_len": 4096, "slo": {"p95_ttft_ms": 2000.0, "mean_tpot_ms": 60.0}},
     "qwen7b-l40s": {"model": "qwen2.5-7b", "gpu": "L40S", "tp": 1, "isl": 512, "osl": 256, "max_model_len": 1024,
                     "slo": {"p95_ttft_ms": 1500.0, "mean_tpot_ms": 80.0}},
+    # an NPU, short prompts and long outputs: the start (16 sequences) carries a twentieth of the best
+    "8b-910b-long-output": {"model": "llama-3.1-8b", "gpu": "Ascend-910B", "tp": 1, "isl": 128, "osl": 512,
+                            "max_model_len": 1024, "slo": {"p95_ttft_ms": 3000.0, "mean_tpot_ms": 60.0}},
+    # FP8 weights (--quantization fp8): more KV blocks and faster decode than the bf16 70B on the same GPUs
+    "70b-h100x4-fp8": {"model": "llama-3.1-70b", "gpu": "H100-80G", "tp": 4, "isl": 1024, "osl": 128,
+                       "max_model_len": 2048, "quantization": "fp8", "slo": {"p95_ttft_ms": 1000.0, "mean_tpot_ms": 40.0}},
+    # TPOT-bound so tightly that the knee sits below the start: 8 sequences carry more than 16
+    "8b-h200-tpot-knee": {"model": "llama-3.1-8b", "gpu": "H200", "tp": 1, "isl": 512, "osl": 256, "max_model_len": 1024,
+                          "slo": {"p95_ttft_ms": 4000.0, "mean_tpot_ms": 5.2}},
 }
 START = {"max_num_batched_tokens": 2048, "max_num_seqs": 16}
 
@@ -89,7 +98,7 @@ START = {"max_num_batched_tokens": 2048, "max_num_seqs": 16}
 def run_at(sc: dict, cfg: dict, rate: float) -> dict:
     """The predictor's noiseless run of ``cfg`` at an exact Poisson ``rate`` (500 requests)."""
     return predict(Scenario(model=sc["model"], gpu=sc["gpu"], tp=sc["tp"], isl=sc["isl"], osl=sc["osl"], rate=rate,
-                            num_prompts=500, warmup=0, seed=0, exact_rate=True,
+                            num_prompts=500, warmup=0, seed=0, exact_rate=True, quantization=sc.get("quantization"),
                             serve={"max_model_len": sc["max_model_len"], **cfg}))
 
 
@@ -143,7 +152,7 @@ def _holds_steady(sc: dict, cfg: dict, rate: float) -> bool:
     for s in range(STEADY_SEEDS):
         summ = bench_summary(Scenario(model=sc["model"], gpu=sc["gpu"], tp=sc["tp"], isl=sc["isl"], osl=sc["osl"],
                                       rate=rate, num_prompts=n, seed=20_000 + s, exact_rate=True, steady=True,
-                                      serve={"max_model_len": sc["max_model_len"], **cfg}))
+                                      quantization=sc.get("quantization"), serve={"max_model_len": sc["max_model_len"], **cfg}))
         m.append(cap.judge_run(summ, cap.Slo(dict(sc["slo"])), cap.Plan(keep_up=0.95), rate))
     return least_mean_margin(m, list(sc["slo"])) >= 0
 
@@ -224,7 +233,8 @@ def tune(name: str, sc: dict, work: str, virtual: bool = False, seed: int = 11) 
     sim = [py, os.path.join(b, "sim_server"), f"sim-{name}", "--port", str(port), "--sim-gpu", sc["gpu"], "--sim-model",
            sc["model"], "-tp", str(sc["tp"]), "--max-model-len", str(sc["max_model_len"]), "--sim-speed", f"{speed:g}",
            "--sim-startup-s", f"{VIRTUAL_RESTART_S if virtual else 0.5:g}", "--sim-seed", str(seed),
-           "--sim-start-file", os.path.join(work, name, "sim-starts")]
+           "--sim-start-file", os.path.join(work, name, "sim-starts"),
+           *(["--quantization", sc["quantization"]] if sc.get("quantization") else [])]
     init = [py, os.path.join(b, "state"), "init", "--url", f"http://127.0.0.1:{port}", "--model", f"sim-{name}"]
     for k, v in START.items():
         init += ["--set", f"{k}={v}"]
@@ -244,7 +254,7 @@ def tune(name: str, sc: dict, work: str, virtual: bool = False, seed: int = 11) 
     wall = time.time() - t0
     if p.returncode != 0:
         _stop(state)
-        return {"error": f"tune exit {p.returncode}: {p.stderr[-800:]}"}
+        return {"error": f"tune exit {p.returncode}: {p.stderr[-800:]}", "seed": seed}
     res = json.loads(p.stdout)
     runs = glob.glob(os.path.join(work, name, "runs", "*", "*", "rep*-points", "*", "rep*.json"))
     bench_s = sum(json.load(open(f)).get("duration") or 0.0 for f in runs)
@@ -331,11 +341,13 @@ def main(argv=None) -> int:
                          "judged as a search judges them (minutes a scenario on 2 cores)")
     ap.add_argument("--rescore", action="store_true", help="no tune: score the rows already in --out against --truth")
     ap.add_argument("--seeds", type=int, default=1, help="--virtual: tunes per scenario, --sim-seed 11, 12, ... (default 1)")
+    ap.add_argument("--jobs", type=int, default=2, help="--virtual: tunes run at a time (default 2: one a core here)")
     a = ap.parse_args(argv)
     out_path = a.out or (OUT_VIRTUAL if a.virtual else OUT)
     # scenarios measured earlier (the file this writes) are kept; the ones run now replace theirs
     rows = (json.load(open(out_path)).get("scenarios") or {}) if os.path.exists(out_path) else {}
     rev = revision()
+    truths: dict[str, dict] = {}
     for name in a.scenarios.split(","):
         sc = SCENARIOS[name]
         print(f"== {name}: ground truth ({a.truth})", file=sys.stderr)
@@ -352,22 +364,44 @@ def main(argv=None) -> int:
                 _write(out_path, rows)
             continue
         if a.virtual:
-            runs = []
-            for seed in range(11, 11 + a.seeds):
-                print(f"== {name}: virtual tune, seed {seed}", file=sys.stderr)
-                r = score(tune(name, sc, a.work, virtual=True, seed=seed), sc, t, 1.0)
-                print(f"   {name} seed {seed}: {json.dumps(r)}", file=sys.stderr)
-                runs.append(r)
-            rows[name] = {"tunes": runs, "summary": spread(runs), "revision": rev or None, "truth": a.truth,
-                          "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-            _write_virtual(out_path, rows)
+            truths[name] = t
             continue
         print(f"== {name}: tune on a live simulator", file=sys.stderr)
         r = score(tune(name, sc, a.work), sc, t, SPEED)
         rows[name] = dict(r, measured=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), revision=rev or None)
         print(f"   {name}: {json.dumps(r)}", file=sys.stderr)
         _write(out_path, rows)
+    if truths:
+        _virtual_tunes(truths, a, rows, out_path, rev)
     return 0
+
+
+def _one_virtual(job: tuple) -> tuple[str, int, dict]:
+    name, seed, work, t = job
+    return name, seed, score(tune(name, SCENARIOS[name], work, virtual=True, seed=seed), SCENARIOS[name], t, 1.0)
+
+
+def _virtual_tunes(truths: dict, a, rows: dict, out_path: str, rev: str) -> None:
+    """--virtual: ``a.seeds`` tunes of each scenario, ``a.jobs`` at a time; a scenario's rows are written
+    as soon as its last tune ends (an interrupted run keeps the scenarios it finished)."""
+    import multiprocessing as mp
+
+    jobs = [(name, seed, a.work, t) for name, t in truths.items() for seed in range(11, 11 + a.seeds)]
+    got: dict[str, list] = {name: [] for name in truths}
+    t0, done = time.time(), 0
+    with mp.Pool(max(1, a.jobs)) as pool:
+        for name, seed, r in pool.imap_unordered(_one_virtual, jobs):
+            done += 1
+            eta = (time.time() - t0) / done * (len(jobs) - done)
+            print(f"   [{done}/{len(jobs)}, ETA {eta / 60:.0f} min] {name} seed {seed}: "
+                  f"{json.dumps({k: r.get(k) for k in ('restarts', 'ratio_to_best', 'promise_over_truth', 'error')})}",
+                  file=sys.stderr)
+            got[name].append(r)
+            if len(got[name]) == a.seeds:
+                runs = sorted(got[name], key=lambda x: x.get("seed") or 0)
+                rows[name] = {"tunes": runs, "summary": spread(runs), "revision": rev or None, "truth": a.truth,
+                              "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+                _write_virtual(out_path, rows)
 
 
 def score(r: dict, sc: dict, t: dict, speed: float) -> dict:
