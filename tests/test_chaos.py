@@ -201,10 +201,14 @@ def _stub_runner(tmp_path, runs):
     """A Runner with its measurement and state stubbed: ``runs`` are the (summary, check) pairs measured in turn."""
     from types import SimpleNamespace
 
+    from vkit.measure.gauge import BenchOptions
+    from vkit.state import StateFile, new_state
+    from vkit.tune.config import Settings, Workload
     from vkit.tune.runner import Runner
 
-    r = Runner.__new__(Runner)
-    r.wire()
+    sf = StateFile(str(tmp_path / "vkit.json"))
+    sf.create(new_state("http://127.0.0.1:1", "m", ["serve", "m"], {}), force=True)
+    r = Runner(sf, Settings(workload=Workload(BenchOptions(num_prompts=5))), lambda m: None, tool_name="tune")
     it = iter(runs)
 
     def once(label, k, workload=None):
@@ -218,7 +222,7 @@ def _stub_runner(tmp_path, runs):
     tune = SimpleNamespace(add_kept_repeat=calls["repeats"].append, record_run_start=lambda *a, **k: None,
                            record_drift_check=lambda out, change=None: calls["drift"].append(out))
     r.sf = r.svc = SimpleNamespace(read=lambda: st, tune=tune, service=SimpleNamespace(note_fingerprint=lambda *a, **k: None))
-    r.runs_dir, r.restore_kept, r.load = str(tmp_path), lambda fresh=False: None, lambda p: {}
+    r.restore_kept, r.load = lambda fresh=False: None, lambda p: {}
     return r, calls
 
 
@@ -296,7 +300,6 @@ def test_a_keep_interrupted_before_its_record_is_finished_not_confirmed_against_
     st = {"kept": {"config": cand, "decision": "gate", "decision_id": "d0042"}, "confirmations": [conf], "trials": [trial]}
     saved, updated, rebased = [], [], []
     r.sf = SimpleNamespace(read=lambda: st)
-    r.trial = lambda tid: dict(trial)
     r.confirmer.save = lambda c, list_key="confirmations": saved.append(dict(c))
     r.update_trial = lambda tid, **kw: updated.append(kw)
     r.baselines.rebase = lambda tid, c: rebased.append(tid)
@@ -333,7 +336,7 @@ def test_a_run_check_invariants_did_not_pass_eliminates_nothing(tmp_path):
              "runs": [], "checks": [], "repeats_planned": 1}
     base = {"runs": ["runs/b/rep1.json"], "sigma": {"output_throughput": 0.02}}
     r.sf = SimpleNamespace(read=lambda: {"baseline": base, "trials": [trial]})
-    r.trial, r.apply = lambda tid: dict(trial), lambda cfg, fresh=False: (True, {})
+    r.apply = lambda cfg, fresh=False: (True, {})
     r.load = lambda p: {"output_throughput": 12000.0}
     saturated = {"code": 1, "verdict": "anomaly", "findings": ["client_saturation"]}
     r.measurer.measure = lambda tid, k, w=None: ("runs/t002/rep1.json", {"output_throughput": 4000.0, "p95_ttft_ms": 44.0, "failed": 0},

@@ -460,3 +460,26 @@ def test_a_ray_worker_hosts_a_server_and_one_run_never_a_runner():
     names = {name for _, name in imported(open(path, encoding="utf-8").read(), "vkit.tune.fleet")}
     assert "vkit.tune.server.ProcessServer" in names and "vkit.tune.onerun.OneRun" in names
     assert not any(n == "vkit.tune.runner" or n.startswith("vkit.tune.runner.") for n in names)
+
+
+# tests build a tune's objects as tune builds them: no instance conjured past its constructor
+def bare_instances(source: str) -> list[tuple[int, str]]:
+    """(line, class) for each ``X.__new__(X)`` or ``object.__new__(X)``: an object whose __init__ never ran."""
+    out = []
+    for n in ast.walk(ast.parse(source)):
+        if (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "__new__" and n.args
+                and isinstance(n.args[0], ast.Name) and n.args[0].id != "cls"):  # cls: a class's own __new__
+            out.append((n.lineno, n.args[0].id))
+    return sorted(out)
+
+
+def test_no_test_builds_an_object_without_its_constructor():
+    tests = os.path.dirname(os.path.abspath(__file__))
+    found = [f"{f}:{line}: {cls}" for f in sorted(os.listdir(tests)) if f.endswith(".py")
+             for line, cls in bare_instances(open(os.path.join(tests, f), encoding="utf-8").read())]
+    assert found == []
+
+
+def test_a_bare_instance_is_found():
+    src = "r = Runner.__new__(Runner)\nm = object.__new__(Measurer)\nx = super().__new__(cls)\nRunner(sf)\n"
+    assert bare_instances(src) == [(1, "Runner"), (2, "Measurer")]

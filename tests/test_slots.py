@@ -93,14 +93,19 @@ def test_a_state_without_slots_is_one_slot(tmp_path):
     assert r.slots() == [] and r.use_first_slot() and r.svc is sf and r.slot is None
 
 
-def _bare_runner(slot_names, effects=None):
-    """A Runner over an in-memory state with slots ``slot_names`` (its measurements stubbed by the caller)."""
+def _bare_runner(tmp_path, slot_names, effects=None):
+    """A Runner whose state reads come from an in-memory state with slots ``slot_names`` (its measurements
+    stubbed by the caller); built as tune builds one, on a scratch state file."""
     from types import SimpleNamespace
 
+    from vkit.measure.gauge import BenchOptions
+    from vkit.state import new_state
+    from vkit.tune.config import Settings, Workload
     from vkit.tune.runner import Runner
 
-    r = Runner.__new__(Runner)
-    r.wire()
+    sf = StateFile(str(tmp_path / "vkit.json"))
+    sf.create(new_state("http://127.0.0.1:9", "m", ["serve", "m"], {"max_num_seqs": 4}), force=True)
+    r = Runner(sf, Settings(workload=Workload(BenchOptions())), lambda m: None)
     st = {"slots": [{"name": n, "state": f"slots/{n}.json"} for n in slot_names], "kept": {"config": {"max_num_seqs": 4}},
           "confirmations": [], "trials": [{"id": "t002", "step": "2", "config": {"max_num_seqs": 8}}]}
     if effects is not None:
@@ -113,13 +118,13 @@ def _bare_runner(slot_names, effects=None):
 
 
 @pytest.mark.unit
-def test_a_comparison_across_slots_carries_the_device_spread_and_one_within_a_slot_does_not():
-    r, _ = _bare_runner(["s0", "s1"], effects={"output_throughput": {"sigma_device": 0.03}, "p95_ttft_ms": {"sigma_device": 0.0}})
+def test_a_comparison_across_slots_carries_the_device_spread_and_one_within_a_slot_does_not(tmp_path):
+    r, _ = _bare_runner(tmp_path, ["s0", "s1"], effects={"output_throughput": {"sigma_device": 0.03}, "p95_ttft_ms": {"sigma_device": 0.0}})
     same = r.compare.slot_sigma(["runs/run-1/s0/baseline-g1/rep1.json"], ["runs/run-1/s0/t002/rep1.json"])
     across = r.compare.slot_sigma(["runs/run-1/s0/baseline-g1/rep1.json"], ["runs/run-1/s1/t002/rep1.json"])
     assert same == {} and across == {"output_throughput": 0.03}
     assert r.compare.slots_of(["runs/run-1/s1/t002/rep1.json", "runs/run-1/s0/aa/rep1.json"]) == {"s0", "s1"}
-    r, _ = _bare_runner([], effects={"output_throughput": {"sigma_device": 0.03}})
+    r, _ = _bare_runner(tmp_path, [], effects={"output_throughput": {"sigma_device": 0.03}})
     assert r.compare.slot_sigma(["runs/run-1/baseline-g1/rep1.json"], ["runs/run-1/t002/rep1.json"]) == {}
 
 
@@ -127,7 +132,7 @@ DOC = {"output_throughput": 6000.0, "p95_ttft_ms": 120.0}
 
 
 @pytest.mark.unit
-def test_the_aa_pass_splits_the_spread_into_within_a_slot_between_slots_and_devices(monkeypatch):
+def test_the_aa_pass_splits_the_spread_into_within_a_slot_between_slots_and_devices(monkeypatch, tmp_path):
     """One-way random effects on logs, by hand: s0 runs e^0 and e^0.02, s1 e^0.10 and e^0.12 (x 6000): within a slot
     MS_w = (4 x 0.01^2) / (2 x 1) = 2e-4; between MS_b = 2 x (2 x 0.05^2) / 1 = 0.01; σ²_slots = (0.01 - 2e-4) / 2 = 0.0049;
     less the baseline's between-restart 0.03^2 = 0.0009: σ²_device = 0.004."""
@@ -136,7 +141,7 @@ def test_the_aa_pass_splits_the_spread_into_within_a_slot_between_slots_and_devi
     from vkit.tune import steps
     from vkit.tune.steps import aa
 
-    r, _ = _bare_runner(["s0", "s1"])
+    r, _ = _bare_runner(tmp_path, ["s0", "s1"])
     docs = {f"{n}/{k}": {"output_throughput": 6000.0 * math.exp(x)} for n, xs in (("s0", (0.0, 0.02)), ("s1", (0.10, 0.12)))
             for k, x in enumerate(xs)}
     r.load = docs.__getitem__
@@ -150,13 +155,13 @@ def test_the_aa_pass_splits_the_spread_into_within_a_slot_between_slots_and_devi
 
 
 @pytest.mark.unit
-def test_confirmation_blocks_run_side_by_side_on_the_slots():
+def test_confirmation_blocks_run_side_by_side_on_the_slots(tmp_path):
     """B A A B blocks of a confirmation on three slots: blocks 1-3 at once, block k on slot k mod 3, each
     block's four runs on one device (its pairs within a slot); the gate after each group, the record in
     block order; block 4 on s0 again, where the gate decides."""
     import copy
 
-    r, _ = _bare_runner(["s0", "s1", "s2"])
+    r, _ = _bare_runner(tmp_path, ["s0", "s1", "s2"])
     where = []
 
     def for_slot(slot):
@@ -168,7 +173,6 @@ def test_confirmation_blocks_run_side_by_side_on_the_slots():
         return c
 
     r.for_slot = for_slot
-    r.trial = lambda tid: {"id": tid, "step": "2", "config": {"max_num_seqs": 8}}
     r.budget.confirm_plan = lambda *a, **k: {"fits": True, "blocks": 4, "why": "4 blocks"}
     r.apply = lambda cfg, fresh=False: (True, {})
     r.progress = r.log = lambda *a, **k: None
