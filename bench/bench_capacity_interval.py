@@ -31,7 +31,6 @@ the four scenarios; separate --scenarios with separate --out files can run side 
 from __future__ import annotations
 
 import argparse
-import glob
 import hashlib
 import inspect
 import json
@@ -48,6 +47,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from bench.harness import revision as _revision  # noqa: E402  (bench_capacity_sim reads it here too)
+from bench.harness import sim_sources  # noqa: E402
 from vkit.sim.predict import Scenario, bench_summary  # noqa: E402
 from vkit.state import atomic_write_text  # noqa: E402
 from vkit.tune import capacity as cap  # noqa: E402
@@ -109,7 +109,7 @@ def least_mean_margin(runs: list[dict], keys: list[str]) -> float:
 
 def _digest(sc: dict) -> str:
     h = hashlib.sha256(json.dumps([sc, TRUTH_REQUESTS, TRUTH_SEEDS, KEEP_UP], sort_keys=True).encode())
-    for f in sorted(glob.glob(os.path.join(ROOT, "vkit", "sim", "*.py"))):
+    for f in sim_sources("predict"):
         h.update(open(f, "rb").read())
     h.update(inspect.getsource(cap.judge_run).encode())  # how a run is judged is part of the truth
     for f in (_holds, least_mean_margin):  # and how the runs of a load are judged together

@@ -37,7 +37,7 @@ virtual time):
   truth. Writes bench/results/capacity_tune_virtual.json.
 
 Writes bench/results/capacity_tune.json (the truth is cached in capacity_truth.json, keyed by a
-digest of the scenario and the simulator's source). Run: python3 bench/bench_capacity_tune.py
+digest of the scenario and the source of the simulator's modules the predictor runs). Run: python3 bench/bench_capacity_tune.py
 [--scenarios a,b] (7 to 9 minutes a scenario on 2 cores; the results file is updated after each);
 with --virtual, 2 to 6 minutes a tune on one core.
 """
@@ -59,7 +59,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from harness import free_port as _free_port  # noqa: E402
-from harness import revision, write_result  # noqa: E402
+from harness import revision, sim_sources, write_result  # noqa: E402
 
 from vkit.sim.predict import Scenario, predict  # noqa: E402
 
@@ -190,7 +190,7 @@ def steady_truth(name: str, sc: dict, jobs: int = 2) -> dict:
 
 def _digest(sc: dict) -> str:
     h = hashlib.sha256(json.dumps([sc, TOKENS, SEQS, START], sort_keys=True).encode())
-    for f in sorted(glob.glob(os.path.join(ROOT, "vkit", "sim", "*.py"))):
+    for f in sim_sources("predict"):
         h.update(open(f, "rb").read())
     return h.hexdigest()[:16]
 

@@ -37,7 +37,6 @@ Usage: python3 bench/bench_tuner.py [--seeds 8] [--budget 20] [--jobs 2] [--out 
 from __future__ import annotations
 
 import argparse
-import glob
 import hashlib
 import json
 import math
@@ -52,7 +51,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from harness import write_result  # noqa: E402
+from harness import sim_sources, write_result  # noqa: E402
 
 from vkit.search import (  # noqa: E402
     DEFAULT_CONFIDENCE,
@@ -142,7 +141,7 @@ def truth_key(name: str, sc: dict) -> str:
     h = hashlib.sha256()
     workload = {k: v for k, v in sc.items() if k != "slo_p95_ttft_ms"}  # the SLO does not change a measurement
     h.update(json.dumps({"scenario": workload, "space": [p.to_dict() for p in SPACE]}, sort_keys=True).encode())
-    for f in sorted(glob.glob(os.path.join(ROOT, "vkit", "sim", "*.py"))):
+    for f in sim_sources("harness"):
         with open(f, "rb") as fh:
             h.update(fh.read())
     return f"{name}:{h.hexdigest()[:16]}"

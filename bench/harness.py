@@ -27,6 +27,28 @@ if ROOT not in sys.path:
 from vkit.state import atomic_write_text  # noqa: E402
 
 
+def sim_sources(*starts: str) -> list[str]:
+    """The simulator's modules that ``starts`` (module names in ``vkit.sim``, e.g. ``predict``) run: those
+    and what they import from ``vkit.sim``, transitively. A benchmark's truth is keyed by their source: a
+    change to one of them changes a truth; a new simulator module beside them (a fitter, the HTTP
+    server) does not."""
+    import ast
+
+    seen, todo = set(), list(starts)
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        with open(os.path.join(ROOT, "vkit", "sim", f"{name}.py"), encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+        for n in ast.walk(tree):
+            mods = ([n.module] if isinstance(n, ast.ImportFrom) and n.module
+                    else [a.name for a in n.names] if isinstance(n, ast.Import) else [])
+            todo += [m.split(".")[2] for m in mods if m.startswith("vkit.sim.")]
+    return sorted(os.path.join(ROOT, "vkit", "sim", f"{m}.py") for m in seen)
+
+
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 now (for a server the benchmark starts)."""
     with socket.socket() as s:

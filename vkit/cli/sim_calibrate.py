@@ -6,6 +6,11 @@ batch size, fits the free cost parameters by bounded least squares on log errors
 per-metric MAPE and signed bias on the fitted rows and on held-out rows (k-fold and
 leave-one-group-out), and every parameter with its standard error. ``sim_server --sim-profile``
 and ``sim_predict --sim-profile`` load the profile. See runbook/sim_calibrate.md.
+
+``--load-points STATE`` fits instead to the open-loop load points of the capacity searches a tune state
+recorded (its baseline's, and its trials' with ``--with-trials``), each replayed as the run it was
+(:mod:`vkit.sim.loadfit`); it says which parameters the points identify and refuses, one line each, the
+points that cannot calibrate.
 """
 
 from __future__ import annotations
@@ -14,9 +19,10 @@ import argparse
 import sys
 
 from vkit.cli._common import IO, make_parser, run
-from vkit.errors import ExitCode, UsageError
+from vkit.errors import ExitCode, InvalidData, UsageError
+from vkit.sim import loadfit
 from vkit.sim.calibrate import FREE, Target, calibrate
-from vkit.sim.calibrated import write_profile
+from vkit.sim.calibrated import CostParams, load_profile, write_profile
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,13 +37,23 @@ def build_parser() -> argparse.ArgumentParser:
             "sim_calibrate runs.csv -o qwen.json --select qwen3-32b/H100-80G/bf16   # one model's twin",
             "sim_calibrate vkit-state/runs/*.json --state vkit-state/vkit.json --sim-model llama-3.1-8b --sim-gpu H100-80G "
             "-tp 1 -o twin.json   # this server's own baseline runs",
+            "sim_calibrate --load-points vkit-state/vkit.json -o twin.json   # the capacity searches' load points "
+            "(the simulator names its model and GPU; a real server: --sim-model M --sim-gpu G -tp N)",
         ],
-        exit_notes={2: "unreadable or malformed runs file, unknown parameter", 3: "the fit did not converge"},
+        exit_notes={2: "unreadable or malformed runs file, unknown parameter",
+                    3: "the fit did not converge; --load-points: no load point could calibrate"},
         common=False,
     )
-    p.add_argument("runs", nargs="+", metavar="RUNS",
+    p.add_argument("runs", nargs="*", metavar="RUNS",
                    help="measured runs: calibration CSV files and/or bench_stream summaries (*.json: closed loop, "
                         "fixed lengths, no failed request)")
+    lp = p.add_argument_group("open-loop load points (instead of RUNS)")
+    lp.add_argument("--load-points", metavar="STATE", default=None,
+                    help="fit to the load points of the capacity searches this tune state recorded (its baseline's): "
+                         "each replayed at its send times through the engine")
+    lp.add_argument("--with-trials", action="store_true", help="--load-points: the trials' searches too")
+    lp.add_argument("--start-profile", metavar="PROFILE.json", default=None,
+                    help="--load-points: start the fit from this profile's parameters (default: the built-in roofline)")
     t = p.add_argument_group("the server the bench_stream summaries measured (CSV rows name their own)")
     t.add_argument("--state", metavar="FILE", default=None,
                    help="tune state that recorded the summaries: each run's vllm serve flags are its baseline or "
@@ -53,8 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--group-by", choices=["group", "model_group", "none"], default="group",
                    help="leave-one-group-out check: group = model/GPU/precision/TP, model_group = model/GPU/precision "
                         "(default: group)")
-    p.add_argument("--free", default=",".join(FREE), metavar="P1,P2,...",
-                   help=f"parameters to fit (default: all: {', '.join(FREE)})")
+    p.add_argument("--free", default=None, metavar="P1,P2,...",
+                   help=f"parameters to fit (default: all: {', '.join(FREE)}; with --load-points: "
+                        f"{', '.join(loadfit.DEFAULT_FREE)})")
     p.add_argument("--waves", type=int, default=6, metavar="N",
                    help="simulated requests per row = N x batch size, the first 2 x batch size left out (default: 6)")
     p.add_argument("--seed", type=int, default=0, metavar="N", help="seed of the k-fold split (default: 0)")
@@ -101,11 +118,61 @@ def _text(report: dict, out) -> None:
     out.write(f"queue-bound rows (by the measurement): {q['measured']}, reproduced as queue-bound: {q['reproduced']}\n")
 
 
-def _run(args: argparse.Namespace, io: IO) -> int:
-    free = [n.strip() for n in args.free.split(",") if n.strip()]
+def _free(args: argparse.Namespace) -> list[str]:
+    given = args.free if args.free is not None else ",".join(loadfit.DEFAULT_FREE if args.load_points else FREE)
+    free = [n.strip() for n in given.split(",") if n.strip()]
     unknown = [n for n in free if n not in FREE]
     if unknown or not free:
         raise UsageError(f"--free: unknown parameter(s) {', '.join(unknown) or '(none given)'}; known: {', '.join(FREE)}")
+    return free
+
+
+def _load_points(args: argparse.Namespace, io: IO, free: list[str]) -> int:
+    """--load-points: the capacity searches' open-loop points of a tune state, fitted (vkit.sim.loadfit)."""
+    if args.runs:
+        raise UsageError("give RUNS or --load-points STATE, not both")
+    target = Target(model=args.sim_model, gpu=args.sim_gpu, tp=args.tensor_parallel_size, quantization=args.quantization)
+    points, refused = loadfit.points_from_state(args.load_points, target,
+                                                ("baseline", "trials") if args.with_trials else ("baseline",))
+    for r in refused:
+        io.progress(f"refused: {r}")
+    if not points:
+        why = f"; {len(refused)} refused, e.g. {refused[0]}" if refused else " (no capacity search's load points recorded)"
+        raise InvalidData(f"{args.load_points}: no load point can calibrate{why}")
+    base = load_profile(args.start_profile)["cost_params"] if args.start_profile else CostParams()
+    io.progress(f"{len(points)} load point(s) ({sum(len(p.arrivals) for p in points)} requests); fitting "
+                f"{', '.join(free)}: each point replayed through the engine per evaluation (minutes for many points)")
+    res = loadfit.fit_points(loadfit.PointProblem(points), free, base, progress=io.progress)
+    report = {"load_points": len(points), "refused": refused, "state": args.load_points, "free": free,
+              "table": res["table"], "at_bound": res["at_bound"], "errors": res["errors"],
+              "rms_log_error": res["rms_log_error"], "points": [p.label() for p in points]}
+    write_profile(args.output, res["params"], {n: res["table"][n]["stderr"] for n in free},
+                  {"load_points": args.load_points, "free": free, "report": report})
+    io.progress(f"wrote {args.output}")
+    if args.json:
+        io.emit_json(report)
+        return ExitCode.OK
+    e = res["errors"]
+    io.out.write(f"{len(points)} load points ({len(refused)} refused), mean TTFT and mean TPOT per point\n")
+    for name in ("before", "after"):
+        io.out.write(f"  {'default (uncalibrated)' if name == 'before' else 'fitted':24s} "
+                     + "  ".join(f"{m.upper()} MAPE {e[name][m]['mape_pct']:5.1f}% bias {e[name][m]['bias_pct']:+5.1f}%"
+                                 for m in ("ttft", "tpot")) + "\n")
+    io.out.write(f"parameters (± standard error; identified: relative standard error < {loadfit.IDENTIFIED_RSE:.0%}):\n")
+    for n, row in res["table"].items():
+        se = f" ± {row['stderr']:.3g}" if row["stderr"] is not None else ""
+        verdict = "identified" if row["identified"] else (
+            "at its bound" if n in res["at_bound"] else "NOT identified: the points do not pin it down")
+        io.out.write(f"  {n:24s} {row['value']:12.6g}{se:14s} {verdict}\n")
+    return ExitCode.OK
+
+
+def _run(args: argparse.Namespace, io: IO) -> int:
+    free = _free(args)
+    if args.load_points:
+        return _load_points(args, io, free)
+    if not args.runs:
+        raise UsageError("give the measured runs (RUNS...) or --load-points STATE")
     if args.waves < 3:
         raise UsageError(f"--waves must be >= 3, got {args.waves}")
     try:

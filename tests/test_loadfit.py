@@ -1,0 +1,170 @@
+"""The fitter on open-loop load points (vkit.sim.loadfit): each point replayed as the run it was, the
+parameters it identifies recovered, the ones it does not said, and what cannot calibrate refused."""
+
+from __future__ import annotations
+
+import glob
+import io
+import json
+import os
+import random
+import shutil
+
+import pytest
+
+from vkit.sim.calibrate import Target
+from vkit.sim.calibrated import CostParams
+from vkit.sim.loadfit import LoadPoint, PointProblem, Refused, fit_points, points_from_state, read_point
+from vkit.sim.predict import _poisson_arrivals
+
+pytestmark = pytest.mark.unit
+
+SERVE = {"max_model_len": 1024, "max_num_batched_tokens": 2048, "max_num_seqs": 16}
+
+
+def synthetic_points(hidden: CostParams, rates=(4.0, 12.0, 20.0), n: int = 60) -> list[LoadPoint]:
+    """Open-loop runs of the simulated 8B on one H200 at exact-rate Poisson loads, measured under ``hidden``."""
+    pts = []
+    for k, rate in enumerate(rates):
+        arr = _poisson_arrivals(random.Random(k), rate, n, exact=True)
+        p = LoadPoint(source=f"synthetic-{rate:g}", model="llama-3.1-8b", gpu="H200", tp=1, quantization=None, serve=dict(SERVE),
+                      rate=rate, arrivals=[a - arr[0] for a in arr], prompt_lens=[512] * n, output_lens=[64] * n,
+                      measured=[True] * n, ttft_s=0.0, tpot_s=0.0)
+        pts.append(p)
+    truth = PointProblem(pts).predict(hidden)
+    for p, (ttft, tpot) in zip(pts, truth, strict=True):
+        p.ttft_s, p.tpot_s = float(ttft), float(tpot)
+    return pts
+
+
+def test_the_decode_bandwidth_and_prefill_rate_a_server_hides_are_recovered_from_its_load_points():
+    """A server 31 % slower to stream memory and 20 % slower to compute than the built-in roofline (mbu 0.55,
+    mfu 0.4 against 0.8 and 0.5): the fit from the defaults lands on both within 3 %, says the points identify
+    them, and replays every point's TTFT and TPOT within 1 % (before: the roofline's own errors, tens of percent)."""
+    hidden = CostParams(mbu=0.55, mfu=0.4)
+    res = fit_points(PointProblem(synthetic_points(hidden)), names=("mbu", "mfu"))
+    got = res["params"]
+    assert got.mbu == pytest.approx(0.55, rel=0.03) and got.mfu == pytest.approx(0.4, rel=0.03), res["table"]
+    assert res["table"]["mbu"]["identified"] and res["table"]["mfu"]["identified"]
+    assert res["errors"]["after"]["tpot"]["mape_pct"] < 1.0 and res["errors"]["after"]["ttft"]["mape_pct"] < 1.0
+    assert res["errors"]["before"]["tpot"]["mape_pct"] > 15.0
+
+
+def test_a_parameter_the_points_cannot_move_is_reported_unidentified():
+    """One GPU has no all-reduce: the link's efficiency moves no step (a zero column of the Jacobian), and the fit
+    says the points do not identify it instead of returning its starting value as if measured, while the two it
+    can see are recovered beside it. With every prompt 512 tokens long, the API server's fixed and per-token
+    times are one number (collinear): neither is identified on its own."""
+    res = fit_points(PointProblem(synthetic_points(CostParams(mbu=0.55, mfu=0.4))), names=("mbu", "mfu", "link_eff"))
+    assert res["table"]["mbu"]["identified"] and res["table"]["mfu"]["identified"]
+    assert res["params"].mbu == pytest.approx(0.55, rel=0.03) and res["params"].mfu == pytest.approx(0.4, rel=0.03)
+    assert res["table"]["link_eff"] == {"value": 1.0, "stderr": None, "rse": None, "identified": False}, res["table"]
+    pts = synthetic_points(CostParams(mbu=0.55, mfu=0.4, frontend_latency_s=0.01))
+    res = fit_points(PointProblem(pts), names=("frontend_latency_s", "frontend_per_token_s"),
+                     base=CostParams(mbu=0.55, mfu=0.4, frontend_latency_s=0.005, frontend_per_token_s=1e-6))
+    assert not res["table"]["frontend_latency_s"]["identified"] and not res["table"]["frontend_per_token_s"]["identified"]
+    assert res["errors"]["after"]["ttft"]["mape_pct"] < 1.0  # their sum is: the points are replayed
+
+
+def test_a_virtual_capacity_searchs_points_calibrate_the_twin_to_the_simulator_that_served_them(tmp_path):
+    """A capacity search of the simulated 8B (virtual time, noise off): its load points, read from the files the
+    search wrote (summaries and per-request records) and replayed from a start 30 % off the simulator's own
+    parameters (mbu 0.8, mfu 0.5), bring the prefill rate back within 2 % and replay every point within 1 %. At
+    16 sequences the simulator's decode steps are compute-bound (small GEMMs: 4.7 ms of compute against
+    4.2 ms of memory traffic at mbu 0.8), so the memory bandwidth moves no step near the answer: the fit says
+    it is not identified (any value high enough replays the points) rather than claiming 0.8 or its start."""
+    from vkit.cli import capacity
+
+    out = io.StringIO()
+    rc = capacity.main(["--virtual", "m --sim-gpu H200 --sim-model llama-3.1-8b --max-model-len 1024 --max-num-seqs 16 "
+                        "--sim-noise 0 --sim-restart-noise 0", "--random-input-len", "512", "--random-output-len", "64",
+                        "--num-prompts", "40", "--point-seconds", "0", "--slo", "p95_ttft_ms=400", "--start", "4",
+                        "--run-dir", str(tmp_path / "runs"), "-q", "--max-points", "4", "--method", "bracket"],
+                       stdout=out, stderr=io.StringIO())
+    doc = json.loads(out.getvalue())
+    assert rc in (0, 1), doc
+    files = [os.path.join(doc["run_dir"], f"rate-{p['load']:g}", "rep0.json") for p in doc["curve"]]
+    pts = [read_point(f, Target(), {"max_num_seqs": 16}) for f in files]
+    assert len(pts) >= 3 and all(p.model == "llama-3.1-8b" and p.gpu == "H200" and p.serve["max_num_seqs"] == 16 for p in pts)
+    res = fit_points(PointProblem(pts), names=("mbu", "mfu"), base=CostParams(mbu=0.56, mfu=0.65))
+    assert res["params"].mfu == pytest.approx(0.5, rel=0.02) and res["table"]["mfu"]["identified"], res["table"]
+    assert not res["table"]["mbu"]["identified"] and res["table"]["mbu"]["rse"] is None, res["table"]
+    assert res["errors"]["after"]["ttft"]["mape_pct"] < 1.0 and res["errors"]["after"]["tpot"]["mape_pct"] < 1.0
+
+    # the same points found through a tune state that recorded the search as its baseline's run
+    shutil.copytree(doc["run_dir"], tmp_path / "tune" / "runs" / "b" / "rep1-points")
+    state = {"service": {"launch": {"argv": ["sim_server", "m", "--quantization", "fp8"]}},
+             "baseline": {"config": {"max_num_seqs": 16}, "runs": ["runs/b/rep1.json"]}}
+    (tmp_path / "tune" / "vkit.json").write_text(json.dumps(state))
+    found, refused = points_from_state(str(tmp_path / "tune" / "vkit.json"))
+    runs = glob.glob(os.path.join(doc["run_dir"], "rate-*", "rep*.json"))  # every run of the search, repeats too
+    assert len(found) == len(runs) == doc["runs"] and refused == []
+    assert all(p.quantization == "fp8" for p in found)  # a launch flag, read from the argv
+
+
+def _point_file(tmp_path, **changes) -> str:
+    """A real load point (a virtual bench_stream run at 6 req/s) with its summary changed by ``changes``."""
+    from vkit.cli import capacity
+
+    capacity.main(["--virtual", "m --sim-gpu H200 --sim-model llama-3.1-8b --max-model-len 1024 --sim-noise 0",
+                   "--random-input-len", "128", "--random-output-len", "16", "--num-prompts", "20", "--point-seconds", "0",
+                   "--slo", "p95_ttft_ms=1000", "--start", "6", "--max-points", "2", "--run-dir", str(tmp_path / "r"), "-q",
+                   "--json"], stdout=io.StringIO(), stderr=io.StringIO())
+    path = str(tmp_path / "r" / "rate-6" / "rep0.json")
+    doc = json.load(open(path))
+    for k, v in changes.items():
+        if k == "vkit":
+            doc["vkit"].update(v)
+        else:
+            doc[k] = v
+    json.dump(doc, open(path, "w"))
+    return path
+
+
+@pytest.mark.parametrize("changes,words", [
+    ({"request_rate": "inf", "max_concurrency": 8}, "closed-loop run"),
+    ({"failed": 2}, "2 request(s) failed"),
+    ({"vkit": {"partial": True}}, "cut short"),
+    ({"vkit": {"send_rate": 4.0}}, "fell behind"),
+    ({"vkit": {"schema": "other/1"}}, "not a bench_stream summary"),
+])
+def test_what_cannot_calibrate_is_refused_with_one_line_saying_why(tmp_path, changes, words):
+    path = _point_file(tmp_path, **changes)
+    with pytest.raises(Refused) as e:
+        read_point(path)
+    assert words in str(e.value) and "\n" not in str(e.value) and str(e.value).startswith(path)
+
+
+def test_a_point_without_its_records_is_refused(tmp_path):
+    path = _point_file(tmp_path)
+    os.remove(os.path.splitext(path)[0] + ".jsonl")
+    with pytest.raises(Refused, match="no per-request records"):
+        read_point(path)
+    assert read_point(_point_file(tmp_path / "again")).rate == 6.0  # the same run with its records reads
+
+
+def test_sim_calibrate_load_points_writes_a_profile_and_says_what_it_refused(tmp_path):
+    """From the shell: a state whose baseline recorded one search of two points, one of them with failed
+    requests: the good one calibrates (the profile written, sim_server can load it), the other is refused on
+    stderr; a state with no usable point is exit 3 with one line; RUNS and --load-points together are exit 2."""
+    from tests.conftest import call
+    from vkit.sim.calibrated import load_profile
+
+    good = _point_file(tmp_path / "a")
+    bad = _point_file(tmp_path / "b", failed=3)
+    pts = tmp_path / "tune" / "runs" / "b" / "rep1-points"
+    shutil.copytree(os.path.dirname(good), pts / "rate-6")
+    shutil.copytree(os.path.dirname(bad), pts / "rate-7")
+    state = {"baseline": {"config": {}, "runs": ["runs/b/rep1.json"]}}
+    (tmp_path / "tune" / "vkit.json").write_text(json.dumps(state))
+    r = call("sim_calibrate", "--load-points", str(tmp_path / "tune" / "vkit.json"), "--free", "mfu",
+             "-o", str(tmp_path / "twin.json"), "--json")
+    assert r.code == 0, r.err
+    rep = json.loads(r.out)
+    assert rep["load_points"] == 1 and len(rep["refused"]) == 1 and "3 request(s) failed" in rep["refused"][0]
+    assert "refused: " in r.err and load_profile(str(tmp_path / "twin.json"))["cost_params"].mfu == rep["table"]["mfu"]["value"]
+    shutil.rmtree(pts / "rate-6")
+    r = call("sim_calibrate", "--load-points", str(tmp_path / "tune" / "vkit.json"), "-o", str(tmp_path / "t2.json"))
+    assert r.code == 3 and "no load point can calibrate; 1 refused" in r.err and not (tmp_path / "t2.json").exists()
+    r = call("sim_calibrate", "runs.csv", "--load-points", str(tmp_path / "tune" / "vkit.json"), "-o", str(tmp_path / "t3.json"))
+    assert r.code == 2 and "not both" in r.err

@@ -1,0 +1,351 @@
+"""Fit the step-cost model to the open-loop load points a capacity search measured.
+
+A capacity search (``bin/capacity``, a tune under ``--objective capacity``) measures its server at
+exact-rate Poisson loads: each load point is a bench_stream run whose records say when every request
+was sent, its prompt and output lengths and what the client saw. Those runs are the cheapest
+evidence about a server a tune will ever have, and they are taken where the decision is made (near
+the SLO's boundary, with queueing). This module turns them into calibration rows:
+
+- :func:`read_point` reads one load point (summary + records) and refuses, with a one-line reason,
+  what cannot calibrate: a closed-loop run (its send times depend on the server:
+  :mod:`vkit.sim.calibrate` replays those), failed requests, a run cut short, no records, a client
+  that fell behind the offered rate (its send times measure the client).
+- :class:`PointProblem` replays each point **as the run it was**: its requests, at their send times
+  (offsets from the run's first send), through the engine configured as the server was
+  (:func:`vkit.sim.predict.build`), under any :class:`~vkit.sim.calibrated.CostParams`. Open loop,
+  the schedule depends on the step durations, so each parameter set needs its own run of the engine
+  (unlike closed loop with fixed lengths, whose schedule is fixed).
+- :func:`fit_points` minimises the squared log errors of each point's mean TTFT and mean TPOT
+  (``scipy.optimize.least_squares``, bounded, in the log of each parameter) and reports every
+  parameter's standard error (``cov = s² (JᵀJ)⁻¹``) and whether the points **identify** it: a
+  relative standard error below :data:`IDENTIFIED_RSE`, not pinned at a bound. Runs of one
+  configuration at a few loads identify the decode bandwidth and the prefill rate well and the
+  overheads poorly; the report says so rather than returning a number for each.
+
+Measured values are the points' own requests, warm-up excluded (bench_stream's ``warmup`` flag);
+TTFT includes the API server's share (``frontend_*``), as the client saw it.
+"""
+
+from __future__ import annotations
+
+import glob
+import math
+import os
+import random
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from vkit.errors import UsageError
+from vkit.jsonio import read_json
+from vkit.sim.calibrate import FREE, SUMMARY_SCHEMA, Target, _summary_serve
+from vkit.sim.calibrated import CostParams
+from vkit.sim.harness import SimRequest, simulate
+from vkit.sim.predict import Scenario, build
+from vkit.sim.profiles import get_gpu, get_model
+
+# A parameter is identified by the points when its standard error is below this fraction of its value.
+IDENTIFIED_RSE = 0.25
+# A run whose requests went out at less than this fraction of the offered rate measured its client.
+SEND_RATE_MIN = 0.95
+# The least residual sd (log) the standard errors assume: below any real run's spread.
+RESIDUAL_FLOOR = 0.01
+# The finite-difference step of the fit, in log parameter (see fit_points).
+DIFF_STEP = 0.05
+# The fit's other starting points: each parameter flat at the first start, alone scaled by this (see fit_points).
+START_SCALE = 0.6
+# The simplex polish's evaluations, per parameter it moves.
+POLISH_EVALS = 20
+# The parameters fitted by default: what load points of one configuration can move (decode bandwidth,
+# prefill rate, the per-step CPU time of decode-only steps).
+DEFAULT_FREE = ("mbu", "mfu", "decode_step_overhead_s")
+
+
+class Refused(Exception):
+    """A load point that cannot calibrate; ``str()`` is the one-line reason."""
+
+
+@dataclass
+class LoadPoint:
+    """One open-loop run, as the client sent it and what it saw."""
+
+    source: str
+    model: str  # the simulator's model profile name
+    gpu: str
+    tp: int
+    quantization: str | None
+    serve: dict  # the server's vllm serve options (ServeOptions names)
+    rate: float  # req/s offered
+    arrivals: list[float]  # send offsets from the run's first send, seconds
+    prompt_lens: list[int]
+    output_lens: list[int]
+    measured: list[bool]  # which requests count (not warm-up)
+    ttft_s: float  # mean TTFT of the measured requests
+    tpot_s: float  # mean TPOT of the measured requests (those with two or more tokens)
+
+    def label(self) -> str:
+        return f"{self.model}/{self.gpu}/tp{self.tp} at {self.rate:.4g} req/s ({len(self.arrivals)} requests)"
+
+
+def _records(path: str, doc: dict) -> list[dict]:
+    rel = (doc.get("vkit") or {}).get("records")
+    cands = [rel] if rel and os.path.isabs(rel) else []
+    cands += [os.path.join(os.path.dirname(path), os.path.basename(rel))] if rel else []
+    cands.append(os.path.splitext(path)[0] + ".jsonl")
+    import json
+
+    for c in cands:
+        if c and os.path.exists(c):
+            with open(c, encoding="utf-8") as f:
+                return [json.loads(line) for line in f if line.strip()]
+    raise Refused(f"{path}: no per-request records beside the summary (bench_stream --records)")
+
+
+def read_point(path: str, target: Target | None = None, config: dict | None = None) -> LoadPoint:
+    """One load point (a bench_stream summary and its records); :class:`Refused` with the reason otherwise."""
+    target, config = target or Target(), dict(config or {})
+    try:
+        doc = read_json(path, "bench_stream summary")
+    except (OSError, ValueError) as e:
+        raise Refused(f"{path}: unreadable ({e})") from None
+    vk = doc.get("vkit") if isinstance(doc, dict) else None
+    if not isinstance(vk, dict) or vk.get("schema") != SUMMARY_SCHEMA:
+        raise Refused(f"{path}: not a bench_stream summary")
+    rate = doc.get("request_rate")
+    if rate in (None, "inf") or not isinstance(rate, (int, float)) or not math.isfinite(rate) or doc.get("max_concurrency"):
+        raise Refused(f"{path}: a closed-loop run (its send times depend on the server); sim_calibrate replays those")
+    if doc.get("failed"):
+        raise Refused(f"{path}: {doc['failed']} request(s) failed")
+    if vk.get("partial") or not doc.get("completed"):
+        raise Refused(f"{path}: the run was cut short")
+    sent = vk.get("send_rate")
+    if isinstance(sent, (int, float)) and sent < SEND_RATE_MIN * float(rate):
+        raise Refused(f"{path}: the client sent {sent:.3g} req/s of the {float(rate):.3g} offered (it fell behind)")
+    info = ((vk.get("server") or {}).get("version_info")) or {}
+    model = target.model or (info.get("sim_model") if info.get("sim") else None)
+    gpu = target.gpu or (info.get("sim_gpu") if info.get("sim") else None)
+    if not model or not gpu:
+        raise Refused(f"{path}: say which model and GPU served it (--sim-model M --sim-gpu G)")
+    tp = target.tp or (info.get("sim_tensor_parallel_size") if info.get("sim") else None) or config.get("tensor_parallel_size") or 1
+    recs = [r for r in _records(path, doc) if r.get("start_s") is not None]
+    if any(not r.get("ok") for r in recs):
+        raise Refused(f"{path}: its records hold failed requests")
+    if len(recs) < 2:
+        raise Refused(f"{path}: fewer than 2 requests with a send time")
+    recs.sort(key=lambda r: r["start_s"])
+    t0 = float(recs[0]["start_s"])
+    meas = [not r.get("warmup") for r in recs]
+    ttft = [r["ttft_ms"] / 1e3 for r, m in zip(recs, meas, strict=True) if m and r.get("ttft_ms") is not None]
+    tpot = [r["tpot_ms"] / 1e3 for r, m in zip(recs, meas, strict=True)
+            if m and r.get("tpot_ms") is not None and (r.get("completion_tokens") or 0) > 1]
+    if not ttft or not tpot:
+        raise Refused(f"{path}: no measured request with a TTFT and a TPOT")
+    quant = target.quantization or config.get("quantization") or (info.get("sim_quantization") if info.get("sim") else None)
+    return LoadPoint(
+        source=path, model=get_model(model).name, gpu=get_gpu(gpu).name, tp=int(tp), quantization=quant,
+        serve=_summary_serve(doc, config), rate=float(rate),
+        arrivals=[float(r["start_s"]) - t0 for r in recs],
+        prompt_lens=[int(r.get("prompt_tokens") or r.get("input_len")) for r in recs],
+        output_lens=[int(r.get("completion_tokens") or r.get("output_len")) for r in recs],
+        measured=meas, ttft_s=float(np.mean(ttft)), tpot_s=float(np.mean(tpot)))
+
+
+def points_from_state(state_path: str, target: Target | None = None,
+                      keys: tuple[str, ...] = ("baseline",)) -> tuple[list[LoadPoint], list[str]]:
+    """The load points of the capacity searches the state recorded under ``keys`` (the baseline's by
+    default; ``trials`` adds every trial's), each at the configuration it was measured at: (points, the
+    one-line reasons of the points refused)."""
+    try:
+        st = read_json(state_path, "state file")
+    except OSError as e:
+        raise UsageError(f"cannot read {state_path}: {e.strerror}") from None
+    base = os.path.dirname(os.path.abspath(state_path))
+    argv = ((st.get("service") or {}).get("launch") or {}).get("argv") or []
+    if target is None or target.quantization is None:  # a launch flag, never in a tuned configuration
+        q = next((b for a, b in zip(argv, argv[1:], strict=False) if a == "--quantization"), None)
+        target = replace(target or Target(), quantization=q)
+    entries: list[tuple[dict, list[str]]] = []
+    for k in keys:
+        v = st.get(k)
+        for e in (v if isinstance(v, list) else [v] if isinstance(v, dict) else []):
+            cfg = dict(e.get("config") or (st.get("kept") or {}).get("config") or {}) if k == "baseline" else dict(e.get("config") or {})
+            entries.append((cfg, list(e.get("runs") or [])))
+    points, refused = [], []
+    for cfg, runs in entries:
+        for rp in runs:
+            search = os.path.splitext(os.path.join(base, rp))[0] + "-points"
+            for f in sorted(glob.glob(os.path.join(search, "*", "rep*.json"))):
+                try:
+                    points.append(read_point(f, target, cfg))
+                except Refused as e:
+                    refused.append(str(e))
+    return points, refused
+
+
+class PointProblem:
+    """Load points ready to be replayed under any cost parameters."""
+
+    def __init__(self, points: list[LoadPoint], seed: int = 0):
+        if not points:
+            raise UsageError("no load point to calibrate on")
+        self.points = points
+        rng = random.Random(seed)
+        # random prompts over a large vocabulary: no prefix-cache hit the measured prompts did not have
+        self.prompts = [[[rng.randrange(256, 30000) for _ in range(n)] for n in p.prompt_lens] for p in points]
+
+    def replay(self, i: int, params: CostParams) -> tuple[float, float]:
+        """Point ``i`` through the engine under ``params``: (mean TTFT, mean TPOT) of its measured requests."""
+        p = self.points[i]
+        sc = Scenario(model=p.model, gpu=p.gpu, tp=p.tp, quantization=p.quantization, isl=max(p.prompt_lens),
+                      osl=max(p.output_lens), rate=p.rate, num_prompts=len(p.arrivals), warmup=0, serve=dict(p.serve))
+        engine, _, _ = build(sc, params)
+        reqs = [SimRequest(prompt_ids=ids, max_tokens=o, arrival=a)
+                for ids, o, a in zip(self.prompts[i], p.output_lens, p.arrivals, strict=True)]
+        out = simulate(engine, reqs)
+        by_arrival = sorted(out["timings"], key=lambda tm: tm.arrival)
+        ttft, tpot = [], []
+        for tm, m, n in zip(by_arrival, p.measured, p.prompt_lens, strict=True):
+            if not m or not tm.token_times:
+                continue
+            ttft.append(tm.token_times[0] - tm.arrival + params.frontend_s(n))
+            if len(tm.token_times) > 1:
+                tpot.append((tm.token_times[-1] - tm.token_times[0]) / (len(tm.token_times) - 1))
+        return float(np.mean(ttft)), float(np.mean(tpot)) if tpot else float("nan")
+
+    def predict(self, params: CostParams, idx=None) -> np.ndarray:
+        """(points, 2): predicted mean TTFT and TPOT (seconds)."""
+        idx = range(len(self.points)) if idx is None else idx
+        return np.array([self.replay(i, params) for i in idx])
+
+    def measured(self, idx=None) -> np.ndarray:
+        idx = range(len(self.points)) if idx is None else idx
+        return np.array([[self.points[i].ttft_s, self.points[i].tpot_s] for i in idx])
+
+
+def fit_points(problem: PointProblem, names: tuple[str, ...] | list[str] = DEFAULT_FREE, base: CostParams | None = None,
+               max_nfev: int = 60, progress=None) -> dict:
+    """Bounded least squares on log errors of every point's mean TTFT and TPOT. Returns the fitted
+    parameters, each one's standard error, which the points identify, and the errors before and after."""
+    from scipy.optimize import least_squares
+
+    names, base = list(names), base or CostParams()
+    unknown = [n for n in names if n not in FREE]
+    if unknown:
+        raise UsageError(f"unknown parameter(s) {', '.join(unknown)}; known: {', '.join(FREE)}")
+    meas = np.log(problem.measured())
+    lo, hi = np.log([FREE[n][0] for n in names]), np.log([FREE[n][1] for n in names])
+    x0 = np.clip([math.log(getattr(base, n) or 8e-6) for n in names], lo + 1e-9, hi - 1e-9)
+
+    def params_of(x) -> CostParams:
+        return replace(base, **{n: float(math.exp(v)) for n, v in zip(names, x, strict=True)})
+
+    def resid(x):
+        return (np.log(np.maximum(problem.predict(params_of(x)), 1e-9)) - meas).ravel()
+
+    # a step of 5 % in each log parameter: open loop, a smaller one moves few step boundaries past a send
+    # time and the finite difference reads the schedule's jumps instead of the slope. The roofline's max
+    # makes the surface flat in whichever resource does not bind at the start (a compute-bound start never
+    # sees the memory bandwidth move), so each parameter flat at the start gets a start of its own, that
+    # parameter alone scaled by START_SCALE (which shifts the balance), and the lowest cost is kept; the
+    # starts stop early once the points are replayed within half the residual floor.
+    best_x, best_cost = None, math.inf
+    starts = [x0]
+    for n_start, xs0 in enumerate(starts, start=1):
+        xs = np.clip(xs0, lo + 1e-9, hi - 1e-9)
+        f0, jac = _jacobian(resid, xs, lo, hi)
+        # only what moves the points at this start is fitted from it (a zero column stalls the solver)
+        free = [k for k in range(len(names)) if np.any(np.abs(jac[:, k]) > 1e-12)]
+        if n_start == 1:  # each parameter flat at the first start gets a start of its own, scaled by START_SCALE
+            starts += [x0 + math.log(START_SCALE) * (np.arange(len(names)) == k) for k in range(len(names)) if k not in free]
+        x, cost = xs.copy(), 0.5 * float(f0 @ f0)
+        if free:
+            def sub(z, xs=xs, free=free):
+                x = xs.copy()
+                x[free] = z
+                return resid(x)
+
+            got = least_squares(sub, xs[free], bounds=(lo[free], hi[free]), method="trf", max_nfev=max_nfev,
+                                diff_step=DIFF_STEP)
+            x[free], cost = got.x, float(got.cost)
+        if cost < best_cost:
+            best_x, best_cost = x, cost
+        if progress:
+            progress(f"fit start {n_start}/{len(starts)}: rms log error "
+                     f"{math.sqrt(2 * best_cost / len(f0)):.2%} so far")
+        if math.sqrt(2 * best_cost / len(f0)) < RESIDUAL_FLOOR / 2:
+            break
+    # polish: the roofline's kinks and the schedule's jumps stall a gradient step short of the minimum;
+    # a simplex over the parameters that move the points walks along them
+    f0, jac = _jacobian(resid, best_x, lo, hi)
+    free = [k for k in range(len(names)) if np.any(np.abs(jac[:, k]) > 1e-12)]
+    if free and math.sqrt(2 * best_cost / len(f0)) >= RESIDUAL_FLOOR / 2:
+        from scipy.optimize import minimize
+
+        def cost_of(z, xb=best_x, free=free):
+            x = xb.copy()
+            x[free] = z
+            f = resid(x)
+            return 0.5 * float(f @ f)
+
+        z0 = best_x[free]
+        simplex = np.vstack([z0] + [z0 + DIFF_STEP * (np.arange(len(free)) == k) for k in range(len(free))])
+        got = minimize(cost_of, z0, method="Nelder-Mead", bounds=list(zip(lo[free], hi[free], strict=True)),
+                       options={"initial_simplex": simplex, "maxfev": POLISH_EVALS * len(free), "xatol": 1e-3,
+                                "fatol": 1e-7})
+        if got.fun < best_cost:
+            best_x = best_x.copy()
+            best_x[free], best_cost = got.x, float(got.fun)
+    fun, jac = _jacobian(resid, best_x, lo, hi)
+    moves = np.array([bool(np.any(np.abs(jac[:, k]) > 1e-12)) for k in range(len(names))])
+    if not moves.all():  # what the points cannot see keeps its starting value (where that replays them as well)
+        x = np.where(moves, best_x, x0)
+        f = resid(x)
+        if float(f @ f) <= float(fun @ fun) * (1 + 1e-9):
+            best_x, fun = x, f
+    # a parameter left at its start is reported at its starting value, not at the bound it was clipped into
+    params = replace(params_of(best_x), **{nm: getattr(base, nm) for k, nm in enumerate(names)
+                                           if best_x[k] == x0[k] and getattr(base, nm) is not None})
+    m, n = len(fun), len(names)
+    # the residual variance, at least a 1 % error per point: a fit that replays its points exactly (the
+    # twin's own engine, noise off) must still say which parameters the points pin down
+    s2 = max(float(fun @ fun) / max(m - n, 1), RESIDUAL_FLOOR ** 2)
+    seen = np.flatnonzero(moves)
+    cov = np.full((n, n), np.nan)
+    try:
+        if len(seen):
+            cov[np.ix_(seen, seen)] = np.linalg.inv(jac[:, seen].T @ jac[:, seen]) * s2
+    except np.linalg.LinAlgError:  # collinear columns: none of them is identified on its own
+        pass
+    sol_x = best_x
+    at_bound = [nm for k, nm in enumerate(names) if moves[k] and (sol_x[k] <= lo[k] + 1e-6 or sol_x[k] >= hi[k] - 1e-6)]
+    table = {}
+    for k, nm in enumerate(names):
+        # sd of log(param) ~ its relative standard error; infinite where the points do not move the parameter
+        rse = math.sqrt(cov[k, k]) if np.isfinite(cov[k, k]) and cov[k, k] >= 0 else math.inf
+        table[nm] = {"value": getattr(params, nm), "stderr": getattr(params, nm) * rse if math.isfinite(rse) else None,
+                     "rse": rse if math.isfinite(rse) else None,
+                     "identified": bool(rse < IDENTIFIED_RSE and nm not in at_bound)}
+    before, after = problem.predict(base), problem.predict(params)
+    return {"params": params, "table": table, "at_bound": at_bound, "points": len(problem.points),
+            "rms_log_error": math.sqrt(float(fun @ fun) / len(fun)),
+            "errors": {"before": _errors(before, np.exp(meas)), "after": _errors(after, np.exp(meas))}}
+
+
+def _jacobian(resid, x: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(residuals at x, their forward differences over each log parameter, a DIFF_STEP step inwards)."""
+    f0 = resid(x)
+    jac = np.empty((len(f0), len(x)))
+    for k in range(len(x)):
+        h = DIFF_STEP if x[k] + DIFF_STEP <= hi[k] else -DIFF_STEP
+        xk = x.copy()
+        xk[k] += h
+        jac[:, k] = (resid(xk) - f0) / h
+    return f0, jac
+
+
+def _errors(pred: np.ndarray, meas: np.ndarray) -> dict:
+    out = {}
+    for k, name in enumerate(("ttft", "tpot")):
+        rel = (pred[:, k] - meas[:, k]) / meas[:, k]
+        out[name] = {"mape_pct": round(float(np.mean(np.abs(rel)) * 100), 2), "bias_pct": round(float(np.mean(rel) * 100), 2)}
+    return out
