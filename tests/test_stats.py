@@ -172,3 +172,15 @@ def test_variance_components_no_between_part_and_bad_input():
         variance_components([[1.0, 2.0]])
     with pytest.raises(ValueError):
         variance_components([[1.0], [2.0]])
+
+
+def test_the_t_mixture_has_no_bound_before_its_third_observation_even_at_a_zero_spread():
+    """Two identical pairs (sd 0): no bound yet is an infinite half-width, not inf x 0 = NaN (an interval of 'n/a'
+    that no later rule can compare); from the third pair on, a zero spread is a zero half-width."""
+    import math
+
+    from vkit.decide.stats import TMixture
+
+    t = TMixture(alpha=0.05)
+    assert math.isinf(float(t.half_width(2, 0.0))) and float(t.half_width(3, 0.0)) == 0.0
+    assert math.isinf(float(t.half_width(1, 0.02))) and 0 < float(t.half_width(3, 0.02)) < math.inf

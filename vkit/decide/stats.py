@@ -229,8 +229,10 @@ class TMixture:
         if np.any(k > self.kmax):
             target = math.log(1 / self.alpha)
             m = np.where(k > self.kmax, np.vectorize(lambda kk: self._mult(int(kk), target))(k), m)
+        # no bound yet (m infinite: too few observations) stays no bound when the sample sd is 0 (identical
+        # runs, e.g. a simulator with its noise off): inf x 0 would read NaN, an interval of "n/a"
         with np.errstate(invalid="ignore"):
-            return m * np.asarray(sd)
+            return np.where(np.isinf(m), np.inf, m * np.asarray(sd))
 
     def log_e_two_sided(self, s, ss, k):
         """log G_k at mean 0 (two-sided t-mixture; S = Σx, V = Σx²): an e-value against

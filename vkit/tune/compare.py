@@ -45,6 +45,10 @@ class Versus:
 MAIN = Versus()  # the tune's workload, its baseline, primary and guards
 
 
+# The least pooled σ: a measured 0 becomes this (the normal mixture divides by it).
+SIGMA_FLOOR = 1e-12
+
+
 class Compare:
     """gate's verdict on two sets of runs, at the σ components of the baseline they are measured against (and
     the devices' spread when the two sides ran on different slots)."""
@@ -71,8 +75,11 @@ class Compare:
             v = comparison_sigma(comps.get(m), per_start) if comps.get(m) else sig.get(m)
             if isinstance(v, (int, float)) and device.get(m):
                 v = math.sqrt(v * v + device[m] ** 2)  # the two sides ran on different devices: their A/A spread
-            if isinstance(v, (int, float)) and 0 < v < 1:
-                pool[m] = float(v)
+            if isinstance(v, (int, float)) and 0 <= v < 1:
+                # identical runs (a simulator with its noise off) measure σ 0: known to be nil, not missing, so
+                # the normal mixture (exact at any number of pairs) and not the t-mixture (no bound before a
+                # third pair) judges it
+                pool[m] = max(float(v), SIGMA_FLOOR)
                 # the practical bar max(2σ, floor) is twice the noise of one run on a fresh start
                 # (σ_baseline as the seeds define it), not the clustered σ the test must use
                 one = comparison_sigma(comps[m], 1) if comps.get(m) else v
