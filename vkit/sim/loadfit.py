@@ -226,8 +226,6 @@ def fit_points(problem: PointProblem, names: tuple[str, ...] | list[str] = DEFAU
                max_nfev: int = 60, progress=None) -> dict:
     """Bounded least squares on log errors of every point's mean TTFT and TPOT. Returns the fitted
     parameters, each one's standard error, which the points identify, and the errors before and after."""
-    from scipy.optimize import least_squares
-
     names, base = list(names), base or CostParams()
     unknown = [n for n in names if n not in FREE]
     if unknown:
@@ -242,21 +240,49 @@ def fit_points(problem: PointProblem, names: tuple[str, ...] | list[str] = DEFAU
     def resid(x):
         return (np.log(np.maximum(problem.predict(params_of(x)), 1e-9)) - meas).ravel()
 
-    # a step of 5 % in each log parameter: open loop, a smaller one moves few step boundaries past a send
-    # time and the finite difference reads the schedule's jumps instead of the slope. The roofline's max
-    # makes the surface flat in whichever resource does not bind at the start (a compute-bound start never
-    # sees the memory bandwidth move), so each parameter flat at the start gets a start of its own, that
-    # parameter alone scaled by START_SCALE (which shifts the balance), and the lowest cost is kept; the
-    # starts stop early once the points are replayed within half the residual floor.
-    best_x, best_cost = None, math.inf
+    best_x, best_cost = _multistart(resid, x0, lo, hi, max_nfev, progress)
+    best_x = _polish(resid, best_x, best_cost, lo, hi)
+    fun, jac = _jacobian(resid, best_x, lo, hi)
+    moves = np.array([bool(np.any(np.abs(jac[:, k]) > 1e-12)) for k in range(len(names))])
+    if not moves.all():  # what the points cannot see keeps its starting value (where that replays them as well)
+        x = np.where(moves, best_x, x0)
+        f = resid(x)
+        if float(f @ f) <= float(fun @ fun) * (1 + 1e-9):
+            best_x, fun = x, f
+    # a parameter left at its start is reported at its starting value, not at the bound it was clipped into
+    params = replace(params_of(best_x), **{nm: getattr(base, nm) for k, nm in enumerate(names)
+                                           if best_x[k] == x0[k] and getattr(base, nm) is not None})
+    at_bound = [nm for k, nm in enumerate(names) if moves[k] and (best_x[k] <= lo[k] + 1e-6 or best_x[k] >= hi[k] - 1e-6)]
+    rse = _relative_errors(fun, jac, moves)
+    table = {nm: {"value": getattr(params, nm), "stderr": getattr(params, nm) * rse[k] if math.isfinite(rse[k]) else None,
+                  "rse": rse[k] if math.isfinite(rse[k]) else None,
+                  "identified": bool(rse[k] < IDENTIFIED_RSE and nm not in at_bound)} for k, nm in enumerate(names)}
+    before, after = problem.predict(base), problem.predict(params)
+    return {"params": params, "table": table, "at_bound": at_bound, "points": len(problem.points),
+            "rms_log_error": math.sqrt(float(fun @ fun) / len(fun)),
+            "errors": {"before": _errors(before, np.exp(meas)), "after": _errors(after, np.exp(meas))}}
+
+
+def _multistart(resid, x0: np.ndarray, lo: np.ndarray, hi: np.ndarray, max_nfev: int, progress) -> tuple[np.ndarray, float]:
+    """The least-squares fit from ``x0`` and from a start per parameter flat there: (best x, its cost).
+
+    A step of 5 % in each log parameter (DIFF_STEP): open loop, a smaller one moves few step boundaries past a
+    send time and the finite difference reads the schedule's jumps instead of the slope. The roofline's max
+    makes the surface flat in whichever resource does not bind at the start (a compute-bound start never sees
+    the memory bandwidth move), so each parameter flat at the first start gets a start of its own, that
+    parameter alone scaled by START_SCALE (which shifts the balance), and the lowest cost is kept; the starts
+    stop early once the points are replayed within half the residual floor."""
+    from scipy.optimize import least_squares
+
+    best_x, best_cost = x0, math.inf
     starts = [x0]
     for n_start, xs0 in enumerate(starts, start=1):
         xs = np.clip(xs0, lo + 1e-9, hi - 1e-9)
         f0, jac = _jacobian(resid, xs, lo, hi)
         # only what moves the points at this start is fitted from it (a zero column stalls the solver)
-        free = [k for k in range(len(names)) if np.any(np.abs(jac[:, k]) > 1e-12)]
-        if n_start == 1:  # each parameter flat at the first start gets a start of its own, scaled by START_SCALE
-            starts += [x0 + math.log(START_SCALE) * (np.arange(len(names)) == k) for k in range(len(names)) if k not in free]
+        free = [k for k in range(len(x0)) if np.any(np.abs(jac[:, k]) > 1e-12)]
+        if n_start == 1:
+            starts += [x0 + math.log(START_SCALE) * (np.arange(len(x0)) == k) for k in range(len(x0)) if k not in free]
         x, cost = xs.copy(), 0.5 * float(f0 @ f0)
         if free:
             def sub(z, xs=xs, free=free):
@@ -269,66 +295,56 @@ def fit_points(problem: PointProblem, names: tuple[str, ...] | list[str] = DEFAU
             x[free], cost = got.x, float(got.cost)
         if cost < best_cost:
             best_x, best_cost = x, cost
+        rms = math.sqrt(2 * best_cost / len(f0))
         if progress:
-            progress(f"fit start {n_start}/{len(starts)}: rms log error "
-                     f"{math.sqrt(2 * best_cost / len(f0)):.2%} so far")
-        if math.sqrt(2 * best_cost / len(f0)) < RESIDUAL_FLOOR / 2:
+            progress(f"fit start {n_start}/{len(starts)}: rms log error {rms:.2%} so far")
+        if rms < RESIDUAL_FLOOR / 2:
             break
-    # polish: the roofline's kinks and the schedule's jumps stall a gradient step short of the minimum;
-    # a simplex over the parameters that move the points walks along them
+    return best_x, best_cost
+
+
+def _polish(resid, best_x: np.ndarray, best_cost: float, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """A simplex from the best fit over the parameters that move the points: the roofline's kinks and the
+    schedule's jumps stall a gradient step short of the minimum; the simplex walks along them."""
+    from scipy.optimize import minimize
+
     f0, jac = _jacobian(resid, best_x, lo, hi)
-    free = [k for k in range(len(names)) if np.any(np.abs(jac[:, k]) > 1e-12)]
-    if free and math.sqrt(2 * best_cost / len(f0)) >= RESIDUAL_FLOOR / 2:
-        from scipy.optimize import minimize
+    free = [k for k in range(len(best_x)) if np.any(np.abs(jac[:, k]) > 1e-12)]
+    if not free or math.sqrt(2 * best_cost / len(f0)) < RESIDUAL_FLOOR / 2:
+        return best_x
 
-        def cost_of(z, xb=best_x, free=free):
-            x = xb.copy()
-            x[free] = z
-            f = resid(x)
-            return 0.5 * float(f @ f)
-
-        z0 = best_x[free]
-        simplex = np.vstack([z0] + [z0 + DIFF_STEP * (np.arange(len(free)) == k) for k in range(len(free))])
-        got = minimize(cost_of, z0, method="Nelder-Mead", bounds=list(zip(lo[free], hi[free], strict=True)),
-                       options={"initial_simplex": simplex, "maxfev": POLISH_EVALS * len(free), "xatol": 1e-3,
-                                "fatol": 1e-7})
-        if got.fun < best_cost:
-            best_x = best_x.copy()
-            best_x[free], best_cost = got.x, float(got.fun)
-    fun, jac = _jacobian(resid, best_x, lo, hi)
-    moves = np.array([bool(np.any(np.abs(jac[:, k]) > 1e-12)) for k in range(len(names))])
-    if not moves.all():  # what the points cannot see keeps its starting value (where that replays them as well)
-        x = np.where(moves, best_x, x0)
+    def cost_of(z):
+        x = best_x.copy()
+        x[free] = z
         f = resid(x)
-        if float(f @ f) <= float(fun @ fun) * (1 + 1e-9):
-            best_x, fun = x, f
-    # a parameter left at its start is reported at its starting value, not at the bound it was clipped into
-    params = replace(params_of(best_x), **{nm: getattr(base, nm) for k, nm in enumerate(names)
-                                           if best_x[k] == x0[k] and getattr(base, nm) is not None})
-    m, n = len(fun), len(names)
-    # the residual variance, at least a 1 % error per point: a fit that replays its points exactly (the
-    # twin's own engine, noise off) must still say which parameters the points pin down
+        return 0.5 * float(f @ f)
+
+    z0 = best_x[free]
+    simplex = np.vstack([z0] + [z0 + DIFF_STEP * (np.arange(len(free)) == k) for k in range(len(free))])
+    got = minimize(cost_of, z0, method="Nelder-Mead", bounds=list(zip(lo[free], hi[free], strict=True)),
+                   options={"initial_simplex": simplex, "maxfev": POLISH_EVALS * len(free), "xatol": 1e-3, "fatol": 1e-7})
+    if got.fun >= best_cost:
+        return best_x
+    out = best_x.copy()
+    out[free] = got.x
+    return out
+
+
+def _relative_errors(fun: np.ndarray, jac: np.ndarray, moves: np.ndarray) -> list[float]:
+    """Each parameter's standard error in log (≈ its relative standard error), from ``cov = s² (JᵀJ)⁻¹`` over the
+    parameters that move the points; infinite for one that does not, or when their columns are collinear. The
+    residual variance is at least a 1 % error per point: a fit that replays its points exactly (the twin's own
+    engine, noise off) must still say which parameters the points pin down."""
+    m, n = len(fun), len(moves)
     s2 = max(float(fun @ fun) / max(m - n, 1), RESIDUAL_FLOOR ** 2)
     seen = np.flatnonzero(moves)
     cov = np.full((n, n), np.nan)
     try:
         if len(seen):
             cov[np.ix_(seen, seen)] = np.linalg.inv(jac[:, seen].T @ jac[:, seen]) * s2
-    except np.linalg.LinAlgError:  # collinear columns: none of them is identified on its own
+    except np.linalg.LinAlgError:
         pass
-    sol_x = best_x
-    at_bound = [nm for k, nm in enumerate(names) if moves[k] and (sol_x[k] <= lo[k] + 1e-6 or sol_x[k] >= hi[k] - 1e-6)]
-    table = {}
-    for k, nm in enumerate(names):
-        # sd of log(param) ~ its relative standard error; infinite where the points do not move the parameter
-        rse = math.sqrt(cov[k, k]) if np.isfinite(cov[k, k]) and cov[k, k] >= 0 else math.inf
-        table[nm] = {"value": getattr(params, nm), "stderr": getattr(params, nm) * rse if math.isfinite(rse) else None,
-                     "rse": rse if math.isfinite(rse) else None,
-                     "identified": bool(rse < IDENTIFIED_RSE and nm not in at_bound)}
-    before, after = problem.predict(base), problem.predict(params)
-    return {"params": params, "table": table, "at_bound": at_bound, "points": len(problem.points),
-            "rms_log_error": math.sqrt(float(fun @ fun) / len(fun)),
-            "errors": {"before": _errors(before, np.exp(meas)), "after": _errors(after, np.exp(meas))}}
+    return [math.sqrt(cov[k, k]) if np.isfinite(cov[k, k]) and cov[k, k] >= 0 else math.inf for k in range(n)]
 
 
 def _jacobian(resid, x: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
