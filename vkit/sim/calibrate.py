@@ -172,6 +172,17 @@ def _summary_serve(doc: dict, config: dict) -> dict:
     return serve
 
 
+def served_by(vk: dict, target: Target, config: dict) -> tuple[str | None, str | None, int]:
+    """(model, GPU, TP) of the server a bench_stream summary measured: the caller's ``target`` first, then
+    the simulator's own report (``version_info``), then the recorded configuration; None where unknown."""
+    info = ((vk.get("server") or {}).get("version_info")) or {}
+    sim = bool(info.get("sim"))
+    model = target.model or (info.get("sim_model") if sim else None)
+    gpu = target.gpu or (info.get("sim_gpu") if sim else None)
+    tp = target.tp or (info.get("sim_tensor_parallel_size") if sim else None) or config.get("tensor_parallel_size") or 1
+    return model, gpu, int(tp)
+
+
 def summary_run(path: str, doc: dict, target: Target, config: dict) -> Run:
     """One bench_stream summary as a measured run; a usage error saying what it lacks otherwise."""
     vk = doc.get("vkit") if isinstance(doc, dict) else None
@@ -185,10 +196,7 @@ def summary_run(path: str, doc: dict, target: Target, config: dict) -> Run:
         raise UsageError(f"{path}: calibration needs a closed-loop run (--max-concurrency C, no --request-rate)")
     if doc.get("failed") or not doc.get("completed") or vk.get("partial"):
         raise UsageError(f"{path}: the run has failed requests or was cut short; it cannot calibrate")
-    info = ((vk.get("server") or {}).get("version_info")) or {}
-    model = target.model or (info.get("sim_model") if info.get("sim") else None)
-    gpu = target.gpu or (info.get("sim_gpu") if info.get("sim") else None)
-    tp = target.tp or (info.get("sim_tensor_parallel_size") if info.get("sim") else None) or config.get("tensor_parallel_size") or 1
+    model, gpu, tp = served_by(vk, target, config)
     if not model or not gpu:
         raise UsageError(f"{path}: say which model and GPU served it (--sim-model M --sim-gpu G)")
     isl = int(ds.get("random_input_len") or round(doc["total_input_tokens"] / doc["completed"]))

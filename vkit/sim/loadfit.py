@@ -29,6 +29,7 @@ TTFT includes the API server's share (``frontend_*``), as the client saw it.
 from __future__ import annotations
 
 import glob
+import json
 import math
 import os
 import random
@@ -38,7 +39,7 @@ import numpy as np
 
 from vkit.errors import UsageError
 from vkit.jsonio import read_json
-from vkit.sim.calibrate import FREE, SUMMARY_SCHEMA, Target, _summary_serve
+from vkit.sim.calibrate import FREE, SUMMARY_SCHEMA, Target, _summary_serve, served_by
 from vkit.sim.calibrated import CostParams
 from vkit.sim.harness import SimRequest, simulate
 from vkit.sim.predict import Scenario, build
@@ -92,8 +93,6 @@ def _records(path: str, doc: dict) -> list[dict]:
     cands = [rel] if rel and os.path.isabs(rel) else []
     cands += [os.path.join(os.path.dirname(path), os.path.basename(rel))] if rel else []
     cands.append(os.path.splitext(path)[0] + ".jsonl")
-    import json
-
     for c in cands:
         if c and os.path.exists(c):
             with open(c, encoding="utf-8") as f:
@@ -121,12 +120,9 @@ def read_point(path: str, target: Target | None = None, config: dict | None = No
     sent = vk.get("send_rate")
     if isinstance(sent, (int, float)) and sent < SEND_RATE_MIN * float(rate):
         raise Refused(f"{path}: the client sent {sent:.3g} req/s of the {float(rate):.3g} offered (it fell behind)")
-    info = ((vk.get("server") or {}).get("version_info")) or {}
-    model = target.model or (info.get("sim_model") if info.get("sim") else None)
-    gpu = target.gpu or (info.get("sim_gpu") if info.get("sim") else None)
+    model, gpu, tp = served_by(vk, target, config)
     if not model or not gpu:
         raise Refused(f"{path}: say which model and GPU served it (--sim-model M --sim-gpu G)")
-    tp = target.tp or (info.get("sim_tensor_parallel_size") if info.get("sim") else None) or config.get("tensor_parallel_size") or 1
     recs = [r for r in _records(path, doc) if r.get("start_s") is not None]
     if any(not r.get("ok") for r in recs):
         raise Refused(f"{path}: its records hold failed requests")
@@ -140,6 +136,7 @@ def read_point(path: str, target: Target | None = None, config: dict | None = No
             if m and r.get("tpot_ms") is not None and (r.get("completion_tokens") or 0) > 1]
     if not ttft or not tpot:
         raise Refused(f"{path}: no measured request with a TTFT and a TPOT")
+    info = ((vk.get("server") or {}).get("version_info")) or {}
     quant = target.quantization or config.get("quantization") or (info.get("sim_quantization") if info.get("sim") else None)
     return LoadPoint(
         source=path, model=get_model(model).name, gpu=get_gpu(gpu).name, tp=int(tp), quantization=quant,
@@ -243,7 +240,7 @@ def fit_points(problem: PointProblem, names: tuple[str, ...] | list[str] = DEFAU
     best_x, best_cost = _multistart(resid, x0, lo, hi, max_nfev, progress)
     best_x = _polish(resid, best_x, best_cost, lo, hi)
     fun, jac = _jacobian(resid, best_x, lo, hi)
-    moves = np.array([bool(np.any(np.abs(jac[:, k]) > 1e-12)) for k in range(len(names))])
+    moves = np.isin(np.arange(len(names)), _moving(jac))
     if not moves.all():  # what the points cannot see keeps its starting value (where that replays them as well)
         x = np.where(moves, best_x, x0)
         f = resid(x)
@@ -280,7 +277,7 @@ def _multistart(resid, x0: np.ndarray, lo: np.ndarray, hi: np.ndarray, max_nfev:
         xs = np.clip(xs0, lo + 1e-9, hi - 1e-9)
         f0, jac = _jacobian(resid, xs, lo, hi)
         # only what moves the points at this start is fitted from it (a zero column stalls the solver)
-        free = [k for k in range(len(x0)) if np.any(np.abs(jac[:, k]) > 1e-12)]
+        free = _moving(jac)
         if n_start == 1:
             starts += [x0 + math.log(START_SCALE) * (np.arange(len(x0)) == k) for k in range(len(x0)) if k not in free]
         x, cost = xs.copy(), 0.5 * float(f0 @ f0)
@@ -309,7 +306,7 @@ def _polish(resid, best_x: np.ndarray, best_cost: float, lo: np.ndarray, hi: np.
     from scipy.optimize import minimize
 
     f0, jac = _jacobian(resid, best_x, lo, hi)
-    free = [k for k in range(len(best_x)) if np.any(np.abs(jac[:, k]) > 1e-12)]
+    free = _moving(jac)
     if not free or math.sqrt(2 * best_cost / len(f0)) < RESIDUAL_FLOOR / 2:
         return best_x
 
@@ -345,6 +342,11 @@ def _relative_errors(fun: np.ndarray, jac: np.ndarray, moves: np.ndarray) -> lis
     except np.linalg.LinAlgError:
         pass
     return [math.sqrt(cov[k, k]) if np.isfinite(cov[k, k]) and cov[k, k] >= 0 else math.inf for k in range(n)]
+
+
+def _moving(jac: np.ndarray) -> list[int]:
+    """The parameters (columns of ``jac``) that move at least one residual."""
+    return [k for k in range(jac.shape[1]) if np.any(np.abs(jac[:, k]) > 1e-12)]
 
 
 def _jacobian(resid, x: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
