@@ -168,3 +168,6 @@ def test_sim_calibrate_load_points_writes_a_profile_and_says_what_it_refused(tmp
     assert r.code == 3 and "no load point can calibrate; 1 refused" in r.err and not (tmp_path / "t2.json").exists()
     r = call("sim_calibrate", "runs.csv", "--load-points", str(tmp_path / "tune" / "vkit.json"), "-o", str(tmp_path / "t3.json"))
     assert r.code == 2 and "not both" in r.err
+    (tmp_path / "list.json").write_text("[1]")  # JSON, but not a state: a usage error, not a crash
+    r = call("sim_calibrate", "--load-points", str(tmp_path / "list.json"), "-o", str(tmp_path / "t4.json"))
+    assert r.code == 2 and "is not a vkit state file" in r.err and not (tmp_path / "t4.json").exists()

@@ -156,6 +156,8 @@ def points_from_state(state_path: str, target: Target | None = None,
         st = read_json(state_path, "state file")
     except OSError as e:
         raise UsageError(f"cannot read {state_path}: {e.strerror}") from None
+    if not isinstance(st, dict):
+        raise UsageError(f"{state_path} is not a vkit state file (a JSON object with the tune's records)")
     base = os.path.dirname(os.path.abspath(state_path))
     argv = ((st.get("service") or {}).get("launch") or {}).get("argv") or []
     if target is None or target.quantization is None:  # a launch flag, never in a tuned configuration
