@@ -35,6 +35,9 @@ virtual time):
   ``VIRTUAL_RESTART_S`` simulated seconds; the fresh check on a new virtual start of the recommendation.
   Per scenario the median and range of restarts, simulated hours, ratio to the best and promise over
   truth. Writes bench/results/capacity_tune_virtual.json.
+- ``--search twin`` (or ``staged,twin``: both in one run): the same tunes with ``tune --search twin``
+  (the calibrated twin ranks the space, the server confirms; ``--max-restarts N`` passed on), their
+  rows under each scenario's ``twin`` key beside the staged ones.
 
 Writes bench/results/capacity_tune.json (the truth is cached in capacity_truth.json, keyed by a
 digest of the scenario and the source of the simulator's modules the predictor runs). Run: python3 bench/bench_capacity_tune.py
@@ -218,13 +221,14 @@ def truth(name: str, sc: dict) -> dict:
 
 # -- the product run ------------------------------------------------------------------------------
 
-def tune(name: str, sc: dict, work: str, virtual: bool = False, seed: int = 11) -> dict:
+def tune(name: str, sc: dict, work: str, virtual: bool = False, seed: int = 11, search: str = "staged",
+         max_restarts: int | None = None) -> dict:
     """One tune of the scenario: on a live simulator (SPEED x faster than wall time, the SLO and the
     run lengths scaled to wall time), or ``virtual`` (tune --virtual: the simulator in virtual time, a
     restart costing VIRTUAL_RESTART_S simulated seconds as a field engineer pays one, the same run
     lengths in simulated seconds)."""
     py, b = sys.executable, os.path.join(ROOT, "bin")
-    work = os.path.join(work, f"seed{seed}") if virtual else work
+    work = os.path.join(work, search, f"seed{seed}") if virtual else work
     state = os.path.join(work, name, "vkit.json")
     os.makedirs(os.path.dirname(state), exist_ok=True)
     port = _free_port()
@@ -248,7 +252,9 @@ def tune(name: str, sc: dict, work: str, virtual: bool = False, seed: int = 11) 
             "--screen-repeats", "1", "--confirm-front", "1", "--ablation", "off",
             "--point-seconds", f"{point_s:g}", "--capacity-start", f"{8 * SPEED / speed:g}", "--capacity-max-points", "6",
             "--capacity-repeats", "2", "--capacity-noise", "0.03", "--verify-seconds", f"{verify_s:g}", "--ready-timeout",
-            "60", "--vocab-size", "2000", "--json", "--report-dir", os.path.join(work, name, "report")]
+            "60", "--vocab-size", "2000", "--json", "--report-dir", os.path.join(work, name, "report"),
+            *(["--search", search] if search != "staged" else []),
+            *(["--max-restarts", str(max_restarts)] if max_restarts else [])]
     t0 = time.time()
     p = subprocess.run(argv, env=env, capture_output=True, text=True)
     wall = time.time() - t0
@@ -342,6 +348,9 @@ def main(argv=None) -> int:
     ap.add_argument("--rescore", action="store_true", help="no tune: score the rows already in --out against --truth")
     ap.add_argument("--seeds", type=int, default=1, help="--virtual: tunes per scenario, --sim-seed 11, 12, ... (default 1)")
     ap.add_argument("--jobs", type=int, default=2, help="--virtual: tunes run at a time (default 2: one a core here)")
+    ap.add_argument("--search", default="staged", help="--virtual: staged, twin, or both comma-separated (tune --search; "
+                    "twin rows go under each scenario's 'twin' key, in the same file)")
+    ap.add_argument("--max-restarts", type=int, default=None, metavar="N", help="--search twin: tune --max-restarts N")
     a = ap.parse_args(argv)
     out_path = a.out or (OUT_VIRTUAL if a.virtual else OUT)
     # scenarios measured earlier (the file this writes) are kept; the ones run now replace theirs
@@ -376,9 +385,11 @@ def main(argv=None) -> int:
     return 0
 
 
-def _one_virtual(job: tuple) -> tuple[str, int, dict]:
-    name, seed, work, t = job
-    return name, seed, score(tune(name, SCENARIOS[name], work, virtual=True, seed=seed), SCENARIOS[name], t, 1.0)
+def _one_virtual(job: tuple) -> tuple[str, int, str, dict]:
+    name, seed, work, t, search, max_restarts = job
+    r = tune(name, SCENARIOS[name], work, virtual=True, seed=seed, search=search,
+             max_restarts=max_restarts if search == "twin" else None)
+    return name, seed, search, score(r, SCENARIOS[name], t, 1.0)
 
 
 def _virtual_tunes(truths: dict, a, rows: dict, out_path: str, rev: str) -> None:
@@ -386,21 +397,27 @@ def _virtual_tunes(truths: dict, a, rows: dict, out_path: str, rev: str) -> None
     as soon as its last tune ends (an interrupted run keeps the scenarios it finished)."""
     import multiprocessing as mp
 
-    jobs = [(name, seed, a.work, t) for name, t in truths.items() for seed in range(11, 11 + a.seeds)]
-    got: dict[str, list] = {name: [] for name in truths}
+    searches = [x.strip() for x in a.search.split(",") if x.strip()]
+    jobs = [(name, seed, a.work, t, search, a.max_restarts) for name, t in truths.items() for seed in range(11, 11 + a.seeds)
+            for search in searches]
+    got: dict[tuple[str, str], list] = {(name, s): [] for name in truths for s in searches}
     t0, done = time.time(), 0
     with mp.Pool(max(1, a.jobs)) as pool:
-        for name, seed, r in pool.imap_unordered(_one_virtual, jobs):
+        for name, seed, search, r in pool.imap_unordered(_one_virtual, jobs):
             done += 1
             eta = (time.time() - t0) / done * (len(jobs) - done)
-            print(f"   [{done}/{len(jobs)}, ETA {eta / 60:.0f} min] {name} seed {seed}: "
+            print(f"   [{done}/{len(jobs)}, ETA {eta / 60:.0f} min] {name} {search} seed {seed}: "
                   f"{json.dumps({k: r.get(k) for k in ('restarts', 'ratio_to_best', 'promise_over_truth', 'error')})}",
                   file=sys.stderr)
-            got[name].append(r)
-            if len(got[name]) == a.seeds:
-                runs = sorted(got[name], key=lambda x: x.get("seed") or 0)
-                rows[name] = {"tunes": runs, "summary": spread(runs), "revision": rev or None, "truth": a.truth,
-                              "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+            got[(name, search)].append(r)
+            if len(got[(name, search)]) == a.seeds:
+                runs = sorted(got[(name, search)], key=lambda x: x.get("seed") or 0)
+                row = {"tunes": runs, "summary": spread(runs), "revision": rev or None, "truth": a.truth,
+                       "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+                if search == "twin":  # beside the staged rows of the same scenario
+                    rows.setdefault(name, {})["twin"] = dict(row, max_restarts=a.max_restarts)
+                else:
+                    rows[name] = dict(row, **({"twin": rows[name]["twin"]} if "twin" in rows.get(name, {}) else {}))
                 _write_virtual(out_path, rows)
 
 

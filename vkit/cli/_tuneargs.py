@@ -113,6 +113,11 @@ MODE_HELP = ("staged (default: seed 000's steps; see --staged-candidates) or bo 
              "with octaves 6.25, bo 7.0 (constrained EI), random 14.5, grid 19.75")
 
 
+TWIN_HELP = ("; twin (--objective capacity only): the simulator, fitted to the baseline's load points, predicts every "
+             "configuration's SLO capacity with a 90%% interval and the server screens only those whose interval reaches "
+             "past the best measured (vkit.tune.steps.twinsearch); it replaces steps 2-4")
+
+
 def add_bo_args(s: Any) -> None:  # an argument group of tune's or sweep's parser
     """--mode bo's acquisition and early stop (tune and sweep)."""
     s.add_argument("--acquisition", choices=["auto", "cei", "ehvi", "ei", "ucb"], default="auto",
@@ -282,7 +287,12 @@ def tune_plan(args: argparse.Namespace) -> TunePlan:
     bad = [x for x in steps if x not in ("1", "2", "3", "4m", "4", "5")]
     if bad:
         raise UsageError(f"unknown step(s) {', '.join(bad)}: steps are 1 to 5, and 4m (gpu_memory_utilization)")
-    return TunePlan(mode=args.mode, steps=steps, budget=args.budget, seed=args.seed, staged_candidates=args.staged_candidates,
+    if args.mode == "twin" and getattr(args, "objective", None) != "capacity":
+        raise UsageError("--search twin predicts SLO capacity: it needs --objective capacity")
+    max_restarts = getattr(args, "max_restarts", None)
+    if max_restarts is not None and max_restarts < 1:
+        raise UsageError(f"--max-restarts must be >= 1, got {max_restarts}")
+    return TunePlan(mode=args.mode, max_restarts=max_restarts, steps=steps, budget=args.budget, seed=args.seed, staged_candidates=args.staged_candidates,
                     business_len=args.business_len, max_model_len_candidates=cands, confirm_front=args.confirm_front,
                     ablate=getattr(args, "ablation", "auto") == "auto", restart=args.restart, report_dir=args.report_dir,
                     acquisition=args.acquisition, patience=args.bo_patience, batch_lie=args.batch_lie,

@@ -33,12 +33,17 @@ def build_parser() -> argparse.ArgumentParser:
             "tune --sandbox --mode bo --budget 12 --advisor http://127.0.0.1:8000   # every 2nd proposal asked of the served model",
             "tune --yes --time-budget 8h                      # production: back on the kept config between trials",
             "tune --virtual --sandbox --objective capacity   # a sim_server state tuned in virtual time: seconds, no process",
+            "tune --sandbox --objective capacity --search twin --max-restarts 8   # the calibrated twin ranks, the server confirms",
             "state init --slots 4 ... && tune --sandbox       # screening 4 candidates at a time, one per slot",
         ],
     )
     ta.add_args(p)
     s = p.add_argument_group("search")
-    s.add_argument("--mode", choices=["staged", "bo"], default="staged", help=ta.MODE_HELP)
+    s.add_argument("--mode", "--search", dest="mode", choices=["staged", "bo", "twin"], default="staged",
+                   help=ta.MODE_HELP + ta.TWIN_HELP)
+    s.add_argument("--max-restarts", type=int, default=None, metavar="N",
+                   help="--search twin: propose no trial that would take the run's server starts past N (the trial's start, "
+                        "its confirmation's two and the promise's one reserved; default: no limit)")
     s.add_argument("--steps", default="1,2,3,4m,4,5",
                    help="steps to run, comma-separated (default 1,2,3,4m,4,5). 4m: the highest gpu_memory_utilization "
                         "that starts, by bisection between the kept value and the policy's max (0.98) on real starts and "

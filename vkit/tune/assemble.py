@@ -15,6 +15,7 @@ from vkit.tune.config import Settings
 from vkit.tune.ledger import Status, first
 from vkit.tune.result import TuneResult
 from vkit.tune.runner import Runner
+from vkit.tune.steps.twinsearch import restarts_spent
 
 
 def goal(s: Settings) -> dict:
@@ -79,7 +80,7 @@ def build_result(runner: Runner, settings: Settings, t0: float) -> TuneResult:
     b = st.record("baseline")
     version = server_info(runner)
     opts = settings.workload.options
-    restarts = sum(1 for log in runner.service_logs() for e in log.read() if e.get("event") in ("applied", "rolled_back", "start_failed"))
+    restarts = restarts_spent(runner)
     trials = []
     for t in st.trials():
         row = {k: t.get(k) for k in ("id", "step", "config", "changes", "status", "verdict", "why", "valid", "metrics",

@@ -118,7 +118,7 @@ def _open_run(sf: StateFile, settings: Settings, plan: TunePlan, ctx: RunContext
     """Start a new tuning run (archiving a finished one), or resume the unfinished one the state
     holds when its settings are the same; returns the run's id."""
     st = Ledger(sf).tune()
-    cfg: dict[str, Any] = {"mode": plan.mode, "steps": list(plan.steps), "budget": plan.budget,
+    cfg: dict[str, Any] = {"mode": plan.mode, "steps": list(plan.steps), "budget": plan.budget, "max_restarts": plan.max_restarts,
                            "workload": settings.workload.describe(), "slo": settings.slo, "guards": settings.guards,
                            "baseline_repeats": settings.baseline_repeats, "baseline_starts": settings.starts(),
                            "screen_repeats": settings.screen_repeats,
@@ -163,7 +163,14 @@ def _drive(runner: Runner, settings: Settings, mixed: Workload, plan: TunePlan, 
     kb_key = knowledge.fingerprint_key(runner.ledger.raw(), server_info(runner))
     kb_work = {"bench_args": main.options.flags(), "slo": settings.slo}
     matched = _knowledge(sf, kb, kb_key, kb_work, plan.mode, ctx.progress)
-    if plan.mode == "bo" and staged:
+    if plan.mode == "twin" and staged:  # the twin ranks the space; the server screens and confirms its proposals
+        sf.service.set_machine_state("PROPOSE")
+        nxt, stop = tuning.twin_proposer(runner, ctx.policy, plan.max_restarts, ctx.progress)
+        tuning.run_screening_step(runner, "twin", nxt, ctx.progress, plan.budget, stop)
+        if "4m" in staged:
+            check_drift(runner, ctx.warn)
+            tuning.run_gpu_memory_step(runner, ctx.policy, ctx.progress, plan.budget)
+    elif plan.mode == "bo" and staged:
         sf.service.set_machine_state("PROPOSE")
         nxt, stop = tuning.bo_proposer(runner, ctx.policy, plan.budget, plan.seed, prior=tuning.prior_observations(matched),
                                        acquisition=plan.acquisition, patience=plan.patience, batch_lie=plan.batch_lie)

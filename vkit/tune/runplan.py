@@ -37,7 +37,8 @@ class RunContext:
 class TunePlan:
     """What a tuning run does: its mode, steps and budgets (tune's search flags)."""
 
-    mode: str = "staged"  # staged | bo
+    mode: str = "staged"  # staged | bo | twin
+    max_restarts: int | None = None  # --max-restarts: the twin search proposes no trial that would take the run past it
     steps: list[str] = field(default_factory=lambda: ["1", "2", "3", "4m", "4", "5"])  # 4m: gpu_memory_utilization
     budget: int = 8  # trials per step (staged) or in all (bo)
     seed: int = 1  # the Bayesian search's seed

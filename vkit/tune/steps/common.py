@@ -31,7 +31,8 @@ def search_slo(runner: Runner) -> dict | None:
     return None if runner.s.capacity is not None else (runner.s.slo or None)
 STEP_NAMES = {"1": "max-model-len", "2": "max-num-batched-tokens", "3": "max-num-seqs",
               "4m": "gpu-memory-utilization (highest that starts, validated under load)", "4": "grid around the knee",
-              "5": "behaviour flags (validation)", "bo": "Bayesian optimisation"}
+              "5": "behaviour flags (validation)", "bo": "Bayesian optimisation",
+              "twin": "twin-guided search (the calibrated simulator ranks, the server confirms)"}
 
 
 def observations(runner: Runner, steps: tuple[str, ...] | None = None) -> list[search.Observation]:

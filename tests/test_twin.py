@@ -1,0 +1,115 @@
+"""tune --search twin: the twin's space, its bisection and correction, and a whole twin-guided tune
+on the virtual backend (calibrated on the baseline's load points, its evidence in the decision log)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import sys
+
+import pytest
+
+from tests.conftest import REPO, call
+from vkit.apply.policy import Policy
+from vkit.tune import twin
+from vkit.tune.steps.twinsearch import RESERVED_RESTARTS, twin_space
+
+SIM = [sys.executable, os.path.join(REPO, "bin", "sim_server"), "sim-8b", "--port", "1", "--max-model-len", "1024",
+       "--sim-gpu", "H200", "--sim-model", "llama-3.1-8b", "--sim-seed", "11", "--sim-startup-s", "60"]
+TUNE = ["--virtual", "--sandbox", "--objective", "capacity", "--search", "twin", "--input-len", "512", "--output-len", "128",
+        "--num-prompts", "100", "--slo", "p95_ttft_ms=1000", "--slo", "mean_tpot_ms=50", "--steps", "2,3,4", "--budget", "8",
+        "--screen-repeats", "1", "--confirm-front", "0", "--ablation", "off", "--point-seconds", "4", "--capacity-start", "32",
+        "--capacity-max-points", "6", "--capacity-repeats", "2", "--capacity-noise", "0.03", "--verify-seconds", "40",
+        "--vocab-size", "2000", "--json"]
+
+
+@pytest.mark.unit
+def test_the_space_is_the_policys_lattice_with_the_kept_values_and_step_3s_doublings():
+    space = twin_space(Policy.load(), {"max_num_batched_tokens": 2048, "max_num_seqs": 16})
+    tokens = sorted({c["max_num_batched_tokens"] for c in space})
+    seqs = sorted({c["max_num_seqs"] for c in space})
+    assert tokens == [2048, 4096, 8192, 16384, 32768]  # the policy's 4 and the kept 2048
+    assert seqs == [8, 16, 32, 64, 128, 256, 512, 1024]  # 8-128, then doubled 3 times past 128
+    assert len(space) == 40
+    frozen = twin_space(Policy.load(), {"max_num_batched_tokens": 2048, "max_num_seqs": 16}, frozen={"max_num_seqs": 64})
+    assert {c["max_num_seqs"] for c in frozen} == {64} and len(frozen) == 5
+
+
+@pytest.mark.unit
+def test_bisection_lands_within_its_tolerance_below_the_edge_from_either_side():
+    for hint in (0.5, 7.0, 300.0):
+        got = twin.bisect(lambda r: r <= 7.3, hint)
+        assert 7.3 / (1 + twin.TOLERANCE) <= got <= 7.3
+    assert twin.bisect(lambda r: False, 4.0) == 0.0
+
+
+@pytest.mark.unit
+def test_a_prediction_is_corrected_by_its_nearest_measured_configuration():
+    a, b = {"max_num_batched_tokens": 2048, "max_num_seqs": 16}, {"max_num_batched_tokens": 2048, "max_num_seqs": 512}
+    ratios = [(a, 0.0), (b, math.log(1.25))]
+    assert twin.nearest_ratio({"max_num_batched_tokens": 4096, "max_num_seqs": 512}, ratios) == pytest.approx(math.log(1.25))
+    assert twin.nearest_ratio({"max_num_batched_tokens": 2048, "max_num_seqs": 32}, ratios) == 0.0
+    assert twin.nearest_ratio(a, []) == 0.0
+    assert twin.distance(a, b) == pytest.approx(5.0)
+
+
+@pytest.mark.unit
+def test_the_miss_pools_each_measured_ones_error_from_its_nearest_other_with_the_fits_error():
+    tw = twin.Twin(point=None, isl=1, osl=1, slo=None, seconds=1.0, params=None, stderr_log={}, fit_error=0.1)
+    a, b = {"max_num_seqs": 16}, {"max_num_seqs": 512}
+    assert tw.miss([]) == pytest.approx(0.1)
+    assert tw.miss([(a, 0.0)]) == pytest.approx(0.1)
+    # two measured, 0.2 apart in log: each predicted from the other misses by 0.2; with the fit's 0.1: sqrt((.04+.04+.01)/3)
+    assert tw.miss([(a, 0.0), (b, 0.2)]) == pytest.approx(math.sqrt(0.09 / 3))
+
+
+@pytest.mark.unit
+def test_spread_points_keeps_the_lowest_and_highest_load():
+    class P:
+        def __init__(self, rate):
+            self.rate = rate
+
+    pts = [P(r) for r in range(21, 0, -1)]
+    got = twin.spread_points(pts, 10)
+    assert len(got) == 10 and got[0].rate == 1 and got[-1].rate == 21
+    assert twin.spread_points(pts[:3], 10) == pts[:3]
+
+
+@pytest.mark.unit
+def test_search_twin_needs_the_capacity_objective_and_a_positive_restart_budget(tmp_path, monkeypatch):
+    monkeypatch.setenv("VKIT_STATE", str(tmp_path / "state.json"))
+    assert call("state", "init", "--url", "http://127.0.0.1:1", "--model", "sim-8b", "--", *SIM).code == 0
+    r = call("tune", "--sandbox", "--search", "twin", "--objective", "throughput")
+    assert r.code == 2 and "--objective capacity" in r.err
+    r = call("tune", "--sandbox", "--search", "twin", "--max-restarts", "0")
+    assert r.code == 2 and "--max-restarts must be >= 1" in r.err
+
+
+@pytest.mark.slow
+def test_a_twin_guided_tune_calibrates_proposes_with_intervals_and_respects_its_restart_budget(tmp_path, monkeypatch):
+    path = str(tmp_path / "state.json")
+    monkeypatch.setenv("VKIT_STATE", path)
+    r = call("state", "init", "--url", "http://127.0.0.1:1", "--model", "sim-8b", "--set", "max_num_batched_tokens=2048",
+             "--set", "max_num_seqs=16", "--", *SIM)
+    assert r.code == 0, r.err
+    r = call("tune", *TUNE, "--max-restarts", "8")
+    assert r.code == 0, r.err[-2000:]
+    res = json.loads(r.out)
+    log = [json.loads(x) for x in open(tmp_path / "decisions.jsonl")]
+    prof = next(e for e in log if e["event"] == "twin_profile")
+    with open(prof["profile"], "rb") as f:  # the profile the proposals name is the file written
+        assert hashlib.sha256(f.read()).hexdigest() == prof["profile_sha256"]
+    props = [e for e in log if e["event"] == "propose"]
+    assert props, "the twin proposed nothing"
+    for e in props:
+        p = e["audit"]["twin"]["prediction"]
+        assert p["lo"] < p["capacity"] < p["hi"] and e["audit"]["twin"]["profile_sha256"] == prof["profile_sha256"]
+    # the start (16 sequences) carries a fraction of what the simulated H200 can: the twin's first pick is kept
+    assert res["recommendation"]["config"]["max_num_seqs"] >= 128
+    # the budget: no trial proposed once its start, confirmation and promise would pass 8 restarts
+    starts = [e for e in log if e["event"] in ("applied", "rolled_back", "start_failed")]
+    before_last = [e for e in log[: log.index(props[-1])] if e["event"] in ("applied", "rolled_back", "start_failed")]
+    assert len(before_last) + RESERVED_RESTARTS <= 8
+    assert res["timings"]["restarts"] == len(starts)

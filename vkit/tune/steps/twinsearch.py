@@ -1,0 +1,152 @@
+"""``tune --search twin`` (capacity objective): the calibrated twin ranks the space, the server confirms.
+
+After the baseline, :class:`vkit.tune.twin.Twin` is fitted to the baseline's load points and predicts
+the SLO capacity of every configuration of the space (:func:`twin_space`: max_num_batched_tokens x
+max_num_seqs, the policy's candidates, the kept values and max_num_seqs' doublings past its candidates
+as step 3 goes on to them). Each proposal is the untried configuration of highest predicted capacity
+whose 90 % interval reaches past the best capacity measured so far by the gate's least gain
+(:data:`MIN_GAIN`); it is screened on the server like any trial, its measurement corrects the twin
+(every prediction re-ranked), and one measured outside its interval at proposal is logged as a
+``twin_miss``. The step ends when no untried configuration's interval reaches that far, when its trial
+budget is spent, or when a further trial would take the tune past ``--max-restarts`` (the trial's
+start, the confirmation's two and the promise's one reserved); then the best screened candidate is
+confirmed on fresh interleaved runs and kept through the gate, as every step's winner is.
+
+Every proposal's audit holds the twin's evidence: the profile's sha256, the twin's inputs, the
+candidate's prediction with its interval and the ranking's head; ``twin_miss`` events hold the
+prediction beside the measurement.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Callable
+
+from vkit import search
+from vkit.apply.policy import Policy
+from vkit.tune.runner import Runner
+from vkit.tune.twin import Prediction, Twin, profile_path
+
+STEP = "twin"
+MIN_GAIN = 0.03  # the gate's floor: a gain below max(2σ, 3 %) is never kept, so it is never worth a restart
+SEQS_PAST = 3  # max_num_seqs' doublings past the policy's largest candidate (step 3 goes on to them)
+RESERVED_RESTARTS = 4  # a trial's own start, the confirmation's candidate and kept starts, the promise's fresh start
+
+
+def twin_space(policy: Policy, kept: dict, frozen: dict | None = None) -> list[dict]:
+    """The configurations the twin ranks: max_num_batched_tokens x max_num_seqs over the policy's
+    candidates, the kept values and max_num_seqs doubled SEQS_PAST times past its largest candidate."""
+    data = policy.data if hasattr(policy, "data") else policy
+    rows = {r["param"]: r for r in data.get("situational", [])}
+    axes = {}
+    for name in ("max_num_batched_tokens", "max_num_seqs"):
+        vals = {int(v) for v in rows[name].get("candidates") or []}
+        if isinstance(kept.get(name), int):
+            vals.add(int(kept[name]))
+        if name == "max_num_seqs" and vals:
+            top = max(int(v) for v in rows[name].get("candidates") or [max(vals)])
+            vals |= {top * 2 ** k for k in range(1, SEQS_PAST + 1) if top * 2 ** k <= int(rows[name].get("max") or 1 << 30)}
+        if name in (frozen or {}):
+            vals = {int(frozen[name])}
+        axes[name] = sorted(vals)
+    return [{"max_num_batched_tokens": t, "max_num_seqs": s} for t in axes["max_num_batched_tokens"] for s in axes["max_num_seqs"]]
+
+
+def restarts_spent(runner: Runner) -> int:
+    """Server starts so far (every start the decision logs hold: applies, rollbacks, failed starts)."""
+    return sum(1 for log in runner.service_logs() for e in log.read() if e.get("event") in ("applied", "rolled_back", "start_failed"))
+
+
+def _key(config: dict) -> str:
+    return json.dumps({k: config.get(k) for k in ("max_num_batched_tokens", "max_num_seqs")}, sort_keys=True)
+
+
+class TwinSearch:
+    """The proposer and stop rule of the twin step over one runner (a proposer object: ``next``, ``stop_reason``)."""
+
+    def __init__(self, runner: Runner, policy: Policy, max_restarts: int | None, progress: Callable[[str], None]):
+        self.runner, self.policy, self.max_restarts, self.progress = runner, policy, max_restarts, progress
+        self.twin: Twin | None = None
+        self.predicted: dict[str, Prediction] = {}  # config key -> the prediction it was proposed on
+        self.missed: set[str] = set()
+        self.why = ""
+
+    def calibrated(self) -> Twin:
+        if self.twin is None:
+            r = self.runner
+            opts = r.s.workload.options
+            self.progress("twin: calibrating the simulator on the baseline's load points")
+            plan = r.s.capacity.plan
+            self.twin = Twin.calibrate(r.sf.path, int(opts.random_input_len), int(opts.random_output_len), r.s.capacity.slo,
+                                       plan.crossing_factor * plan.point_seconds, profile_path(r.runs_dir), progress=lambda s: self.progress(f"twin: {s}"))
+            f = self.twin.fit
+            r.log("twin_profile", profile=profile_path(r.runs_dir), profile_sha256=self.twin.profile_sha256,
+                  inputs=self.twin.inputs(), load_points=f["load_points"], rms_log_error=round(f["rms_log_error"], 4),
+                  parameters={n: {"value": row["value"], "rse": row["rse"], "identified": row["identified"]}
+                              for n, row in f["table"].items()})
+            self.progress(f"twin: fitted on {f['load_points']} load point(s), rms log error {f['rms_log_error']:.1%} "
+                          f"(profile sha256 {self.twin.profile_sha256[:12]})")
+        return self.twin
+
+    def measured(self, hist: list[search.Observation]) -> list[tuple[dict, float]]:
+        kept = self.runner.ledger.kept_config()
+        base = (self.runner.ledger.record("baseline").get("metrics") or {}).get("slo_capacity")
+        out = [(dict(kept), float(base))] if isinstance(base, (int, float)) and base > 0 else []
+        for h in hist:
+            v = h.objectives.get("slo_capacity")
+            if h.step == STEP and h.feasible and isinstance(v, (int, float)) and v > 0:
+                out.append((dict(h.config), float(v)))
+        return out
+
+    def _misses(self, measured: list[tuple[dict, float]]) -> None:
+        for cfg, m in measured:
+            k = _key(cfg)
+            p = self.predicted.get(k)
+            if p is not None and k not in self.missed and not p.lo <= m <= p.hi:
+                self.missed.add(k)
+                self.runner.log("twin_miss", config=cfg, measured=round(m, 4), prediction=p.as_dict(),
+                                profile_sha256=self.twin.profile_sha256 if self.twin else None)
+                self.progress(f"twin miss: {cfg} measured {m:.4g} req/s, predicted {p.capacity:.4g} [{p.lo:.4g}, {p.hi:.4g}]")
+
+    def next(self, hist: list[search.Observation]) -> search.Proposal | None:
+        hist = [h for h in hist if h.step != "pending"]
+        twin = self.calibrated()
+        measured = self.measured(hist)
+        self._misses(measured)
+        kept = self.runner.ledger.kept_config()
+        tried = {_key(kept)} | {_key(h.config) for h in hist if h.step == STEP}
+        best = max((m for _, m in measured), default=0.0)
+        preds = twin.rank(twin_space(self.policy, kept, self.runner.ledger.tune().frozen), measured, hint=best or None,
+                          progress=self.progress)
+        bar = best * (1 + MIN_GAIN)
+        open_ = [p for p in preds if _key(p.config) not in tried and p.hi > bar]
+        head = [p.as_dict() for p in preds[:5]]
+        if not open_:
+            top = next((p for p in preds if _key(p.config) not in tried), None)
+            self.why = (f"twin: no untried configuration's 90 % interval reaches {bar:.4g} req/s (the best measured, "
+                        f"{best:.4g}, + {MIN_GAIN:.0%})" + (f"; the highest upper bound left is {top.hi:.4g} at {top.config}"
+                                                            if top else "; every configuration was measured"))
+            return None
+        spent = restarts_spent(self.runner)
+        if self.max_restarts is not None and spent + RESERVED_RESTARTS > self.max_restarts:
+            self.why = (f"restart budget: {spent} restart(s) spent, a trial and its confirmation and promise need "
+                        f"{RESERVED_RESTARTS} more, --max-restarts {self.max_restarts} ({len(open_)} candidate(s) left)")
+            return None
+        p = open_[0]
+        self.predicted[_key(p.config)] = p
+        audit = {"twin": {"profile_sha256": twin.profile_sha256, "inputs": twin.inputs(), "prediction": p.as_dict(),
+                          "correction": round(math.log(p.capacity / p.raw), 4) if p.raw > 0 else None,
+                          "best_measured": round(best, 4), "measured": [[c, round(m, 4)] for c, m in measured], "ranking": head}}
+        reason = (f"twin: predicted {p.capacity:.4g} req/s [{p.lo:.4g}, {p.hi:.4g}] (90 %) against the best measured "
+                  f"{best:.4g}; {len(open_) - 1} other candidate(s) still reach it")
+        return search.Proposal(config=dict(p.config), step=STEP, reason=reason, audit=audit)
+
+    def stop_reason(self, hist: list[search.Observation]) -> str:
+        return self.why or f"twin search ended after {len([h for h in hist if h.step == STEP])} trial(s)"
+
+
+def twin_proposer(runner: Runner, policy: Policy, max_restarts: int | None,
+                  progress: Callable[[str], None]) -> tuple[Callable, Callable]:
+    ts = TwinSearch(runner, policy, max_restarts, progress)
+    return ts.next, ts.stop_reason
