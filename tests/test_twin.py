@@ -112,4 +112,4 @@ def test_a_twin_guided_tune_calibrates_proposes_with_intervals_and_respects_its_
     starts = [e for e in log if e["event"] in ("applied", "rolled_back", "start_failed")]
     before_last = [e for e in log[: log.index(props[-1])] if e["event"] in ("applied", "rolled_back", "start_failed")]
     assert len(before_last) + RESERVED_RESTARTS <= 8
-    assert res["timings"]["restarts"] == len(starts)
+    assert res["timings"]["restarts"] == len(starts) <= 8

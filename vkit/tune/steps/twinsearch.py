@@ -9,7 +9,7 @@ whose 90 % interval reaches past the best capacity measured so far by the gate's
 (every prediction re-ranked), and one measured outside its interval at proposal is logged as a
 ``twin_miss``. The step ends when no untried configuration's interval reaches that far, when its trial
 budget is spent, or when a further trial would take the tune past ``--max-restarts`` (the trial's
-start, the confirmation's two and the promise's one reserved); then the best screened candidate is
+start, the confirmation's three and the promise's one reserved); then the best screened candidate is
 confirmed on fresh interleaved runs and kept through the gate, as every step's winner is.
 
 Every proposal's audit holds the twin's evidence: the profile's sha256, the twin's inputs, the
@@ -31,7 +31,9 @@ from vkit.tune.twin import Prediction, Twin, profile_path
 STEP = "twin"
 MIN_GAIN = 0.03  # the gate's floor: a gain below max(2σ, 3 %) is never kept, so it is never worth a restart
 SEQS_PAST = 3  # max_num_seqs' doublings past the policy's largest candidate (step 3 goes on to them)
-RESERVED_RESTARTS = 4  # a trial's own start, the confirmation's candidate and kept starts, the promise's fresh start
+# a trial's own start; the confirmation's three (the candidate afresh, the kept, the candidate: B A A B on fresh starts);
+# the promise's fresh start. Measured on 70b-h100x4 (bench_capacity_tune, seed 11): starts 6-8 the confirmation, 9 the promise.
+RESERVED_RESTARTS = 5
 
 
 def twin_space(policy: Policy, kept: dict, frozen: dict | None = None) -> list[dict]:
@@ -110,12 +112,13 @@ class TwinSearch:
                 self.progress(f"twin miss: {cfg} measured {m:.4g} req/s, predicted {p.capacity:.4g} [{p.lo:.4g}, {p.hi:.4g}]")
 
     def next(self, hist: list[search.Observation]) -> search.Proposal | None:
+        running = {_key(h.config) for h in hist if h.step == "pending"}  # on slots: proposed, still measured elsewhere
         hist = [h for h in hist if h.step != "pending"]
         twin = self.calibrated()
         measured = self.measured(hist)
         self._misses(measured)
         kept = self.runner.ledger.kept_config()
-        tried = {_key(kept)} | {_key(h.config) for h in hist if h.step == STEP}
+        tried = {_key(kept)} | running | {_key(h.config) for h in hist if h.step == STEP}
         best = max((m for _, m in measured), default=0.0)
         preds = twin.rank(twin_space(self.policy, kept, self.runner.ledger.tune().frozen), measured, hint=best or None,
                           progress=self.progress)
