@@ -25,6 +25,12 @@ TUNE = ["--virtual", "--sandbox", "--objective", "capacity", "--search", "twin",
         "--vocab-size", "2000", "--json"]
 
 
+def res_report(tmp_path) -> str:
+    import glob
+
+    return glob.glob(str(tmp_path / "reports" / "*" / "report.md"))[0]
+
+
 @pytest.mark.unit
 def test_the_space_is_the_policys_lattice_with_the_kept_values_and_step_3s_doublings():
     space = twin_space(Policy.load(), {"max_num_batched_tokens": 2048, "max_num_seqs": 16})
@@ -113,3 +119,28 @@ def test_a_twin_guided_tune_calibrates_proposes_with_intervals_and_respects_its_
     before_last = [e for e in log[: log.index(props[-1])] if e["event"] in ("applied", "rolled_back", "start_failed")]
     assert len(before_last) + RESERVED_RESTARTS <= 8
     assert res["timings"]["restarts"] == len(starts) <= 8
+    # the result and the report carry the twin's predictions beside what the server measured
+    rows = res["capacity"]["twin"]["rows"]
+    assert [r["trial_id"] for r in rows] == [e["trial"] for e in props]
+    measured = {t["id"]: t["metrics"].get("slo_capacity") for t in res["trials"]}
+    assert all(r["measured"] == measured[r["trial_id"]] for r in rows if r["status"] == "done")
+    md = open(res_report(tmp_path)).read()
+    assert "## Twin vs measured" in md and rows[0]["trial_id"] in md
+
+
+@pytest.mark.unit
+def test_the_report_shows_the_twins_predictions_beside_the_measurements():
+    from vkit.report.render import render_markdown, render_terminal
+
+    rows = [{"trial_id": "t001", "config": {"max_num_seqs": 512}, "predicted": 74.0, "lo": 55.2, "hi": 99.0, "measured": 81.47,
+             "status": "done", "inside": True},
+            {"trial_id": "t002", "config": {"max_num_seqs": 128}, "predicted": 60.0, "lo": 50.0, "hi": 70.0, "measured": 40.0,
+             "status": "done", "inside": False}]
+    md = render_markdown({"capacity": {"twin": {"rows": rows, "misses": 1, "spearman": None, "profile_sha256": "ab" * 32,
+                                                "rms_log_error": 0.1}}})
+    assert "## Twin vs measured" in md
+    assert "| `t001` | `max_num_seqs=512` | 74 | 55.2–99 | 81.47 | yes |" in md
+    assert "no (twin miss)" in md and "Misses (measured outside the interval): 1" in md
+    assert "## Twin vs measured" not in render_markdown({"capacity": {}})
+    term = render_terminal({"capacity": {"twin": {"rows": rows, "misses": 1}}})
+    assert "t002: predicted 60 [50, 70], measured 40 (twin miss); max_num_seqs=128" in term

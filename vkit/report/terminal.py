@@ -16,6 +16,7 @@ from vkit.report import model as m
 from vkit.report.charts import nice_domain, tick_text
 from vkit.report.plots import TextPlot
 from vkit.report.text import BANNER, fmt_metric, fmt_num, metric_label, metric_unit
+from vkit.report.twinsection import TwinSection
 
 _ANSI = {"K": "1;35", "R": "1;32", "*": "32", "B": "1;36", ":": "31", ".": "2;32"}
 PLOT_HEIGHT = 15
@@ -296,7 +297,17 @@ def _capacity(pg: _Page, s: m.CapacitySection) -> None:
     pg.lines.append("")
 
 
+def _twin(pg: _Page, s: TwinSection) -> None:
+    if not s.lines:
+        return
+    pg.lines.append(pg.bold(f"Twin vs measured (req/s, 90 % interval; {s.summary}):"))
+    for line in s.lines:
+        pg.wrap(line, "      ", "  ")
+    pg.lines.append("")
+
+
 _SECTIONS: dict[type, Callable] = {
+    TwinSection: _twin,
     m.Goal: _goal, m.Baseline: _baseline, m.Trials: _trials, m.Plots: _plots, m.CapacitySection: _capacity, m.Knee: _knee,
     m.Pareto: _pareto,
     m.Recommendation: _recommendation, m.StopRule: _stop_rule, m.Drift: _drift, m.Warnings: _warnings, m.Soak: _soak,

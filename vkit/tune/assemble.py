@@ -15,7 +15,7 @@ from vkit.tune.config import Settings
 from vkit.tune.ledger import Status, first
 from vkit.tune.result import TuneResult
 from vkit.tune.runner import Runner
-from vkit.tune.steps.twinsearch import restarts_spent
+from vkit.tune.steps.twinsearch import restarts_spent, twin_table
 
 
 def goal(s: Settings) -> dict:
@@ -120,6 +120,9 @@ def build_result(runner: Runner, settings: Settings, t0: float) -> TuneResult:
             rec = dict(rec, capacity=capd, binding_slo=rc.get("binding_slo"))
         cap_block = {"reference_load": st.record("capacity_reference").get("load"),
                      "settings": settings.capacity.describe(), "kept": kc}
+        twin = twin_table(runner)
+        if twin is not None:  # tune --search twin: its predictions beside the measurements
+            cap_block["twin"] = twin
     return TuneResult(
         title="vkit tuning report",
         generated=now_iso(),

@@ -153,3 +153,34 @@ def twin_proposer(runner: Runner, policy: Policy, max_restarts: int | None,
                   progress: Callable[[str], None]) -> tuple[Callable, Callable]:
     ts = TwinSearch(runner, policy, max_restarts, progress)
     return ts.next, ts.stop_reason
+
+
+def twin_table(runner: Runner) -> dict | None:
+    """The twin's predictions beside what the server measured (the result's ``capacity.twin``): the
+    profile, every twin proposal (its prediction and interval when proposed, the trial's measured
+    capacity, whether it fell inside) and the rank correlation over the measured ones; None when the
+    run made none."""
+    log = runner.sf.log.read()
+    prof = next((e for e in reversed(log) if e.get("event") == "twin_profile"), None)
+    if prof is None:
+        return None
+    trials = {t["id"]: t for t in runner.ledger.trials()}
+    rows = []
+    for e in log:
+        tw = (e.get("audit") or {}).get("twin") if e.get("event") == "propose" else None
+        if not tw or e.get("trial") not in trials:
+            continue
+        t, p = trials[e["trial"]], tw["prediction"]
+        m = (t.get("metrics") or {}).get("slo_capacity") if t["status"] == "done" else None
+        rows.append({"trial_id": t["id"], "config": p["config"], "predicted": p["capacity"], "lo": p["lo"], "hi": p["hi"],
+                     "measured": m, "status": t["status"], "inside": None if m is None else bool(p["lo"] <= m <= p["hi"])})
+    done = [r for r in rows if r["measured"] is not None]
+    rho = None
+    if len(done) >= 3:
+        from scipy.stats import spearmanr
+
+        rho = float(spearmanr([r["predicted"] for r in done], [r["measured"] for r in done]).statistic)
+    return {"profile": prof.get("profile"), "profile_sha256": prof.get("profile_sha256"), "inputs": prof.get("inputs"),
+            "rms_log_error": prof.get("rms_log_error"), "parameters": prof.get("parameters"), "rows": rows,
+            "misses": sum(r["inside"] is False for r in rows), "spearman": rho}
+

@@ -1,0 +1,48 @@
+"""The report's "Twin vs measured" section (tune --search twin): every configuration the twin proposed,
+its predicted SLO capacity with the 90 % interval it was proposed on, and what the server measured."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from vkit.report.model import CODE, STRONG, VALUE, WORDS, Para, Row, Section, Span, Table, words
+from vkit.report.text import as_dict, as_list, as_text, config_text, fmt_num, num
+from vkit.report.view import View
+
+
+@dataclass(kw_only=True)
+class TwinSection(Section):
+    lines: list[str] = field(default_factory=list)  # one per proposal, for the terminal
+    summary: str = ""
+
+
+def twin_section(v: View) -> TwinSection:
+    """Empty (no heading) when the run made no twin proposal."""
+    tw = as_dict(v.capacity.get("twin"))
+    rows = [r for r in as_list(tw.get("rows")) if isinstance(r, dict)]
+    if not rows:
+        return TwinSection(id="twin")
+    body = []
+    for r in rows:
+        inside = r.get("inside")
+        body.append(Row([Span(CODE, as_text(r.get("trial_id"))), Span(CODE, config_text(r.get("config"))),
+                         Span(VALUE, fmt_num(r.get("predicted"))),
+                         Span(VALUE, f"{fmt_num(r.get('lo'))}–{fmt_num(r.get('hi'))}"),
+                         Span(VALUE, fmt_num(r.get("measured")) if num(r.get("measured")) is not None else as_text(r.get("status"))),
+                         Span(VALUE, "–" if inside is None else "yes" if inside else "no (twin miss)")]))
+    rho = num(tw.get("spearman"))
+    sha = as_text(tw.get("profile_sha256"))[:12]
+    intro = [Span(STRONG, "The twin proposes, the gate decides. "),
+             Span(WORDS, f"The simulator fitted to the baseline's load points (profile sha256 {sha}…, rms log error "
+                         f"{fmt_num(tw.get('rms_log_error'))}) predicted every configuration's SLO capacity; the server "
+                         f"measured those below. Misses (measured outside the interval): {fmt_num(tw.get('misses'))}"
+                         + (f"; Spearman of predicted against measured {rho:.2f}." if rho is not None else "."))]
+    head = ["trial", "configuration", "predicted (req/s)", "90 % interval", "measured (req/s)", "inside"]
+    lines = [f"{as_text(r.get('trial_id'))}: predicted {fmt_num(r.get('predicted'))} [{fmt_num(r.get('lo'))}, "
+             f"{fmt_num(r.get('hi'))}], measured {fmt_num(r.get('measured')) if num(r.get('measured')) is not None else as_text(r.get('status'))}"
+             f"{' (twin miss)' if r.get('inside') is False else ''}; {config_text(r.get('config'))}" for r in rows]
+    summary = f"misses {fmt_num(tw.get('misses'))}" + (f", Spearman {rho:.2f}" if rho is not None else "")
+    return TwinSection(id="twin", title="Twin vs measured", lines=lines, summary=summary, blocks=[
+        Para(intro), Table(head, body, {2: "n", 4: "n"}, "twin-table"),
+        Para(words("Predicted: the twin's capacity when it proposed the configuration, corrected by the measured "
+                   "configuration nearest it; measured: the trial's capacity search on the server."))])
