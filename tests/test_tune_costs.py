@@ -230,6 +230,25 @@ def test_a_promise_at_the_boundary_is_not_verified_there(state_path, monkeypatch
     monkeypatch.setattr(cap, "live_measure", live)
     out = r.promise.verify({"max_num_seqs": 64}, 100.0)
     lower = pytest.approx(100 / 1.1, rel=0.01)
-    assert offered == [100.0, 100.0, 100.0, lower, lower]  # a hold takes two runs, a failure one
-    assert [x["verdict"] for x in out["runs"]] == [None, None, "unclear", None, "holds"]
+    # a hold takes two runs, a failure one; a load stays unclear for the promise's 4 repeats (the plan's 3 are fewer)
+    assert offered == [100.0, 100.0, 100.0, 100.0, lower, lower]
+    assert [x["verdict"] for x in out["runs"]] == [None, None, None, "unclear", None, "holds"]
     assert out["verified"] == offered[-1]
+
+
+def test_two_runs_that_hold_by_a_spread_margin_are_not_yet_a_promise():
+    """Two runs' spread is one degree of freedom: margins +0.18 and +0.40 clear twice their standard error
+    (the normal rule) but not Student's t for one degree of freedom; four runs as clear as that do."""
+    from vkit.tune import capacity as cap
+    from vkit.tune.promise import promise_verdict
+
+    plan = cap.Plan(repeats=4, noise=0.03)
+
+    def point(margins):
+        return cap.Point(14.83, runs=[{"valid": True, "margin": m, "margins": {"p95_ttft_ms": m}} for m in margins])
+
+    assert cap.verdict_of(point([0.176, 0.402]), plan) == cap.HOLDS  # the search's own rule
+    assert promise_verdict(point([0.176, 0.402]), plan) is None  # measured again
+    assert promise_verdict(point([0.176, 0.402, -0.43, -0.35]), plan) == cap.UNCLEAR  # then steps down
+    assert promise_verdict(point([0.30, 0.35, 0.28, 0.33]), plan) == cap.HOLDS
+    assert promise_verdict(point([0.5]), plan) is None  # one run is never a hold

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -15,6 +16,35 @@ if TYPE_CHECKING:
     from vkit.tune.runner import Runner
 
 
+# Runs at one load before it is called unclear, and in all. Two runs' spread is one degree of freedom:
+# measured on bench_capacity_tune's qwen7b-l40s (tune --search twin, seeds 11 and 12), two 40-second runs at
+# 14.83 req/s held at margins +0.18 and +0.40 (mean clear of twice their standard error), and three fresh
+# runs there read -0.43, -0.35, +0.31 (the steady truth: 13.8).
+PROMISE_REPEATS = 4
+PROMISE_RUNS = 12
+Z_CLEAR = 2.0  # a search's point: clear at twice the standard error (normal); the promise's t matches its level
+
+
+def promise_verdict(point: _cap.Point, plan: _cap.Plan) -> str | None:
+    """A load point's verdict (``capacity.verdict_of``) with a hold that needs two runs at least and a
+    mean margin beyond Student's t (k - 1 degrees of freedom, at the one-sided level of 2 normal sd)
+    times its standard error: a hold not that clear is measured again (None), or unclear after
+    ``plan.repeats`` runs."""
+    v = _cap.verdict_of(point, plan)
+    if v != _cap.HOLDS:
+        return v
+    m = point.margins()
+    k = m.size
+    if k < 2:
+        return None
+    from scipy.stats import norm, t
+
+    se = max(float(m.std(ddof=1)), plan.noise) / math.sqrt(k)
+    if m.mean() - float(t.ppf(norm.cdf(Z_CLEAR), k - 1)) * se > 0:
+        return _cap.HOLDS
+    return _cap.UNCLEAR if k >= plan.repeats else None
+
+
 class Promise:
     """The capacity objective's promise, verified."""
 
@@ -25,16 +55,17 @@ class Promise:
         """The capacity promised for ``config`` (the highest clear hold of its short searches) run
         for ``verify_seconds`` on a fresh start of it: a short point cannot show a queue that grows
         slowly, a long run can. Each load gets the three-way verdict of any load point
-        (``capacity.verdict_of``, at least 2 repeats): it holds only on two valid runs whose mean
-        margin clears twice its standard error (their own spread, at least the margins' prior noise),
-        and is run again while neither holds nor fails is clear (a margin inside the noise, or a run
-        that could not measure the server: the client behind its schedule). A load that fails, or
-        stays unclear after the repeats, steps down by the tolerance, then by twice and four times it
-        (8 runs at most). The verified load is the one that clearly held: a promise at the boundary
-        itself fails every other fresh run. The server is left on the kept configuration."""
+        (:func:`promise_verdict`, up to PROMISE_REPEATS runs at a load): it holds only on two valid runs
+        or more whose mean margin clears Student's t for their degrees of freedom times its standard
+        error (their own spread, at least the margins' prior noise), and is run again while neither
+        holds nor fails is clear (a margin inside the noise, or a run that could not measure the
+        server: the client behind its schedule). A load that fails, or stays unclear after the
+        repeats, steps down by the tolerance, then by twice and four times it (PROMISE_RUNS runs at
+        most). The verified load is the one that clearly held: a promise at the boundary itself fails
+        every other fresh run. The server is left on the kept configuration."""
         c = self.r.s.capacity
         assert c is not None
-        plan = replace(c.plan, point_seconds=c.verify_seconds, repeats=max(2, c.plan.repeats))
+        plan = replace(c.plan, point_seconds=c.verify_seconds, repeats=max(PROMISE_REPEATS, c.plan.repeats))
         w = self.r.s.workload
         opts = replace(w.options, seed=w.seed + 50_000)
         out_dir = os.path.join(self.r.runs_dir, "promise")
@@ -45,7 +76,7 @@ class Promise:
             raise VkitError(f"the recommended configuration does not start: {res.get('message')}", ExitCode.UNAVAILABLE)
         runs, verified, load, down = [], None, plan.snap(rate), 0
         point = _cap.Point(load)
-        for k in range(8):
+        for k in range(PROMISE_RUNS):
             s = run(load, k)
             where = relative((s.get("vkit") or {}).get("capacity_check", {}).get("path") or out_dir, self.r.sf.dir)
             self.r.measurer.note_environment(where, s)
@@ -54,9 +85,7 @@ class Promise:
             # the same three-way verdict as any load point: holds only when the margin clears the
             # margins' noise (2 se), measured again while unclear; and a hold takes two valid runs,
             # whose own spread enters se: one run's margin says nothing of how far the next one falls
-            verdict = _cap.verdict_of(point, plan)
-            if verdict == _cap.HOLDS and point.margins().size < 2:
-                verdict = None
+            verdict = promise_verdict(point, plan)
             held = verdict == _cap.HOLDS
             runs.append({"load": load, "holds": held, "verdict": verdict, "margin": j["margin"],
                          "binding": min(j["margins"], key=j["margins"].get) if j["margins"] else None, "why": j["why"],
