@@ -118,7 +118,9 @@ def test_a_twin_guided_tune_calibrates_proposes_with_intervals_and_respects_its_
     starts = [e for e in log if e["event"] in ("applied", "rolled_back", "start_failed")]
     before_last = [e for e in log[: log.index(props[-1])] if e["event"] in ("applied", "rolled_back", "start_failed")]
     assert len(before_last) + RESERVED_RESTARTS <= 8
-    assert res["timings"]["restarts"] == len(starts) <= 8
+    # ... and past it only by a confirmation's further blocks (two starts each), never cut short
+    blocks = sum(-(-len(c.get("sequence") or []) // 4) for c in json.loads(open(path).read()).get("confirmations") or [])
+    assert res["timings"]["restarts"] == len(starts) <= 8 + 2 * max(blocks - 1, 0)
     # the result and the report carry the twin's predictions beside what the server measured
     rows = res["capacity"]["twin"]["rows"]
     assert [r["trial_id"] for r in rows] == [e["trial"] for e in props]
@@ -126,6 +128,15 @@ def test_a_twin_guided_tune_calibrates_proposes_with_intervals_and_respects_its_
     assert all(r["measured"] == measured[r["trial_id"]] for r in rows if r["status"] == "done")
     md = open(res_report(tmp_path)).read()
     assert "## Twin vs measured" in md and rows[0]["trial_id"] in md
+    # sweep --replay re-derives every twin proposal from its profile and logged inputs, without a server
+    r = call("sweep", "--replay", str(tmp_path))
+    assert r.code == 0, r.err[-1000:]
+    rep = json.loads(r.out)
+    assert rep["proposals"] == rep["identical"] == len(props) and rep["differences"] == []
+    with open(prof["profile"], "a") as f:  # a profile that is not the one the proposals name is refused
+        f.write(" ")
+    r = call("sweep", "--replay", str(tmp_path))
+    assert r.code == 2 and "sha256 differs" in r.err
 
 
 @pytest.mark.unit

@@ -85,6 +85,7 @@ class Twin:
     params: CostParams
     stderr_log: dict  # parameter -> its log sd (the fit's relative standard error, capped)
     fit_error: float  # the fit's rms log error on its load points
+    hint: float | None = None  # where every bisection starts (the baseline's capacity: the same start on replay)
     profile_sha256: str = ""
     fit: dict = field(default_factory=dict)  # the calibration's report (points, parameter table, errors)
     _cache: dict = field(default_factory=dict, repr=False)
@@ -119,9 +120,23 @@ class Twin:
 
     # -- one configuration -------------------------------------------------------------------
     def inputs(self) -> dict:
+        """What a prediction depends on beside the profile's parameters (:meth:`from_inputs` rebuilds the twin)."""
         p = self.point
         return {"model": p.model, "gpu": p.gpu, "tp": p.tp, "quantization": p.quantization, "isl": self.isl, "osl": self.osl,
-                "slo": dict(self.slo.limits), "seconds": self.seconds, "min_requests": MIN_REQUESTS, "tolerance": TOLERANCE}
+                "serve": self.serve_of({}), "slo": dict(self.slo.limits), "goodput": self.slo.goodput, "seconds": self.seconds,
+                "hint": self.hint, "stderr_log": dict(self.stderr_log), "fit_error": self.fit_error,
+                "min_requests": MIN_REQUESTS, "tolerance": TOLERANCE, "draws": DRAWS, "drawn": DRAWN}
+
+    @classmethod
+    def from_inputs(cls, inputs: dict, params: CostParams, profile_sha256: str = "") -> Twin:
+        """The twin a proposal was made with, from its logged inputs and the profile's parameters (``sweep --replay``)."""
+        point = loadfit.LoadPoint(source="replay", model=inputs["model"], gpu=inputs["gpu"], tp=int(inputs["tp"]),
+                                  quantization=inputs.get("quantization"), serve=dict(inputs.get("serve") or {}), rate=0.0,
+                                  arrivals=[], prompt_lens=[], output_lens=[], measured=[], ttft_s=0.0, tpot_s=0.0)
+        return cls(point=point, isl=int(inputs["isl"]), osl=int(inputs["osl"]),
+                   slo=cap.Slo(dict(inputs["slo"]), inputs.get("goodput")), seconds=float(inputs["seconds"]), params=params,
+                   stderr_log=dict(inputs["stderr_log"]), fit_error=float(inputs["fit_error"]), hint=inputs.get("hint"),
+                   profile_sha256=profile_sha256)
 
     def serve_of(self, config: dict) -> dict:
         base = {k: v for k, v in self.point.serve.items() if k in SERVE_KEYS}
@@ -153,9 +168,10 @@ class Twin:
         return out
 
     # -- the ranking ---------------------------------------------------------------------------
-    def rank(self, configs: list[dict], measured: list[tuple[dict, float]], hint: float | None = None,
+    def rank(self, configs: list[dict], measured: list[tuple[dict, float]],
              progress: Callable[[str], None] | None = None) -> list[Prediction]:
         """Every configuration predicted, best first, corrected by the ``measured`` (config, capacity) pairs."""
+        hint = self.hint
         ratios = [(c, math.log(m / self.capacity(c, hint=hint))) for c, m in measured
                   if m and m > 0 and self.capacity(c, hint=hint) > 0]
         miss = self.miss(ratios)

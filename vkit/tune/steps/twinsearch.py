@@ -9,7 +9,8 @@ whose 90 % interval reaches past the best capacity measured so far by the gate's
 (every prediction re-ranked), and one measured outside its interval at proposal is logged as a
 ``twin_miss``. The step ends when no untried configuration's interval reaches that far, when its trial
 budget is spent, or when a further trial would take the tune past ``--max-restarts`` (the trial's
-start, the confirmation's three and the promise's one reserved); then the best screened candidate is
+start, the confirmation's first block and the promise's one reserved: a confirmation that needs more blocks
+adds two starts each, never cut short); then the best screened candidate is
 confirmed on fresh interleaved runs and kept through the gate, as every step's winner is.
 
 Every proposal's audit holds the twin's evidence: the profile's sha256, the twin's inputs, the
@@ -19,8 +20,10 @@ prediction beside the measurement.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+import os
 from typing import Callable
 
 from vkit import search
@@ -82,6 +85,8 @@ class TwinSearch:
             plan = r.s.capacity.plan
             self.twin = Twin.calibrate(r.sf.path, int(opts.random_input_len), int(opts.random_output_len), r.s.capacity.slo,
                                        plan.crossing_factor * plan.point_seconds, profile_path(r.runs_dir), progress=lambda s: self.progress(f"twin: {s}"))
+            base = (r.ledger.record("baseline").get("metrics") or {}).get("slo_capacity")
+            self.twin.hint = float(base) if isinstance(base, (int, float)) and base > 0 else None
             f = self.twin.fit
             r.log("twin_profile", profile=profile_path(r.runs_dir), profile_sha256=self.twin.profile_sha256,
                   inputs=self.twin.inputs(), load_points=f["load_points"], rms_log_error=round(f["rms_log_error"], 4),
@@ -120,10 +125,10 @@ class TwinSearch:
         kept = self.runner.ledger.kept_config()
         tried = {_key(kept)} | running | {_key(h.config) for h in hist if h.step == STEP}
         best = max((m for _, m in measured), default=0.0)
-        preds = twin.rank(twin_space(self.policy, kept, self.runner.ledger.tune().frozen), measured, hint=best or None,
-                          progress=self.progress)
+        space = twin_space(self.policy, kept, self.runner.ledger.tune().frozen)
+        preds = twin.rank(space, measured, progress=self.progress)
         bar = best * (1 + MIN_GAIN)
-        open_ = [p for p in preds if _key(p.config) not in tried and p.hi > bar]
+        open_ = reaching(preds, tried, best)
         head = [p.as_dict() for p in preds[:5]]
         if not open_:
             top = next((p for p in preds if _key(p.config) not in tried), None)
@@ -140,13 +145,52 @@ class TwinSearch:
         self.predicted[_key(p.config)] = p
         audit = {"twin": {"profile_sha256": twin.profile_sha256, "inputs": twin.inputs(), "prediction": p.as_dict(),
                           "correction": round(math.log(p.capacity / p.raw), 4) if p.raw > 0 else None,
-                          "best_measured": round(best, 4), "measured": [[c, round(m, 4)] for c, m in measured], "ranking": head}}
+                          "best_measured": best, "measured": [[c, m] for c, m in measured], "tried": sorted(tried),
+                          "space": space, "ranking": head}}
         reason = (f"twin: predicted {p.capacity:.4g} req/s [{p.lo:.4g}, {p.hi:.4g}] (90 %) against the best measured "
                   f"{best:.4g}; {len(open_) - 1} other candidate(s) still reach it")
         return search.Proposal(config=dict(p.config), step=STEP, reason=reason, audit=audit)
 
     def stop_reason(self, hist: list[search.Observation]) -> str:
         return self.why or f"twin search ended after {len([h for h in hist if h.step == STEP])} trial(s)"
+
+
+def reaching(preds: list[Prediction], tried: set[str], best: float) -> list[Prediction]:
+    """The untried predictions whose interval reaches past ``best`` by MIN_GAIN, best first."""
+    return [p for p in preds if _key(p.config) not in tried and p.hi > best * (1 + MIN_GAIN)]
+
+
+def replay(records: list[dict], base_dir: str) -> dict:
+    """The twin's proposals of a decision log re-derived without a server: each from the profile its
+    audit names (its sha256 checked) and the inputs, measurements and tried configurations it logged.
+    ``base_dir``: where a relative profile path is resolved."""
+    from vkit.errors import UsageError
+    from vkit.sim.calibrated import load_profile
+
+    profiles = {r.get("profile_sha256"): r.get("profile") for r in records if r.get("event") == "twin_profile"}
+    props = [r for r in records if r.get("event") == "propose" and (r.get("audit") or {}).get("twin")]
+    if not props:
+        raise UsageError("the log holds no twin proposal")
+    twins: dict[str, Twin] = {}
+    rows = []
+    for n, r in enumerate(props):
+        tw = r["audit"]["twin"]
+        sha = tw["profile_sha256"]
+        if sha not in twins:
+            path = profiles.get(sha)
+            if not path:
+                raise UsageError(f"the log names profile {sha[:12]} but holds no twin_profile event for it")
+            path = path if os.path.isabs(path) else os.path.join(base_dir, path)
+            with open(path, "rb") as f:
+                if hashlib.sha256(f.read()).hexdigest() != sha:
+                    raise UsageError(f"{path} is not the profile the proposals were made with (its sha256 differs)")
+            twins[sha] = Twin.from_inputs(tw["inputs"], load_profile(path)["cost_params"], sha)
+        preds = twins[sha].rank(tw["space"], [(dict(c), float(m)) for c, m in tw["measured"]])
+        got = reaching(preds, set(tw["tried"]), float(tw["best_measured"]))
+        again = got[0].config if got else None
+        rows.append({"record": n, "trial": r.get("trial"), "logged": r["config"], "replayed": again,
+                     "same": again is not None and _key(again) == _key(r["config"])})
+    return {"proposals": len(rows), "identical": sum(x["same"] for x in rows), "rows": rows}
 
 
 def twin_proposer(runner: Runner, policy: Policy, max_restarts: int | None,
