@@ -291,13 +291,9 @@ def replay(log_path: str) -> Replay:
     """Re-derive every replayable proposal of a decision log and compare (``search.replay_mismatches``)."""
     recs = [r for _, r in load_json_lines(log_path, "decision log")]
     records = [r["audit"]["replay"] for r in recs if r.get("event") == "propose" and (r.get("audit") or {}).get("replay")]
-    if not records and any((r.get("audit") or {}).get("twin") for r in recs if r.get("event") == "propose"):
-        # tune --search twin: each proposal re-ranked by the twin from its profile and logged inputs
-        from vkit.tune.steps.twinsearch import replay as twin_replay
-
-        got = twin_replay(recs, os.path.dirname(os.path.abspath(log_path)))
-        return Replay(proposals=got["proposals"], identical=got["identical"],
-                      differences=[{k: x[k] for k in ("record", "trial", "logged", "replayed")} for x in got["rows"] if not x["same"]])
+    twin = None if records else tuning.twin_replay(recs, os.path.dirname(os.path.abspath(log_path)))
+    if twin is not None:  # tune --search twin: each proposal re-ranked from its profile and logged inputs
+        return Replay(**twin)
     if not records:
         raise UsageError(f"{log_path} holds no replayable proposals (Bayesian-search and twin proposals carry their inputs)")
     bad = search.replay_mismatches(records)

@@ -76,4 +76,5 @@ from vkit.tune.steps.step5 import (  # noqa: F401
 )
 from vkit.tune.steps.twinsearch import (  # noqa: F401
     twin_proposer,
+    twin_replay,
 )

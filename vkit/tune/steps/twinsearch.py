@@ -28,6 +28,7 @@ from typing import Callable
 
 from vkit import search
 from vkit.apply.policy import Policy
+from vkit.tune.ledger import Status
 from vkit.tune.runner import Runner
 from vkit.tune.twin import Prediction, Twin, profile_path
 
@@ -160,17 +161,18 @@ def reaching(preds: list[Prediction], tried: set[str], best: float) -> list[Pred
     return [p for p in preds if _key(p.config) not in tried and p.hi > best * (1 + MIN_GAIN)]
 
 
-def replay(records: list[dict], base_dir: str) -> dict:
-    """The twin's proposals of a decision log re-derived without a server: each from the profile its
-    audit names (its sha256 checked) and the inputs, measurements and tried configurations it logged.
-    ``base_dir``: where a relative profile path is resolved."""
+def twin_replay(records: list[dict], base_dir: str) -> dict | None:
+    """The twin's proposals of a decision log re-derived without a server (None: the log holds none): each
+    from the profile its audit names (its sha256 checked) and the inputs, measurements and tried
+    configurations it logged; {proposals, identical, differences}. ``base_dir``: where a relative profile
+    path is resolved."""
     from vkit.errors import UsageError
     from vkit.sim.calibrated import load_profile
 
     profiles = {r.get("profile_sha256"): r.get("profile") for r in records if r.get("event") == "twin_profile"}
     props = [r for r in records if r.get("event") == "propose" and (r.get("audit") or {}).get("twin")]
     if not props:
-        raise UsageError("the log holds no twin proposal")
+        return None
     twins: dict[str, Twin] = {}
     rows = []
     for n, r in enumerate(props):
@@ -188,9 +190,9 @@ def replay(records: list[dict], base_dir: str) -> dict:
         preds = twins[sha].rank(tw["space"], [(dict(c), float(m)) for c, m in tw["measured"]])
         got = reaching(preds, set(tw["tried"]), float(tw["best_measured"]))
         again = got[0].config if got else None
-        rows.append({"record": n, "trial": r.get("trial"), "logged": r["config"], "replayed": again,
-                     "same": again is not None and _key(again) == _key(r["config"])})
-    return {"proposals": len(rows), "identical": sum(x["same"] for x in rows), "rows": rows}
+        if again is None or _key(again) != _key(r["config"]):
+            rows.append({"record": n, "trial": r.get("trial"), "logged": r["config"], "replayed": again})
+    return {"proposals": len(props), "identical": len(props) - len(rows), "differences": rows}
 
 
 def twin_proposer(runner: Runner, policy: Policy, max_restarts: int | None,
@@ -215,7 +217,7 @@ def twin_table(runner: Runner) -> dict | None:
         if not tw or e.get("trial") not in trials:
             continue
         t, p = trials[e["trial"]], tw["prediction"]
-        m = (t.get("metrics") or {}).get("slo_capacity") if t["status"] == "done" else None
+        m = (t.get("metrics") or {}).get("slo_capacity") if t["status"] == Status.DONE else None
         rows.append({"trial_id": t["id"], "config": p["config"], "predicted": p["capacity"], "lo": p["lo"], "hi": p["hi"],
                      "measured": m, "status": t["status"], "inside": None if m is None else bool(p["lo"] <= m <= p["hi"])})
     done = [r for r in rows if r["measured"] is not None]
