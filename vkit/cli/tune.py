@@ -43,7 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=ta.MODE_HELP + ta.TWIN_HELP)
     s.add_argument("--max-restarts", type=int, default=None, metavar="N",
                    help="--search twin: propose no trial that would take the run's server starts past N (the trial's start, "
-                        "its confirmation's first block (three starts) and the promise's one reserved; a confirmation whose sequential test needs another block adds two starts and is never cut short; default: no limit)")
+                        "its confirmation's first block (three starts) and the promise's one reserved; a confirmation "
+                        "whose sequential test needs another block adds two starts and is never cut short; default: no limit)")
     s.add_argument("--steps", default="1,2,3,4m,4,5",
                    help="steps to run, comma-separated (default 1,2,3,4m,4,5). 4m: the highest gpu_memory_utilization "
                         "that starts, by bisection between the kept value and the policy's max (0.98) on real starts and "

@@ -22,13 +22,16 @@ def twin_section(v: View) -> TwinSection:
     rows = [r for r in as_list(tw.get("rows")) if isinstance(r, dict)]
     if not rows:
         return TwinSection(id="twin")
+    def measured(r: dict) -> str:  # the trial's capacity, or why it has none
+        return fmt_num(r.get("measured")) if num(r.get("measured")) is not None else as_text(r.get("status"))
+
     body = []
     for r in rows:
         inside = r.get("inside")
         body.append(Row([Span(CODE, as_text(r.get("trial_id"))), Span(CODE, config_text(r.get("config"))),
                          Span(VALUE, fmt_num(r.get("predicted"))),
                          Span(VALUE, f"{fmt_num(r.get('lo'))}–{fmt_num(r.get('hi'))}"),
-                         Span(VALUE, fmt_num(r.get("measured")) if num(r.get("measured")) is not None else as_text(r.get("status"))),
+                         Span(VALUE, measured(r)),
                          Span(VALUE, "–" if inside is None else "yes" if inside else "no (twin miss)")]))
     rho = num(tw.get("spearman"))
     sha = as_text(tw.get("profile_sha256"))[:12]
@@ -39,7 +42,7 @@ def twin_section(v: View) -> TwinSection:
                          + (f"; Spearman of predicted against measured {rho:.2f}." if rho is not None else "."))]
     head = ["trial", "configuration", "predicted (req/s)", "90 % interval", "measured (req/s)", "inside"]
     lines = [f"{as_text(r.get('trial_id'))}: predicted {fmt_num(r.get('predicted'))} [{fmt_num(r.get('lo'))}, "
-             f"{fmt_num(r.get('hi'))}], measured {fmt_num(r.get('measured')) if num(r.get('measured')) is not None else as_text(r.get('status'))}"
+             f"{fmt_num(r.get('hi'))}], measured {measured(r)}"
              f"{' (twin miss)' if r.get('inside') is False else ''}; {config_text(r.get('config'))}" for r in rows]
     summary = f"misses {fmt_num(tw.get('misses'))}" + (f", Spearman {rho:.2f}" if rho is not None else "")
     return TwinSection(id="twin", title="Twin vs measured", lines=lines, summary=summary, blocks=[

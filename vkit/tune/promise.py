@@ -82,9 +82,9 @@ class Promise:
             self.r.measurer.note_environment(where, s)
             j = _cap.judge_run(s, c.slo, plan, load)
             point.runs.append(j)
-            # the same three-way verdict as any load point: holds only when the margin clears the
-            # margins' noise (2 se), measured again while unclear; and a hold takes two valid runs,
-            # whose own spread enters se: one run's margin says nothing of how far the next one falls
+            # a load point's three-way verdict, measured again while unclear; a hold takes two valid runs
+            # or more whose mean clears Student's t for their spread's degrees of freedom (promise_verdict):
+            # one run's margin says nothing of how far the next one falls
             verdict = promise_verdict(point, plan)
             held = verdict == _cap.HOLDS
             runs.append({"load": load, "holds": held, "verdict": verdict, "margin": j["margin"],

@@ -172,8 +172,7 @@ class Twin:
              progress: Callable[[str], None] | None = None) -> list[Prediction]:
         """Every configuration predicted, best first, corrected by the ``measured`` (config, capacity) pairs."""
         hint = self.hint
-        ratios = [(c, math.log(m / self.capacity(c, hint=hint))) for c, m in measured
-                  if m and m > 0 and self.capacity(c, hint=hint) > 0]
+        ratios = [(c, math.log(m / got)) for c, m in measured if m and m > 0 and (got := self.capacity(c, hint=hint)) > 0]
         miss = self.miss(ratios)
         raw = []
         for k, c in enumerate(configs):

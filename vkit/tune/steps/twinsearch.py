@@ -86,8 +86,7 @@ class TwinSearch:
             plan = r.s.capacity.plan
             self.twin = Twin.calibrate(r.sf.path, int(opts.random_input_len), int(opts.random_output_len), r.s.capacity.slo,
                                        plan.crossing_factor * plan.point_seconds, profile_path(r.runs_dir), progress=lambda s: self.progress(f"twin: {s}"))
-            base = (r.ledger.record("baseline").get("metrics") or {}).get("slo_capacity")
-            self.twin.hint = float(base) if isinstance(base, (int, float)) and base > 0 else None
+            self.twin.hint = self.baseline_capacity()
             f = self.twin.fit
             r.log("twin_profile", profile=profile_path(r.runs_dir), profile_sha256=self.twin.profile_sha256,
                   inputs=self.twin.inputs(), load_points=f["load_points"], rms_log_error=round(f["rms_log_error"], 4),
@@ -97,10 +96,14 @@ class TwinSearch:
                           f"(profile sha256 {self.twin.profile_sha256[:12]})")
         return self.twin
 
-    def measured(self, hist: list[search.Observation]) -> list[tuple[dict, float]]:
-        kept = self.runner.ledger.kept_config()
+    def baseline_capacity(self) -> float | None:
+        """The kept configuration's capacity as its baseline measured it (None before one is measured)."""
         base = (self.runner.ledger.record("baseline").get("metrics") or {}).get("slo_capacity")
-        out = [(dict(kept), float(base))] if isinstance(base, (int, float)) and base > 0 else []
+        return float(base) if isinstance(base, (int, float)) and base > 0 else None
+
+    def measured(self, hist: list[search.Observation]) -> list[tuple[dict, float]]:
+        base = self.baseline_capacity()
+        out = [(dict(self.runner.ledger.kept_config()), base)] if base is not None else []
         for h in hist:
             v = h.objectives.get("slo_capacity")
             if h.step == STEP and h.feasible and isinstance(v, (int, float)) and v > 0:
@@ -114,7 +117,7 @@ class TwinSearch:
             if p is not None and k not in self.missed and not p.lo <= m <= p.hi:
                 self.missed.add(k)
                 self.runner.log("twin_miss", config=cfg, measured=round(m, 4), prediction=p.as_dict(),
-                                profile_sha256=self.twin.profile_sha256 if self.twin else None)
+                                profile_sha256=self.calibrated().profile_sha256)
                 self.progress(f"twin miss: {cfg} measured {m:.4g} req/s, predicted {p.capacity:.4g} [{p.lo:.4g}, {p.hi:.4g}]")
 
     def next(self, hist: list[search.Observation]) -> search.Proposal | None:
