@@ -107,6 +107,12 @@ def test_a_recommendation_that_differs_needs_an_invalid_trial(tmp_path):
     assert chaos.check_recommendation(b, a, st, ref_st) == []
     st["trials"][1].update(status="done", verdict="invalid")  # measured, but the gate refused its runs
     assert chaos.check_recommendation(b, a, st, ref_st) == []
+    # the reference lost a trial of its own (a timeout on a loaded machine, no fault) that the faulted tune finished
+    st["trials"][1].update(status="done", verdict="accept")
+    assert chaos.check_recommendation(b, a, st, ref_st)
+    ref_st["trials"][1]["status"] = "start_failed"
+    assert chaos.check_recommendation(b, a, st, ref_st) == []
+    assert "the reference's trials: " in chaos.check_recommendation(b, a, st, copy.deepcopy(st))[0]
 
 
 # -- the ENOSPC test hook ---------------------------------------------------------------------------------
@@ -121,6 +127,7 @@ def test_a_full_disk_fails_the_write_clearly_and_loses_nothing(tmp_path, monkeyp
         sf.service.set_machine_state("BASELINE")
     assert (tmp_path / "vkit.json").read_text() == before
     assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
+    assert (tmp_path / "disk-full.hit").read_text() == f"{os.getpid()}\n"  # the benchmark sees a write met it
     full.unlink()  # the space is back
     sf.service.set_machine_state("BASELINE")
     assert sf.read()["machine_state"] == "BASELINE"

@@ -146,9 +146,12 @@ def atomic_write_text(path: str, text: str) -> None:
 
 def _test_hook_enospc() -> None:
     """A test hook for the chaos benchmark (bench/bench_chaos.py): while the file named by
-    ``$VKIT_TEST_ENOSPC_FILE`` exists, every atomic write fails as on a full disk (ENOSPC)."""
+    ``$VKIT_TEST_ENOSPC_FILE`` exists, every atomic write fails as on a full disk (ENOSPC), and a line
+    goes to that name + ``.hit`` so the benchmark can tell a refused write from a flag no write met."""
     flag = os.environ.get(ENOSPC_HOOK)
     if flag and os.path.exists(flag):
+        with contextlib.suppress(OSError), open(flag + ".hit", "a", encoding="utf-8") as f:
+            f.write(f"{os.getpid()}\n")
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
 

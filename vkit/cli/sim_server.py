@@ -198,8 +198,12 @@ def add_sim_args(s) -> None:
     s.add_argument("--sim-seed", type=int, default=None, metavar="N",
                    help="seed of the noise and the faults (default: random, printed in the log)")
     s.add_argument("--sim-pathology", choices=["short-prefill"], default=None,
-                   help="short-prefill: with chunked prefill off, prompts <= 512 tokens prefill 10x slower "
-                        "(the seed's NPU case) (default: none)")
+                   help="short-prefill: with chunked prefill off, prompts <= 512 tokens prefill "
+                        "--sim-pathology-slowdown times slower (the seed's NPU case) (default: none)")
+    s.add_argument("--sim-pathology-slowdown", type=positive_float, default=10.0, metavar="X",
+                   help="how many times its own time a short prefill takes under --sim-pathology short-prefill; "
+                        "10 puts prefill near the decode rate on the seed's shape, 25 near 0.4x decode, the seed's "
+                        "reading (runbook/sim_server.md) (default: 10)")
     s.add_argument("--sim-output-len-mean", type=non_negative_int, default=128, metavar="N",
                    help="without ignore_eos, responses stop at EOS after 1..2N tokens, fixed per prompt "
                         "(default: 128)")
@@ -370,7 +374,8 @@ def options(args: argparse.Namespace, parser: argparse.ArgumentParser, model: st
         speed=args.sim_speed, startup_s=args.sim_startup_s, noise=args.sim_noise,
         restart_noise=args.sim_restart_noise, start_index=start, drift_per_hour=args.sim_drift,
         drift_since=args.sim_drift_since,
-        seed=seed, pathology=args.sim_pathology, output_len_mean=args.sim_output_len_mean,
+        seed=seed, pathology=args.sim_pathology, pathology_slowdown=args.sim_pathology_slowdown,
+        output_len_mean=args.sim_output_len_mean,
         mfu=args.sim_mfu, mbu=args.sim_mbu, cost_params=cost_params, profile_path=args.sim_profile,
         fail_at_start=args.sim_fail_at_start, oom_under_load_bytes=int(args.sim_oom_under_load_gib * (1 << 30)),
         crash_after=args.sim_crash_after, hang_health=args.sim_hang_health,

@@ -74,6 +74,7 @@ def build_engine(opts: ServeOptions, resolved: Resolved, settings: SimSettings, 
         policy=resolved.scheduling_policy,
         long_prefill_token_threshold=resolved.long_prefill_token_threshold,
         short_prefill_pathology=settings.pathology == "short-prefill",
+        short_prefill_slowdown=settings.pathology_slowdown,
     )
     if settings.cost_params is not None or opts.quantization:
         from vkit.sim.calibrated import CostParams, PhysCost

@@ -26,6 +26,7 @@ class SimSettings:
     drift_since: float | None = None  # unix time the drift counts from (survives restarts); None: first step
     seed: int = 0
     pathology: str | None = None
+    pathology_slowdown: float = 10.0  # how many times its own time a short prefill takes under the pathology
     output_len_mean: int = 128
     mfu: float = 0.5
     mbu: float = 0.8
