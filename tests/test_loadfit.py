@@ -171,3 +171,29 @@ def test_sim_calibrate_load_points_writes_a_profile_and_says_what_it_refused(tmp
     (tmp_path / "list.json").write_text("[1]")  # JSON, but not a state: a usage error, not a crash
     r = call("sim_calibrate", "--load-points", str(tmp_path / "list.json"), "-o", str(tmp_path / "t4.json"))
     assert r.code == 2 and "is not a vkit state file" in r.err and not (tmp_path / "t4.json").exists()
+
+
+def test_a_live_simulators_point_is_read_in_the_servers_own_time(tmp_path):
+    # the same run, as if a live simulator at --sim-speed 4 had served it: the client saw 4x the rate and a
+    # quarter of the times; read back in the server's own time, the point is the virtual one again
+    virt = read_point(_point_file(tmp_path / "v"))
+    assert virt.speed == 1.0  # the virtual backend's times are the simulated accelerator's own
+    path = _point_file(tmp_path / "live")
+    doc = json.load(open(path))
+    info = doc["vkit"]["server"]["version_info"]
+    info.pop("virtual")
+    info["sim_speed"] = 4
+    doc["request_rate"] *= 4
+    doc["vkit"]["send_rate"] *= 4
+    json.dump(doc, open(path, "w"))
+    recs = [json.loads(x) for x in open(os.path.splitext(path)[0] + ".jsonl")]
+    for r in recs:
+        for k in ("start_s", "ttft_ms", "tpot_ms"):
+            if r.get(k) is not None:
+                r[k] /= 4
+    with open(os.path.splitext(path)[0] + ".jsonl", "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in recs)
+    live = read_point(path)
+    assert live.speed == 4.0 and live.rate == pytest.approx(virt.rate)
+    assert live.ttft_s == pytest.approx(virt.ttft_s) and live.tpot_s == pytest.approx(virt.tpot_s)
+    assert live.arrivals == pytest.approx(virt.arrivals)

@@ -98,7 +98,7 @@ def test_a_twin_guided_tune_calibrates_proposes_with_intervals_and_respects_its_
     path = str(tmp_path / "state.json")
     monkeypatch.setenv("VKIT_STATE", path)
     r = call("state", "init", "--url", "http://127.0.0.1:1", "--model", "sim-8b", "--set", "max_num_batched_tokens=2048",
-             "--set", "max_num_seqs=16", "--", *SIM)
+             "--set", "max_num_seqs=16", "--set", "max_model_len=1024", "--", *SIM)
     assert r.code == 0, r.err
     r = call("tune", *TUNE, "--max-restarts", "8")
     assert r.code == 0, r.err[-2000:]
@@ -112,6 +112,7 @@ def test_a_twin_guided_tune_calibrates_proposes_with_intervals_and_respects_its_
     for e in props:
         p = e["audit"]["twin"]["prediction"]
         assert p["lo"] < p["capacity"] < p["hi"] and e["audit"]["twin"]["profile_sha256"] == prof["profile_sha256"]
+        assert e["config"]["max_model_len"] == 1024  # the kept configuration's other parameters go with a candidate
     # the start (16 sequences) carries a fraction of what the simulated H200 can: the twin's first pick is kept
     assert res["recommendation"]["config"]["max_num_seqs"] >= 128
     # the budget: no trial proposed once its start, confirmation and promise would pass 8 restarts

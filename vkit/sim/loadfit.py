@@ -83,6 +83,9 @@ class LoadPoint:
     measured: list[bool]  # which requests count (not warm-up)
     ttft_s: float  # mean TTFT of the measured requests
     tpot_s: float  # mean TPOT of the measured requests (those with two or more tokens)
+    # server seconds per wall second: a simulator at --sim-speed K runs K times faster than the hardware it models,
+    # so its point is read in the server's own time (rate / K, times x K) and a fitted profile describes that hardware
+    speed: float = 1.0
 
     def label(self) -> str:
         return f"{self.model}/{self.gpu}/tp{self.tp} at {self.rate:.4g} req/s ({len(self.arrivals)} requests)"
@@ -138,13 +141,21 @@ def read_point(path: str, target: Target | None = None, config: dict | None = No
         raise Refused(f"{path}: no measured request with a TTFT and a TPOT")
     info = ((vk.get("server") or {}).get("version_info")) or {}
     quant = target.quantization or config.get("quantization") or (info.get("sim_quantization") if info.get("sim") else None)
+    k = sim_speed(info)
     return LoadPoint(
         source=path, model=get_model(model).name, gpu=get_gpu(gpu).name, tp=int(tp), quantization=quant,
-        serve=_summary_serve(doc, config), rate=float(rate),
-        arrivals=[float(r["start_s"]) - t0 for r in recs],
+        serve=_summary_serve(doc, config), rate=float(rate) / k,
+        arrivals=[(float(r["start_s"]) - t0) * k for r in recs],
         prompt_lens=[int(r.get("prompt_tokens") or r.get("input_len")) for r in recs],
         output_lens=[int(r.get("completion_tokens") or r.get("output_len")) for r in recs],
-        measured=meas, ttft_s=float(np.mean(ttft)), tpot_s=float(np.mean(tpot)))
+        measured=meas, ttft_s=float(np.mean(ttft)) * k, tpot_s=float(np.mean(tpot)) * k, speed=k)
+
+
+def sim_speed(info: dict) -> float:
+    """Server seconds per wall second of the server a summary measured: a live simulator's ``--sim-speed``, else 1
+    (a real server, or the virtual backend, whose times are the simulated accelerator's own)."""
+    k = info.get("sim_speed") if info.get("sim") and not info.get("virtual") else None
+    return float(k) if isinstance(k, (int, float)) and k > 0 else 1.0
 
 
 def points_from_state(state_path: str, target: Target | None = None,

@@ -86,6 +86,7 @@ class Twin:
     stderr_log: dict  # parameter -> its log sd (the fit's relative standard error, capped)
     fit_error: float  # the fit's rms log error on its load points
     hint: float | None = None  # where every bisection starts (the baseline's capacity: the same start on replay)
+    speed: float = 1.0  # the server's seconds per wall second (loadfit.LoadPoint.speed): capacities are wall req/s
     profile_sha256: str = ""
     fit: dict = field(default_factory=dict)  # the calibration's report (points, parameter table, errors)
     _cache: dict = field(default_factory=dict, repr=False)
@@ -105,7 +106,7 @@ class Twin:
         res = loadfit.fit_points(loadfit.PointProblem(chosen), max_nfev=FIT_EVALS, progress=progress)
         stderr = {n: min(row["rse"], RSE_CAP) if row.get("rse") is not None else RSE_CAP for n, row in res["table"].items()}
         twin = cls(point=chosen[0], isl=isl, osl=osl, slo=slo, seconds=seconds, params=res["params"], stderr_log=stderr,
-                   fit_error=float(res["rms_log_error"]))
+                   fit_error=float(res["rms_log_error"]), speed=chosen[0].speed)
         doc = {"load_points": len(chosen), "of": len(points), "refused": len(refused), "table": res["table"],
                "rms_log_error": res["rms_log_error"], "errors": res["errors"]}
         if profile_path:
@@ -124,7 +125,7 @@ class Twin:
         p = self.point
         return {"model": p.model, "gpu": p.gpu, "tp": p.tp, "quantization": p.quantization, "isl": self.isl, "osl": self.osl,
                 "serve": self.serve_of({}), "slo": dict(self.slo.limits), "goodput": self.slo.goodput, "seconds": self.seconds,
-                "hint": self.hint, "stderr_log": dict(self.stderr_log), "fit_error": self.fit_error,
+                "hint": self.hint, "speed": self.speed, "stderr_log": dict(self.stderr_log), "fit_error": self.fit_error,
                 "min_requests": MIN_REQUESTS, "tolerance": TOLERANCE, "draws": DRAWS, "drawn": DRAWN}
 
     @classmethod
@@ -136,26 +137,28 @@ class Twin:
         return cls(point=point, isl=int(inputs["isl"]), osl=int(inputs["osl"]),
                    slo=cap.Slo(dict(inputs["slo"]), inputs.get("goodput")), seconds=float(inputs["seconds"]), params=params,
                    stderr_log=dict(inputs["stderr_log"]), fit_error=float(inputs["fit_error"]), hint=inputs.get("hint"),
-                   profile_sha256=profile_sha256)
+                   speed=float(inputs.get("speed") or 1.0), profile_sha256=profile_sha256)
 
     def serve_of(self, config: dict) -> dict:
         base = {k: v for k, v in self.point.serve.items() if k in SERVE_KEYS}
         return {**base, **{k: v for k, v in config.items() if k in SERVE_KEYS}}
 
     def holds(self, config: dict, rate: float, params: CostParams) -> bool:
+        """Whether the twin holds the SLO at ``rate`` (req/s in the server's own time, see ``speed``)."""
         p = self.point
         sc = Scenario(model=p.model, gpu=p.gpu, tp=p.tp, quantization=p.quantization, isl=self.isl, osl=self.osl, rate=rate,
-                      num_prompts=max(MIN_REQUESTS, math.ceil(rate * self.seconds)), seed=0, exact_rate=True,
+                      num_prompts=max(MIN_REQUESTS, math.ceil(rate * self.seconds * self.speed)), seed=0, exact_rate=True,
                       serve=self.serve_of(config))
         j = cap.judge_run(bench_summary(sc, params), self.slo, cap.Plan(keep_up=0.95), rate)
         return bool(j["valid"] and j["margin"] is not None and j["margin"] >= 0)
 
     def capacity(self, config: dict, params: CostParams | None = None, hint: float | None = None) -> float:
-        """The highest rate (req/s) the twin holds the SLO at, bisected in log rate to TOLERANCE (cached)."""
+        """The highest rate (wall req/s, as the client offers it) the twin holds the SLO at, bisected in log rate
+        to TOLERANCE (cached); ``hint`` in wall req/s too."""
         params = params or self.params
         key = (json.dumps(config, sort_keys=True), json.dumps(params.to_dict(), sort_keys=True))
         if key not in self._cache:
-            self._cache[key] = bisect(lambda r: self.holds(config, r, params), hint or 4.0)
+            self._cache[key] = self.speed * bisect(lambda r: self.holds(config, r, params), (hint or 4.0 * self.speed) / self.speed)
         return self._cache[key]
 
     def draws(self, seed: int = 0) -> list[CostParams]:

@@ -153,7 +153,8 @@ class TwinSearch:
                           "space": space, "ranking": head}}
         reason = (f"twin: predicted {p.capacity:.4g} req/s [{p.lo:.4g}, {p.hi:.4g}] (90 %) against the best measured "
                   f"{best:.4g}; {len(open_) - 1} other candidate(s) still reach it")
-        return search.Proposal(config=dict(p.config), step=STEP, reason=reason, audit=audit)
+        # the kept configuration's other parameters (max_model_len, ...) go with it: a candidate never drops one
+        return search.Proposal(config={**kept, **p.config}, step=STEP, reason=reason, audit=audit)
 
     def stop_reason(self, hist: list[search.Observation]) -> str:
         return self.why or f"twin search ended after {len([h for h in hist if h.step == STEP])} trial(s)"
