@@ -347,6 +347,9 @@ def main(argv=None) -> int:
                          "judged as a search judges them (minutes a scenario on 2 cores)")
     ap.add_argument("--rescore", action="store_true", help="no tune: score the rows already in --out against --truth")
     ap.add_argument("--seeds", type=int, default=1, help="--virtual: tunes per scenario, --sim-seed 11, 12, ... (default 1)")
+    ap.add_argument("--first-seed", type=int, default=11, metavar="S",
+                    help="--virtual: the first --sim-seed (default 11); with S past 11 the rows of seeds already in --out "
+                         "are kept beside the new ones (each tune names its revision)")
     ap.add_argument("--jobs", type=int, default=2, help="--virtual: tunes run at a time (default 2: one a core here)")
     ap.add_argument("--search", default="staged", help="--virtual: staged, twin, or both comma-separated (tune --search; "
                     "twin rows go under each scenario's 'twin' key, in the same file)")
@@ -398,7 +401,8 @@ def _virtual_tunes(truths: dict, a, rows: dict, out_path: str, rev: str) -> None
     import multiprocessing as mp
 
     searches = [x.strip() for x in a.search.split(",") if x.strip()]
-    jobs = [(name, seed, a.work, t, search, a.max_restarts) for name, t in truths.items() for seed in range(11, 11 + a.seeds)
+    seeds = range(a.first_seed, a.first_seed + a.seeds)
+    jobs = [(name, seed, a.work, t, search, a.max_restarts) for name, t in truths.items() for seed in seeds
             for search in searches]
     got: dict[tuple[str, str], list] = {(name, s): [] for name in truths for s in searches}
     t0, done = time.time(), 0
@@ -409,10 +413,14 @@ def _virtual_tunes(truths: dict, a, rows: dict, out_path: str, rev: str) -> None
             print(f"   [{done}/{len(jobs)}, ETA {eta / 60:.0f} min] {name} {search} seed {seed}: "
                   f"{json.dumps({k: r.get(k) for k in ('restarts', 'ratio_to_best', 'promise_over_truth', 'error')})}",
                   file=sys.stderr)
-            got[(name, search)].append(r)
+            got[(name, search)].append(dict(r, revision=rev or None))
             if len(got[(name, search)]) == a.seeds:
-                runs = sorted(got[(name, search)], key=lambda x: x.get("seed") or 0)
-                row = {"tunes": runs, "summary": spread(runs), "revision": rev or None, "truth": a.truth,
+                old = (rows.get(name, {}).get("twin") if search == "twin" else rows.get(name)) or {}
+                kept = [dict(x, revision=x.get("revision") or old.get("revision")) for x in old.get("tunes") or []
+                        if a.first_seed > 11 and x.get("seed") not in seeds] if old.get("truth") == a.truth else []
+                runs = sorted(kept + got[(name, search)], key=lambda x: x.get("seed") or 0)
+                revs = sorted({x["revision"] for x in runs if x.get("revision")})
+                row = {"tunes": runs, "summary": spread(runs), "revision": ",".join(revs) or None, "truth": a.truth,
                        "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
                 if search == "twin":  # beside the staged rows of the same scenario
                     rows.setdefault(name, {})["twin"] = dict(row, max_restarts=a.max_restarts)
