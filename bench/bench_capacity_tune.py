@@ -37,7 +37,8 @@ virtual time):
   truth. Writes bench/results/capacity_tune_virtual.json.
 - ``--search twin`` (or ``staged,twin``: both in one run): the same tunes with ``tune --search twin``
   (the calibrated twin ranks the space, the server confirms; ``--max-restarts N`` passed on), their
-  rows under each scenario's ``twin`` key beside the staged ones.
+  rows under each scenario's ``twin`` key beside the staged ones; ``--search twin-refit`` the same with
+  ``tune --twin-refit`` (the twin refitted on each measured trial's load points), under ``twin_refit``.
 
 Writes bench/results/capacity_tune.json (the truth is cached in capacity_truth.json, keyed by a
 digest of the scenario and the source of the simulator's modules the predictor runs). Run: python3 bench/bench_capacity_tune.py
@@ -67,6 +68,7 @@ from harness import revision, sim_sources, write_result  # noqa: E402
 from vkit.sim.predict import Scenario, predict  # noqa: E402
 
 OUT = os.path.join(ROOT, "bench", "results", "capacity_tune.json")
+ROW_KEYS = {"twin": "twin", "twin-refit": "twin_refit"}  # --search kinds whose rows go beside the staged ones
 OUT_VIRTUAL = os.path.join(ROOT, "bench", "results", "capacity_tune_virtual.json")
 TRUTH = os.path.join(ROOT, "bench", "results", "capacity_truth.json")
 SPEED = 4.0
@@ -253,7 +255,7 @@ def tune(name: str, sc: dict, work: str, virtual: bool = False, seed: int = 11, 
             "--point-seconds", f"{point_s:g}", "--capacity-start", f"{8 * SPEED / speed:g}", "--capacity-max-points", "6",
             "--capacity-repeats", "2", "--capacity-noise", "0.03", "--verify-seconds", f"{verify_s:g}", "--ready-timeout",
             "60", "--vocab-size", "2000", "--json", "--report-dir", os.path.join(work, name, "report"),
-            *(["--search", search] if search != "staged" else []),
+            *(["--search", "twin"] if search.startswith("twin") else []), *(["--twin-refit"] if search == "twin-refit" else []),
             *(["--max-restarts", str(max_restarts)] if max_restarts else [])]
     t0 = time.time()
     p = subprocess.run(argv, env=env, capture_output=True, text=True)
@@ -351,8 +353,9 @@ def main(argv=None) -> int:
                     help="--virtual: the first --sim-seed (default 11); with S past 11 the rows of seeds already in --out "
                          "are kept beside the new ones (each tune names its revision)")
     ap.add_argument("--jobs", type=int, default=2, help="--virtual: tunes run at a time (default 2: one a core here)")
-    ap.add_argument("--search", default="staged", help="--virtual: staged, twin, or both comma-separated (tune --search; "
-                    "twin rows go under each scenario's 'twin' key, in the same file)")
+    ap.add_argument("--search", default="staged", help="--virtual: staged, twin, twin-refit (tune --search twin "
+                    "--twin-refit), comma-separated (twin rows go under each scenario's 'twin' key, twin-refit's under "
+                    "'twin_refit', in the same file)")
     ap.add_argument("--max-restarts", type=int, default=None, metavar="N", help="--search twin: tune --max-restarts N")
     a = ap.parse_args(argv)
     out_path = a.out or (OUT_VIRTUAL if a.virtual else OUT)
@@ -391,7 +394,7 @@ def main(argv=None) -> int:
 def _one_virtual(job: tuple) -> tuple[str, int, str, dict]:
     name, seed, work, t, search, max_restarts = job
     r = tune(name, SCENARIOS[name], work, virtual=True, seed=seed, search=search,
-             max_restarts=max_restarts if search == "twin" else None)
+             max_restarts=max_restarts if search.startswith("twin") else None)
     return name, seed, search, score(r, SCENARIOS[name], t, 1.0)
 
 
@@ -415,17 +418,18 @@ def _virtual_tunes(truths: dict, a, rows: dict, out_path: str, rev: str) -> None
                   file=sys.stderr)
             got[(name, search)].append(dict(r, revision=rev or None))
             if len(got[(name, search)]) == a.seeds:
-                old = (rows.get(name, {}).get("twin") if search == "twin" else rows.get(name)) or {}
+                key = ROW_KEYS.get(search)
+                old = (rows.get(name, {}).get(key) if key else rows.get(name)) or {}
                 kept = [dict(x, revision=x.get("revision") or old.get("revision")) for x in old.get("tunes") or []
                         if a.first_seed > 11 and x.get("seed") not in seeds] if old.get("truth") == a.truth else []
                 runs = sorted(kept + got[(name, search)], key=lambda x: x.get("seed") or 0)
                 revs = sorted({x["revision"] for x in runs if x.get("revision")})
                 row = {"tunes": runs, "summary": spread(runs), "revision": ",".join(revs) or None, "truth": a.truth,
                        "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-                if search == "twin":  # beside the staged rows of the same scenario
-                    rows.setdefault(name, {})["twin"] = dict(row, max_restarts=a.max_restarts)
+                if key:  # beside the staged rows of the same scenario
+                    rows.setdefault(name, {})[key] = dict(row, max_restarts=a.max_restarts)
                 else:
-                    rows[name] = dict(row, **({"twin": rows[name]["twin"]} if "twin" in rows.get(name, {}) else {}))
+                    rows[name] = dict(row, **{k: rows[name][k] for k in ROW_KEYS.values() if k in rows.get(name, {})})
                 _write_virtual(out_path, rows)
 
 

@@ -156,3 +156,31 @@ def test_the_report_shows_the_twins_predictions_beside_the_measurements():
     assert "## Twin vs measured" not in render_markdown({"capacity": {}})
     term = render_terminal({"capacity": {"twin": {"rows": rows, "misses": 1}}})
     assert "t002: predicted 60 [50, 70], measured 40 (twin miss); max_num_seqs=128" in term
+
+
+@pytest.mark.unit
+def test_twin_refit_fits_again_on_each_measured_trials_load_points_and_replays(tmp_path, monkeypatch):
+    path = str(tmp_path / "state.json")
+    monkeypatch.setenv("VKIT_STATE", path)
+    r = call("state", "init", "--url", "http://127.0.0.1:1", "--model", "sim-8b", "--set", "max_num_batched_tokens=2048",
+             "--set", "max_num_seqs=16", "--", *SIM)
+    assert r.code == 0, r.err
+    r = call("tune", *TUNE[:TUNE.index("--budget") + 1], "3", *TUNE[TUNE.index("--budget") + 2:], "--twin-refit")
+    assert r.code == 0, r.err[-2000:]
+    log = [json.loads(x) for x in open(tmp_path / "decisions.jsonl")]
+    fits = [e for e in log if e["event"] == "twin_profile"]
+    props = [e for e in log if e["event"] == "propose"]
+    measured = [e for e in log if e["event"] == "screened" and e.get("status") == "done"]  # a skipped trial has no runs
+    assert len(props) >= 2 and measured, "nothing measured before a later proposal: nothing to refit on"
+    # the baseline's fit, then one refit per trial measured before a later proposal, on its load points too
+    last = log.index(props[-1])
+    assert len([f for f in fits if log.index(f) < last]) == 1 + len([e for e in measured if log.index(e) < last])
+    assert fits[0]["trials"] == 0 and all(b["trials"] > a["trials"] for a, b in zip(fits, fits[1:], strict=False))
+    assert all(b["load_points"] > a["load_points"] for a, b in zip(fits, fits[1:], strict=False))  # the trial's points joined
+    assert len({f["profile_sha256"] for f in fits}) == len(fits)  # each fit its own profile
+    for p in props:  # each proposal names the fit it was ranked with: the latest before it
+        assert p["audit"]["twin"]["profile_sha256"] == [f for f in fits if log.index(f) < log.index(p)][-1]["profile_sha256"]
+    r = call("sweep", "--replay", str(tmp_path))
+    assert r.code == 0, r.err[-1000:]
+    rep = json.loads(r.out)
+    assert rep["proposals"] == rep["identical"] == len(props) and rep["differences"] == []

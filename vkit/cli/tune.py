@@ -45,6 +45,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--search twin: propose no trial that would take the run's server starts past N (the trial's start, "
                         "its confirmation's first block (three starts) and the promise's one reserved; a confirmation "
                         "whose sequential test needs another block adds two starts and is never cut short; default: no limit)")
+    s.add_argument("--twin-refit", action="store_true",
+                   help="--search twin: after each measured trial, refit the twin on its load points too (the baseline's "
+                        "and every trial's) and re-rank; each fit is a new profile in the log (default: the baseline's fit "
+                        "throughout, each prediction corrected by its nearest measured configuration)")
     s.add_argument("--steps", default="1,2,3,4m,4,5",
                    help="steps to run, comma-separated (default 1,2,3,4m,4,5). 4m: the highest gpu_memory_utilization "
                         "that starts, by bisection between the kept value and the policy's max (0.98) on real starts and "

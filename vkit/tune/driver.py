@@ -165,7 +165,7 @@ def _drive(runner: Runner, settings: Settings, mixed: Workload, plan: TunePlan, 
     matched = _knowledge(sf, kb, kb_key, kb_work, plan.mode, ctx.progress)
     if plan.mode == "twin" and staged:  # the twin ranks the space; the server screens and confirms its proposals
         sf.service.set_machine_state("PROPOSE")
-        nxt, stop = tuning.twin_proposer(runner, ctx.policy, plan.max_restarts, ctx.progress)
+        nxt, stop = tuning.twin_proposer(runner, ctx.policy, plan, ctx.progress)
         tuning.run_screening_step(runner, "twin", nxt, ctx.progress, plan.budget, stop)
         if "4m" in staged:
             check_drift(runner, ctx.warn)

@@ -49,6 +49,7 @@ DRAWS = 4  # parameter sets drawn from the fit's standard errors per ranked cand
 DRAWN = 6  # the candidates (best first) whose interval is drawn; the others take the widest drawn spread
 FIT_POINTS = 10  # load points the calibration replays at most
 FIT_EVALS = 12  # least-squares evaluations per start
+PER_CONFIG = 3  # a refit's load points of each measured trial (beside the baseline's FIT_POINTS)
 Z = 1.645  # the interval's half-width in sd: 90 % two-sided
 RSE_CAP = 0.5  # a parameter the points do not identify is drawn with at most this log sd
 SERVE_KEYS = ("max_num_batched_tokens", "max_num_seqs", "max_model_len", "gpu_memory_utilization",
@@ -93,17 +94,18 @@ class Twin:
 
     @classmethod
     def calibrate(cls, state_path: str, isl: int, osl: int, slo: cap.Slo, seconds: float, profile_path: str | None = None,
-                  progress: Callable[[str], None] | None = None) -> Twin:
-        """Fitted to the baseline's load points of the state at ``state_path``; the profile written to
+                  progress: Callable[[str], None] | None = None, trials: bool = False, base: CostParams | None = None) -> Twin:
+        """Fitted to the baseline's load points of the state at ``state_path`` (``trials``: every measured
+        trial's too, each at its own configuration), starting from ``base`` when given; the profile written to
         ``profile_path`` (sim_predict / sim_server --sim-profile). ``loadfit.Refused``-free: a usage error
         when no point can calibrate."""
-        points, refused = loadfit.points_from_state(state_path)
+        points, refused = loadfit.points_from_state(state_path, keys=("baseline", "trials") if trials else ("baseline",))
         if not points:
             from vkit.errors import UsageError
 
             raise UsageError("the twin has no load point to calibrate on" + (f" ({refused[0]})" if refused else ""))
-        chosen = spread_points(points, FIT_POINTS)
-        res = loadfit.fit_points(loadfit.PointProblem(chosen), max_nfev=FIT_EVALS, progress=progress)
+        chosen = spread_by_config(points, FIT_POINTS)
+        res = loadfit.fit_points(loadfit.PointProblem(chosen), base=base, max_nfev=FIT_EVALS, progress=progress)
         stderr = {n: min(row["rse"], RSE_CAP) if row.get("rse") is not None else RSE_CAP for n, row in res["table"].items()}
         twin = cls(point=chosen[0], isl=isl, osl=osl, slo=slo, seconds=seconds, params=res["params"], stderr_log=stderr,
                    fit_error=float(res["rms_log_error"]), speed=chosen[0].speed)
@@ -232,6 +234,16 @@ def spread_points(points: list, n: int) -> list:
     return [pts[i] for i in idx]
 
 
+def spread_by_config(points: list, n: int) -> list:
+    """``n`` points spread over the loads of the first configuration (the baseline's), and at least
+    PER_CONFIG of every other configuration's, spread the same way."""
+    groups: dict[str, list] = {}
+    for p in points:
+        groups.setdefault(json.dumps(p.serve, sort_keys=True, default=str), []).append(p)
+    first, *rest = groups.values()
+    return spread_points(first, n) + [q for g in rest for q in spread_points(g, PER_CONFIG)]
+
+
 def bisect(holds: Callable[[float], bool], hint: float, step: float = 2.0, lo_limit: float = 1e-3,
            hi_limit: float = 1e5) -> float:
     """The highest rate at which ``holds``: bracketed from ``hint`` by factors of ``step``, then
@@ -255,5 +267,6 @@ def bisect(holds: Callable[[float], bool], hint: float, step: float = 2.0, lo_li
     return lo
 
 
-def profile_path(runs_dir: str) -> str:
-    return os.path.join(runs_dir, "twin-profile.json")
+def profile_path(runs_dir: str, trials: int = 0) -> str:
+    """The twin's profile: the baseline's fit, or a refit once ``trials`` trials were measured."""
+    return os.path.join(runs_dir, "twin-profile.json" if not trials else f"twin-profile-{trials}.json")

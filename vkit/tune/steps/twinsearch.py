@@ -71,30 +71,49 @@ def _key(config: dict) -> str:
 class TwinSearch:
     """The proposer and stop rule of the twin step over one runner (a proposer object: ``next``, ``stop_reason``)."""
 
-    def __init__(self, runner: Runner, policy: Policy, max_restarts: int | None, progress: Callable[[str], None]):
+    def __init__(self, runner: Runner, policy: Policy, max_restarts: int | None, progress: Callable[[str], None],
+                 refit: bool = False):
         self.runner, self.policy, self.max_restarts, self.progress = runner, policy, max_restarts, progress
+        self.refit = refit  # --twin-refit: refit on every measured trial's load points as they come
         self.twin: Twin | None = None
+        self.fitted_on = 0  # the measured trials the twin's fit saw
         self.predicted: dict[str, Prediction] = {}  # config key -> the prediction it was proposed on
         self.missed: set[str] = set()
         self.why = ""
 
-    def calibrated(self) -> Twin:
-        if self.twin is None:
+    def calibrated(self, trials: int = 0) -> Twin:
+        """The twin, fitted to the baseline's load points; with --twin-refit, refitted (from the last fit) once
+        ``trials`` measured trials are more than its fit saw and they brought load points (a trial skipped as
+        unable to differ brings none), each fit its own profile file and log event."""
+        if self.twin is not None and self.refit and trials > self.fitted_on and not self._new_points():
+            self.fitted_on = trials
+        if self.twin is None or (self.refit and trials > self.fitted_on):
             r = self.runner
             opts = r.s.workload.options
-            self.progress("twin: calibrating the simulator on the baseline's load points")
+            refit = self.twin is not None
+            self.progress(f"twin: {'refitting' if refit else 'calibrating'} the simulator on the baseline's load points"
+                          + (f" and {trials} trial(s)'" if refit else ""))
             plan = r.s.capacity.plan
+            path = profile_path(r.runs_dir, trials if refit else 0)
             self.twin = Twin.calibrate(r.sf.path, int(opts.random_input_len), int(opts.random_output_len), r.s.capacity.slo,
-                                       plan.crossing_factor * plan.point_seconds, profile_path(r.runs_dir), progress=lambda s: self.progress(f"twin: {s}"))
-            self.twin.hint = self.baseline_capacity()
+                                       plan.crossing_factor * plan.point_seconds, path, progress=lambda s: self.progress(f"twin: {s}"),
+                                       trials=refit, base=self.twin.params if refit else None)
+            self.twin.hint, self.fitted_on = self.baseline_capacity(), trials
             f = self.twin.fit
-            r.log("twin_profile", profile=profile_path(r.runs_dir), profile_sha256=self.twin.profile_sha256,
+            r.log("twin_profile", profile=path, profile_sha256=self.twin.profile_sha256, trials=trials,
                   inputs=self.twin.inputs(), load_points=f["load_points"], rms_log_error=round(f["rms_log_error"], 4),
                   parameters={n: {"value": row["value"], "rse": row["rse"], "identified": row["identified"]}
                               for n, row in f["table"].items()})
             self.progress(f"twin: fitted on {f['load_points']} load point(s), rms log error {f['rms_log_error']:.1%} "
                           f"(profile sha256 {self.twin.profile_sha256[:12]})")
         return self.twin
+
+    def _new_points(self) -> bool:
+        """Whether the state holds load points the twin's last fit did not see."""
+        from vkit.sim import loadfit
+
+        got, refused = loadfit.points_from_state(self.runner.sf.path, keys=("baseline", "trials"))
+        return len(got) + len(refused) > self.twin.fit["of"] + self.twin.fit["refused"]
 
     def baseline_capacity(self) -> float | None:
         """The kept configuration's capacity as its baseline measured it (None before one is measured)."""
@@ -123,9 +142,9 @@ class TwinSearch:
     def next(self, hist: list[search.Observation]) -> search.Proposal | None:
         running = {_key(h.config) for h in hist if h.step == "pending"}  # on slots: proposed, still measured elsewhere
         hist = [h for h in hist if h.step != "pending"]
-        twin = self.calibrated()
         measured = self.measured(hist)
-        self._misses(measured)
+        self._misses(measured)  # against the twin that made each prediction, before any refit
+        twin = self.calibrated(trials=len(measured) - (self.baseline_capacity() is not None))
         kept = self.runner.ledger.kept_config()
         tried = {_key(kept)} | running | {_key(h.config) for h in hist if h.step == STEP}
         best = max((m for _, m in measured), default=0.0)
@@ -199,9 +218,9 @@ def twin_replay(records: list[dict], base_dir: str) -> dict | None:
     return {"proposals": len(props), "identical": len(props) - len(rows), "differences": rows}
 
 
-def twin_proposer(runner: Runner, policy: Policy, max_restarts: int | None,
-                  progress: Callable[[str], None]) -> tuple[Callable, Callable]:
-    ts = TwinSearch(runner, policy, max_restarts, progress)
+def twin_proposer(runner: Runner, policy: Policy, plan, progress: Callable[[str], None]) -> tuple[Callable, Callable]:
+    """The twin step's proposer and stop rule under ``plan`` (a TunePlan: --max-restarts, --twin-refit)."""
+    ts = TwinSearch(runner, policy, plan.max_restarts, progress, refit=plan.twin_refit)
     return ts.next, ts.stop_reason
 
 
