@@ -180,6 +180,12 @@ def test_twin_refit_fits_again_on_each_measured_trials_load_points_and_replays(t
     assert len({f["profile_sha256"] for f in fits}) == len(fits)  # each fit its own profile
     for p in props:  # each proposal names the fit it was ranked with: the latest before it
         assert p["audit"]["twin"]["profile_sha256"] == [f for f in fits if log.index(f) < log.index(p)][-1]["profile_sha256"]
+    # the last fit is a profile sim_predict reads: the refit's view of the recommendation at a load
+    r = call("sim_predict", "--sim-model", "llama-3.1-8b", "--sim-gpu", "H200", "--sim-profile", fits[-1]["profile"],
+             "--max-model-len", "1024", "--max-num-seqs", "512", "--max-num-batched-tokens", "8192", "--random-input-len",
+             "512", "--random-output-len", "128", "--request-rate", "20", "--num-prompts", "100")
+    assert r.code == 0, r.err[-500:]
+    assert json.loads(r.out)["cost_params"] == json.load(open(fits[-1]["profile"]))["params"]
     r = call("sweep", "--replay", str(tmp_path))
     assert r.code == 0, r.err[-1000:]
     rep = json.loads(r.out)
