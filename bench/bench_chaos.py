@@ -264,14 +264,18 @@ def lost_trials(st: dict | None) -> dict[str, str]:
     return lost
 
 
+def done_trials(st: dict | None) -> set[str]:
+    """The configurations a tune measured to a verdict (trials done), as :func:`lost_trials` keys them."""
+    return {json.dumps(t["config"], sort_keys=True) for t in (st or {}).get("trials", []) if t["status"] == "done"}
+
+
 def check_recommendation(ref: dict | None, got: dict | None, st: dict, ref_st: dict | None) -> list[str]:
     """The recommendation a fault-free tune with the same seed gave, or a lost trial explains the difference: one
     the faults made invalid that the reference finished, or one the reference itself lost (a run on a loaded
     machine can time out with no fault injected) that the faulted tune finished."""
     if ref == got:
         return []
-    done = lambda s: {json.dumps(t["config"], sort_keys=True) for t in (s or {}).get("trials", []) if t["status"] == "done"}  # noqa: E731
-    if [c for c in lost_trials(st) if c in done(ref_st)] or [c for c in lost_trials(ref_st) if c in done(st)]:
+    if lost_trials(st).keys() & done_trials(ref_st) or lost_trials(ref_st).keys() & done_trials(st):
         return []
     seen = "; ".join(f"{t['id']} {t['config']} {t['status']}/{t.get('verdict')}" for t in (ref_st or {}).get("trials", []))
     return [f"recommendation {got} differs from the fault-free {ref} with no trial made invalid by a fault "

@@ -158,11 +158,10 @@ def sim_speed(info: dict) -> float:
     return float(k) if isinstance(k, (int, float)) and k > 0 else 1.0
 
 
-def points_from_state(state_path: str, target: Target | None = None,
-                      keys: tuple[str, ...] = ("baseline",)) -> tuple[list[LoadPoint], list[str]]:
-    """The load points of the capacity searches the state recorded under ``keys`` (the baseline's by
-    default; ``trials`` adds every trial's), each at the configuration it was measured at: (points, the
-    one-line reasons of the points refused)."""
+def point_files(state_path: str, keys: tuple[str, ...] = ("baseline",)) -> tuple[dict, list[tuple[dict, str]]]:
+    """The state at ``state_path`` and the load-point summaries of the capacity searches it recorded under
+    ``keys`` (the baseline's by default; ``trials`` adds every trial's), each with the configuration it was
+    measured at; nothing read beyond the state."""
     try:
         st = read_json(state_path, "state file")
     except OSError as e:
@@ -170,25 +169,32 @@ def points_from_state(state_path: str, target: Target | None = None,
     if not isinstance(st, dict):
         raise UsageError(f"{state_path} is not a vkit state file (a JSON object with the tune's records)")
     base = os.path.dirname(os.path.abspath(state_path))
-    argv = ((st.get("service") or {}).get("launch") or {}).get("argv") or []
-    if target is None or target.quantization is None:  # a launch flag, never in a tuned configuration
-        q = next((b for a, b in zip(argv, argv[1:], strict=False) if a == "--quantization"), None)
-        target = replace(target or Target(), quantization=q)
-    entries: list[tuple[dict, list[str]]] = []
+    files: list[tuple[dict, str]] = []
     for k in keys:
         v = st.get(k)
         for e in (v if isinstance(v, list) else [v] if isinstance(v, dict) else []):
             cfg = dict(e.get("config") or (st.get("kept") or {}).get("config") or {}) if k == "baseline" else dict(e.get("config") or {})
-            entries.append((cfg, list(e.get("runs") or [])))
+            for rp in e.get("runs") or []:
+                search = os.path.splitext(os.path.join(base, rp))[0] + "-points"
+                files += [(cfg, f) for f in sorted(glob.glob(os.path.join(search, "*", "rep*.json")))]
+    return st, files
+
+
+def points_from_state(state_path: str, target: Target | None = None,
+                      keys: tuple[str, ...] = ("baseline",)) -> tuple[list[LoadPoint], list[str]]:
+    """The load points of :func:`point_files`, each read at the configuration it was measured at: (points, the
+    one-line reasons of the points refused); every file is one or the other."""
+    st, files = point_files(state_path, keys)
+    argv = ((st.get("service") or {}).get("launch") or {}).get("argv") or []
+    if target is None or target.quantization is None:  # a launch flag, never in a tuned configuration
+        q = next((b for a, b in zip(argv, argv[1:], strict=False) if a == "--quantization"), None)
+        target = replace(target or Target(), quantization=q)
     points, refused = [], []
-    for cfg, runs in entries:
-        for rp in runs:
-            search = os.path.splitext(os.path.join(base, rp))[0] + "-points"
-            for f in sorted(glob.glob(os.path.join(search, "*", "rep*.json"))):
-                try:
-                    points.append(read_point(f, target, cfg))
-                except Refused as e:
-                    refused.append(str(e))
+    for cfg, f in files:
+        try:
+            points.append(read_point(f, target, cfg))
+        except Refused as e:
+            refused.append(str(e))
     return points, refused
 
 

@@ -160,7 +160,7 @@ class Twin:
         params = params or self.params
         key = (json.dumps(config, sort_keys=True), json.dumps(params.to_dict(), sort_keys=True))
         if key not in self._cache:
-            self._cache[key] = self.speed * bisect(lambda r: self.holds(config, r, params), (hint or 4.0 * self.speed) / self.speed)
+            self._cache[key] = self.speed * bisect(lambda r: self.holds(config, r, params), hint / self.speed if hint else 4.0)
         return self._cache[key]
 
     def draws(self, seed: int = 0) -> list[CostParams]:

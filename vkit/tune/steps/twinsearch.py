@@ -92,7 +92,7 @@ class TwinSearch:
             opts = r.s.workload.options
             refit = self.twin is not None
             self.progress(f"twin: {'refitting' if refit else 'calibrating'} the simulator on the baseline's load points"
-                          + (f" and {trials} trial(s)'" if refit else ""))
+                          + (f" and those of {trials} trial(s)" if refit else ""))
             plan = r.s.capacity.plan
             path = profile_path(r.runs_dir, trials if refit else 0)
             self.twin = Twin.calibrate(r.sf.path, int(opts.random_input_len), int(opts.random_output_len), r.s.capacity.slo,
@@ -109,11 +109,12 @@ class TwinSearch:
         return self.twin
 
     def _new_points(self) -> bool:
-        """Whether the state holds load points the twin's last fit did not see."""
+        """Whether the state holds load points the twin's last fit did not see (counted as files: each is a
+        point or a refusal of the fit, and none is read here)."""
         from vkit.sim import loadfit
 
-        got, refused = loadfit.points_from_state(self.runner.sf.path, keys=("baseline", "trials"))
-        return len(got) + len(refused) > self.twin.fit["of"] + self.twin.fit["refused"]
+        _, files = loadfit.point_files(self.runner.sf.path, keys=("baseline", "trials"))
+        return len(files) > self.twin.fit["of"] + self.twin.fit["refused"]
 
     def baseline_capacity(self) -> float | None:
         """The kept configuration's capacity as its baseline measured it (None before one is measured)."""
