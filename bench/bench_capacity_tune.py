@@ -100,8 +100,46 @@ START = {"max_num_batched_tokens": 2048, "max_num_seqs": 16}
 
 
 # -- ground truth ---------------------------------------------------------------------------------
+def scenario(name: str) -> dict:
+    """A scenario by name; ``NAME+hidden`` (``--world hidden``): NAME in a world with the hidden effects
+    (vkit.sim.hidden) drawn from NAME's place in SCENARIOS plus one, the same for every seed (each world
+    costs its own ground truth: minutes of CPU)."""
+    base, _, world = name.partition("+")
+    sc = SCENARIOS[base]
+    return dict(sc, hidden=list(SCENARIOS).index(base) + 1) if world == "hidden" else sc
+
+
+_PLAIN_BUILD = None
+
+
+def _world(sc: dict) -> None:
+    """The predictor builds the scenario's world: its engines' step costs carry the hidden effects of
+    ``sc['hidden']`` (as ``sim_server --sim-hidden-effects``), else the plain cost model. The predictor
+    itself has no such option (its source keys every cached truth), so its ``build`` is wrapped here."""
+    import vkit.sim.predict as pr
+
+    global _PLAIN_BUILD
+    if _PLAIN_BUILD is None:
+        _PLAIN_BUILD = pr.build
+    seed = sc.get("hidden")
+    if seed is None:
+        pr.build = _PLAIN_BUILD
+        return
+
+    def build(s, params=None):
+        from vkit.sim.hidden import with_hidden
+        from vkit.sim.profiles import get_gpu, get_model
+
+        engine, r, rec = _PLAIN_BUILD(s, params)
+        rec.cost = with_hidden(rec.cost, seed, r, get_model(s.model), get_gpu(s.gpu))
+        return engine, r, rec
+
+    pr.build = build
+
+
 def run_at(sc: dict, cfg: dict, rate: float) -> dict:
     """The predictor's noiseless run of ``cfg`` at an exact Poisson ``rate`` (500 requests)."""
+    _world(sc)
     return predict(Scenario(model=sc["model"], gpu=sc["gpu"], tp=sc["tp"], isl=sc["isl"], osl=sc["osl"], rate=rate,
                             num_prompts=500, warmup=0, seed=0, exact_rate=True, quantization=sc.get("quantization"),
                             serve={"max_model_len": sc["max_model_len"], **cfg}))
@@ -153,6 +191,7 @@ def _holds_steady(sc: dict, cfg: dict, rate: float) -> bool:
     from vkit.tune import capacity as cap
 
     n = max(STEADY_REQUESTS, math.ceil(rate * 60))
+    _world(sc)
     m = []
     for s in range(STEADY_SEEDS):
         summ = bench_summary(Scenario(model=sc["model"], gpu=sc["gpu"], tp=sc["tp"], isl=sc["isl"], osl=sc["osl"],
@@ -195,7 +234,7 @@ def steady_truth(name: str, sc: dict, jobs: int = 2) -> dict:
 
 def _digest(sc: dict) -> str:
     h = hashlib.sha256(json.dumps([sc, TOKENS, SEQS, START], sort_keys=True).encode())
-    for f in sim_sources("predict"):
+    for f in sim_sources("predict", *(["hidden"] if sc.get("hidden") is not None else [])):
         h.update(open(f, "rb").read())
     return h.hexdigest()[:16]
 
@@ -240,7 +279,8 @@ def tune(name: str, sc: dict, work: str, virtual: bool = False, seed: int = 11, 
            sc["model"], "-tp", str(sc["tp"]), "--max-model-len", str(sc["max_model_len"]), "--sim-speed", f"{speed:g}",
            "--sim-startup-s", f"{VIRTUAL_RESTART_S if virtual else 0.5:g}", "--sim-seed", str(seed),
            "--sim-start-file", os.path.join(work, name, "sim-starts"),
-           *(["--quantization", sc["quantization"]] if sc.get("quantization") else [])]
+           *(["--quantization", sc["quantization"]] if sc.get("quantization") else []),
+           *(["--sim-hidden-effects", str(sc["hidden"])] if sc.get("hidden") is not None else [])]
     init = [py, os.path.join(b, "state"), "init", "--url", f"http://127.0.0.1:{port}", "--model", f"sim-{name}"]
     for k, v in START.items():
         init += ["--set", f"{k}={v}"]
@@ -347,6 +387,9 @@ def main(argv=None) -> int:
     ap.add_argument("--truth", choices=("short", "steady"), default="short",
                     help="short: each rate's one 500-request run (the rows so far); steady: long steady-state runs "
                          "judged as a search judges them (minutes a scenario on 2 cores)")
+    ap.add_argument("--world", choices=("plain", "hidden"), default="plain",
+                    help="hidden: each scenario in a world with effects the twin's cost model lacks (sim_server "
+                         "--sim-hidden-effects, vkit.sim.hidden), its own truth; rows under NAME+hidden (default: plain)")
     ap.add_argument("--rescore", action="store_true", help="no tune: score the rows already in --out against --truth")
     ap.add_argument("--seeds", type=int, default=1, help="--virtual: tunes per scenario, --sim-seed 11, 12, ... (default 1)")
     ap.add_argument("--first-seed", type=int, default=11, metavar="S",
@@ -364,7 +407,8 @@ def main(argv=None) -> int:
     rev = revision()
     truths: dict[str, dict] = {}
     for name in a.scenarios.split(","):
-        sc = SCENARIOS[name]
+        name += "+hidden" if a.world == "hidden" and "+" not in name else ""
+        sc = scenario(name)
         print(f"== {name}: ground truth ({a.truth})", file=sys.stderr)
         t = steady_truth(name, sc) if a.truth == "steady" else truth(name, sc)
         if a.rescore:  # the tunes measured before, scored against this truth
@@ -393,9 +437,9 @@ def main(argv=None) -> int:
 
 def _one_virtual(job: tuple) -> tuple[str, int, str, dict]:
     name, seed, work, t, search, max_restarts = job
-    r = tune(name, SCENARIOS[name], work, virtual=True, seed=seed, search=search,
+    r = tune(name, scenario(name), work, virtual=True, seed=seed, search=search,
              max_restarts=max_restarts if search.startswith("twin") else None)
-    return name, seed, search, score(r, SCENARIOS[name], t, 1.0)
+    return name, seed, search, score(r, scenario(name), t, 1.0)
 
 
 def _virtual_tunes(truths: dict, a, rows: dict, out_path: str, rev: str) -> None:
@@ -473,7 +517,7 @@ def _write_virtual(out: str, rows: dict) -> None:
     doc = {"benchmark": "capacity_tune (virtual backend)", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
            "machine": {"cpus": os.cpu_count(), "python": platform.python_version()}, "restart_s": VIRTUAL_RESTART_S,
            "targets": {"ratio_to_best": TARGET_RATIO, "fresh_breaks": 0}, "scenarios": rows,
-           "scenario_defs": {k: SCENARIOS[k] for k in rows if k in SCENARIOS}, "start": START,
+           "scenario_defs": {k: scenario(k) for k in rows if k.partition("+")[0] in SCENARIOS}, "start": START,
            "command": "python3 bench/bench_capacity_tune.py --virtual --seeds N"}
     write_result(out, doc, indent=1)
 
@@ -490,7 +534,7 @@ def _write(out: str, rows: dict) -> None:
     doc = {"benchmark": "capacity_tune", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
            "machine": {"cpus": os.cpu_count(), "python": platform.python_version()}, "sim_speed": SPEED,
            "targets": {"ratio_to_best": TARGET_RATIO, "fresh_breaks": 0}, "summary": summary, "scenarios": rows,
-           "scenario_defs": {k: SCENARIOS[k] for k in rows if k in SCENARIOS}, "start": START,
+           "scenario_defs": {k: scenario(k) for k in rows if k.partition("+")[0] in SCENARIOS}, "start": START,
            "command": "python3 bench/bench_capacity_tune.py"}
     write_result(out, doc, indent=1)
     print(json.dumps(summary))

@@ -216,6 +216,11 @@ def add_sim_args(s) -> None:
     s.add_argument("--sim-profile", default=None, metavar="FILE",
                    help="step-cost parameters fitted by sim_calibrate to measured runs; --sim-mfu / --sim-mbu "
                         "given explicitly override its values (default: the built-in roofline)")
+    s.add_argument("--sim-hidden-effects", type=non_negative_int, default=None, metavar="SEED",
+                   help="add step-time effects the twin's cost model does not express (CUDA-graph padding, eager steps "
+                        "past the largest captured size, per-sequence CPU time, detokenization, attention that grows "
+                        "with context), their sizes drawn from SEED: a world to measure the twin against "
+                        "(runbook/virtual.md) (default: none)")
 
 
 def add_fault_args(f) -> None:
@@ -377,6 +382,7 @@ def options(args: argparse.Namespace, parser: argparse.ArgumentParser, model: st
         seed=seed, pathology=args.sim_pathology, pathology_slowdown=args.sim_pathology_slowdown,
         output_len_mean=args.sim_output_len_mean,
         mfu=args.sim_mfu, mbu=args.sim_mbu, cost_params=cost_params, profile_path=args.sim_profile,
+        hidden_seed=args.sim_hidden_effects,
         fail_at_start=args.sim_fail_at_start, oom_under_load_bytes=int(args.sim_oom_under_load_gib * (1 << 30)),
         crash_after=args.sim_crash_after, hang_health=args.sim_hang_health,
         stall_stream_after=args.sim_stall_stream_after, error_rate=args.sim_error_rate,

@@ -86,6 +86,10 @@ def build_engine(opts: ServeOptions, resolved: Resolved, settings: SimSettings, 
     else:
         cost = CostModel(m, opts.gpu, resolved.tensor_parallel_size, resolved.kv_dtype_bytes,
                          mfu=settings.mfu, mbu=settings.mbu)
+    if settings.hidden_seed is not None:
+        from vkit.sim.hidden import with_hidden
+
+        cost = with_hidden(cost, settings.hidden_seed, resolved, m, opts.gpu)
     since = settings.drift_since
     offset = drift_offset_s if drift_offset_s is not None else (
         max(0.0, time.time() - since) * settings.speed if since is not None else 0.0)

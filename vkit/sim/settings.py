@@ -32,6 +32,7 @@ class SimSettings:
     mbu: float = 0.8
     cost_params: object | None = None  # vkit.sim.calibrated.CostParams from --sim-profile; None: built-in roofline
     profile_path: str | None = None
+    hidden_seed: int | None = None  # --sim-hidden-effects: effects the twin's cost model lacks (vkit.sim.hidden)
     fail_at_start: bool = False
     # memory the process needs outside gpu_memory_utilization x total once it serves concurrent requests
     # (--sim-oom-under-load-gib): where less is left, the engine dies of CUDA out of memory under load
