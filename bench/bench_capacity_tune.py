@@ -100,13 +100,22 @@ START = {"max_num_batched_tokens": 2048, "max_num_seqs": 16}
 
 
 # -- ground truth ---------------------------------------------------------------------------------
+SILICON = os.path.join("bench", "results", "fidelity_profile.json")  # fitted to ../shared/calibration's H100 rows
+
+
 def scenario(name: str) -> dict:
     """A scenario by name; ``NAME+hidden`` (``--world hidden``): NAME in a world with the hidden effects
     (vkit.sim.hidden) drawn from NAME's place in SCENARIOS plus one, the same for every seed (each world
-    costs its own ground truth: minutes of CPU)."""
+    costs its own ground truth: minutes of CPU); ``NAME+silicon`` (``--world silicon``): NAME on the step
+    costs fitted to measured H100 runs (SILICON, ``sim_server --sim-profile``), where the twin starts
+    from the built-in roofline."""
     base, _, world = name.partition("+")
     sc = SCENARIOS[base]
-    return dict(sc, hidden=list(SCENARIOS).index(base) + 1) if world == "hidden" else sc
+    if world == "hidden":
+        return dict(sc, hidden=list(SCENARIOS).index(base) + 1)
+    if world == "silicon":
+        return dict(sc, profile=SILICON)
+    return sc
 
 
 _PLAIN_BUILD = None
@@ -114,24 +123,29 @@ _PLAIN_BUILD = None
 
 def _world(sc: dict) -> None:
     """The predictor builds the scenario's world: its engines' step costs carry the hidden effects of
-    ``sc['hidden']`` (as ``sim_server --sim-hidden-effects``), else the plain cost model. The predictor
-    itself has no such option (its source keys every cached truth), so its ``build`` is wrapped here."""
+    ``sc['hidden']`` (as ``sim_server --sim-hidden-effects``) or the parameters of ``sc['profile']`` (as
+    ``--sim-profile``), else the plain cost model. The predictor itself has no such option (its source
+    keys every cached truth), so its ``build`` is wrapped here."""
     import vkit.sim.predict as pr
 
     global _PLAIN_BUILD
     if _PLAIN_BUILD is None:
         _PLAIN_BUILD = pr.build
-    seed = sc.get("hidden")
-    if seed is None:
+    seed, profile = sc.get("hidden"), sc.get("profile")
+    if seed is None and profile is None:
         pr.build = _PLAIN_BUILD
         return
+    from vkit.sim.calibrated import load_profile
+
+    world_params = load_profile(os.path.join(ROOT, profile))["cost_params"] if profile else None
 
     def build(s, params=None):
         from vkit.sim.hidden import with_hidden
         from vkit.sim.profiles import get_gpu, get_model
 
-        engine, r, rec = _PLAIN_BUILD(s, params)
-        rec.cost = with_hidden(rec.cost, seed, r, get_model(s.model), get_gpu(s.gpu))
+        engine, r, rec = _PLAIN_BUILD(s, params if params is not None else world_params)
+        if seed is not None:
+            rec.cost = with_hidden(rec.cost, seed, r, get_model(s.model), get_gpu(s.gpu))
         return engine, r, rec
 
     pr.build = build
@@ -234,7 +248,8 @@ def steady_truth(name: str, sc: dict, jobs: int = 2) -> dict:
 
 def _digest(sc: dict) -> str:
     h = hashlib.sha256(json.dumps([sc, TOKENS, SEQS, START], sort_keys=True).encode())
-    for f in sim_sources("predict", *(["hidden"] if sc.get("hidden") is not None else [])):
+    for f in sim_sources("predict", *(["hidden"] if sc.get("hidden") is not None else [])) \
+            + ([os.path.join(ROOT, sc["profile"])] if sc.get("profile") else []):
         h.update(open(f, "rb").read())
     return h.hexdigest()[:16]
 
@@ -280,7 +295,8 @@ def tune(name: str, sc: dict, work: str, virtual: bool = False, seed: int = 11, 
            "--sim-startup-s", f"{VIRTUAL_RESTART_S if virtual else 0.5:g}", "--sim-seed", str(seed),
            "--sim-start-file", os.path.join(work, name, "sim-starts"),
            *(["--quantization", sc["quantization"]] if sc.get("quantization") else []),
-           *(["--sim-hidden-effects", str(sc["hidden"])] if sc.get("hidden") is not None else [])]
+           *(["--sim-hidden-effects", str(sc["hidden"])] if sc.get("hidden") is not None else []),
+           *(["--sim-profile", os.path.join(ROOT, sc["profile"])] if sc.get("profile") else [])]
     init = [py, os.path.join(b, "state"), "init", "--url", f"http://127.0.0.1:{port}", "--model", f"sim-{name}"]
     for k, v in START.items():
         init += ["--set", f"{k}={v}"]
@@ -387,9 +403,10 @@ def main(argv=None) -> int:
     ap.add_argument("--truth", choices=("short", "steady"), default="short",
                     help="short: each rate's one 500-request run (the rows so far); steady: long steady-state runs "
                          "judged as a search judges them (minutes a scenario on 2 cores)")
-    ap.add_argument("--world", choices=("plain", "hidden"), default="plain",
+    ap.add_argument("--world", choices=("plain", "hidden", "silicon"), default="plain",
                     help="hidden: each scenario in a world with effects the twin's cost model lacks (sim_server "
-                         "--sim-hidden-effects, vkit.sim.hidden), its own truth; rows under NAME+hidden (default: plain)")
+                         "--sim-hidden-effects, vkit.sim.hidden); silicon: on step costs fitted to measured H100 runs "
+                         f"({SILICON}); each its own truth, rows under NAME+WORLD (default: plain)")
     ap.add_argument("--rescore", action="store_true", help="no tune: score the rows already in --out against --truth")
     ap.add_argument("--seeds", type=int, default=1, help="--virtual: tunes per scenario, --sim-seed 11, 12, ... (default 1)")
     ap.add_argument("--first-seed", type=int, default=11, metavar="S",
@@ -407,20 +424,29 @@ def main(argv=None) -> int:
     rev = revision()
     truths: dict[str, dict] = {}
     for name in a.scenarios.split(","):
-        name += "+hidden" if a.world == "hidden" and "+" not in name else ""
+        name += f"+{a.world}" if a.world != "plain" and "+" not in name else ""
         sc = scenario(name)
         print(f"== {name}: ground truth ({a.truth})", file=sys.stderr)
         t = steady_truth(name, sc) if a.truth == "steady" else truth(name, sc)
         if a.rescore:  # the tunes measured before, scored against this truth
             if name not in rows:
                 continue
+            if not ("tunes" in rows[name] or any(k in rows[name] for k in ROW_KEYS.values())):  # a live row
+                rows[name] = dict(score(rows[name], sc, t, SPEED), truth=a.truth)
+                _write(out_path, rows)
+                continue
             if "tunes" in rows[name]:
                 rows[name]["tunes"] = [score(r, sc, t, 1.0) for r in rows[name]["tunes"]]
                 rows[name].update(summary=spread(rows[name]["tunes"]), truth=a.truth)
-                _write_virtual(out_path, rows)
-            else:
-                rows[name] = dict(score(rows[name], sc, t, SPEED), truth=a.truth)
-                _write(out_path, rows)
+            for search, key in ROW_KEYS.items():  # the twin's ranking, where the tune's state is still in --work
+                twin = rows[name].get(key)
+                for r in (twin or {}).get("tunes") or []:
+                    state = os.path.join(a.work, search, f"seed{r.get('seed')}", name, "vkit.json")
+                    if "error" not in r and os.path.exists(state):
+                        r["twin_ranking"] = twin_ranking(state, t)
+                if twin:
+                    twin["summary"] = spread(twin["tunes"])
+            _write_virtual(out_path, rows)
             continue
         if a.virtual:
             truths[name] = t
@@ -439,7 +465,42 @@ def _one_virtual(job: tuple) -> tuple[str, int, str, dict]:
     name, seed, work, t, search, max_restarts = job
     r = tune(name, scenario(name), work, virtual=True, seed=seed, search=search,
              max_restarts=max_restarts if search.startswith("twin") else None)
-    return name, seed, search, score(r, scenario(name), t, 1.0)
+    r = score(r, scenario(name), t, 1.0)
+    if search.startswith("twin") and "error" not in r:
+        r["twin_ranking"] = twin_ranking(os.path.join(work, search, f"seed{seed}", name, "vkit.json"), t)
+    return name, seed, search, r
+
+
+def twin_ranking(state: str, t: dict) -> dict | None:
+    """How the twin the tune fitted on its baseline ranks the whole lattice the truth covers: the
+    Spearman correlation of its predicted against the true capacities (40 configurations), the median
+    and largest |log| error of its predictions (uncorrected by any trial), and its top pick's true
+    capacity over the best (Spearman None where every prediction is the same). None when the tune logged no
+    twin profile."""
+    from scipy.stats import spearmanr
+
+    from vkit.sim.calibrated import load_profile
+    from vkit.state import StateFile
+    from vkit.tune.twin import Twin
+
+    log = StateFile(state).log.read()
+    prof = next((e for e in log if e.get("event") == "twin_profile"), None)
+    if prof is None:
+        return None
+    path = prof["profile"] if os.path.isabs(prof["profile"]) else os.path.join(os.path.dirname(state), prof["profile"])
+    twin = Twin.from_inputs(prof["inputs"], load_profile(path)["cost_params"], prof.get("profile_sha256") or "")
+    _world({})  # the twin's own engine: never the world's hidden effects
+    rows = [(x["capacity"], twin.capacity(dict(x["config"]), hint=twin.hint)) for x in t["table"]]
+    err = sorted(abs(math.log(p / c)) for c, p in rows if c > 0 and p > 0)
+    top = max(rows, key=lambda r: r[1])
+    rho = float(spearmanr([c for c, _ in rows], [p for _, p in rows]).statistic)
+    # undefined (None) where the twin predicts one capacity for every configuration
+    return {"spearman": round(rho, 3) if math.isfinite(rho) else None,
+            "distinct_predictions": len({round(p, 6) for _, p in rows}),
+            "median_abs_log_error": round(err[len(err) // 2], 3) if err else None,
+            "max_abs_log_error": round(err[-1], 3) if err else None,
+            "top_pick_ratio_to_best": round(top[0] / t["best"]["capacity"], 3),
+            "fit_rms_log_error": prof.get("rms_log_error"), "configurations": len(rows)}
 
 
 def _virtual_tunes(truths: dict, a, rows: dict, out_path: str, rev: str) -> None:
@@ -508,6 +569,9 @@ def spread(runs: list[dict]) -> dict:
     for k in ("restarts", "simulated_s", "ratio_to_best", "promise_over_truth", "wall_s"):
         v = sorted(float(r[k]) for r in done if r.get(k) is not None)
         out[k] = {"median": v[len(v) // 2], "min": v[0], "max": v[-1]} if v else None
+    rho = sorted(r["twin_ranking"]["spearman"] for r in done if (r.get("twin_ranking") or {}).get("spearman") is not None)
+    if rho:
+        out["twin_spearman"] = {"median": rho[len(rho) // 2], "min": rho[0], "max": rho[-1]}
     if out["simulated_s"]:
         out["simulated_hours"] = {k: round(x / 3600, 2) for k, x in out["simulated_s"].items()}
     return out

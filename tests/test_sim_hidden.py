@@ -80,3 +80,4 @@ def test_sim_server_hidden_effects_slow_decode_and_say_so_in_the_version_info():
     assert hidden - plain >= 0.9 * 32 * (e.cpu_per_seq_s + e.detok_per_token_s) * 1e3
     info = ((summary.get("vkit") or {}).get("server") or {}).get("version_info") or {}
     assert info.get("sim_hidden_effects") == 3
+

@@ -558,3 +558,10 @@ def test_prom_parser_label_escapes_in_one_pass():
     m = prom.parse('x{a="p\\\\nq",b="say \\"hi\\"",c="l1\\nl2"} 1\n')
     (labels, v), = m.samples["x"]
     assert labels == {"a": "p\\nq", "b": 'say "hi"', "c": "l1\nl2"} and v == 1.0
+
+
+def test_a_pathology_slowdown_below_one_is_refused_with_exit_2():
+    from tests.conftest import call
+
+    r = call("sim_server", "m", "--sim-pathology", "short-prefill", "--sim-pathology-slowdown", "0.5")
+    assert r.code == 2 and "a slowdown is a factor >= 1" in r.err

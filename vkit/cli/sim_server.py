@@ -60,6 +60,14 @@ def probability(value: str) -> float:
     return v
 
 
+def slowdown(value: str) -> float:
+    """A slowdown factor: a number >= 1 (1: none)."""
+    v = float(value)
+    if not v >= 1:
+        raise argparse.ArgumentTypeError(f"{value!r}: a slowdown is a factor >= 1")
+    return v
+
+
 def non_negative_int(value: str) -> int:
     v = int(value)
     if v < 0:
@@ -200,7 +208,7 @@ def add_sim_args(s) -> None:
     s.add_argument("--sim-pathology", choices=["short-prefill"], default=None,
                    help="short-prefill: with chunked prefill off, prompts <= 512 tokens prefill "
                         "--sim-pathology-slowdown times slower (the seed's NPU case) (default: none)")
-    s.add_argument("--sim-pathology-slowdown", type=positive_float, default=10.0, metavar="X",
+    s.add_argument("--sim-pathology-slowdown", type=slowdown, default=10.0, metavar="X",
                    help="how many times its own time a short prefill takes under --sim-pathology short-prefill; "
                         "10 puts prefill near the decode rate on the seed's shape, 25 near 0.4x decode, the seed's "
                         "reading (runbook/sim_server.md) (default: 10)")

@@ -47,6 +47,7 @@ MIN_REQUESTS = 100  # requests of a predicted run at least
 TOLERANCE = 0.03  # bisection in log rate to this
 DRAWS = 4  # parameter sets drawn from the fit's standard errors per ranked candidate
 DRAWN = 6  # the candidates (best first) whose interval is drawn; the others take the widest drawn spread
+CONSTANTS = {"min_requests": MIN_REQUESTS, "tolerance": TOLERANCE, "draws": DRAWS, "drawn": DRAWN}  # logged with each proposal
 FIT_POINTS = 10  # load points the calibration replays at most
 FIT_EVALS = 12  # least-squares evaluations per start
 PER_CONFIG = 3  # a refit's load points of each measured trial (beside the baseline's FIT_POINTS)
@@ -88,13 +89,15 @@ class Twin:
     fit_error: float  # the fit's rms log error on its load points
     hint: float | None = None  # where every bisection starts (the baseline's capacity: the same start on replay)
     speed: float = 1.0  # the server's seconds per wall second (loadfit.LoadPoint.speed): capacities are wall req/s
+    keep_up: float = cap.Plan.keep_up  # a predicted run keeps up when it completes this share of the offered rate
     profile_sha256: str = ""
     fit: dict = field(default_factory=dict)  # the calibration's report (points, parameter table, errors)
     _cache: dict = field(default_factory=dict, repr=False)
 
     @classmethod
     def calibrate(cls, state_path: str, isl: int, osl: int, slo: cap.Slo, seconds: float, profile_path: str | None = None,
-                  progress: Callable[[str], None] | None = None, trials: bool = False, base: CostParams | None = None) -> Twin:
+                  progress: Callable[[str], None] | None = None, trials: bool = False, base: CostParams | None = None,
+                  keep_up: float = cap.Plan.keep_up) -> Twin:
         """Fitted to the baseline's load points of the state at ``state_path`` (``trials``: every measured
         trial's too, each at its own configuration), starting from ``base`` when given; the profile written to
         ``profile_path`` (sim_predict / sim_server --sim-profile). ``loadfit.Refused``-free: a usage error
@@ -108,7 +111,7 @@ class Twin:
         res = loadfit.fit_points(loadfit.PointProblem(chosen), base=base, max_nfev=FIT_EVALS, progress=progress)
         stderr = {n: min(row["rse"], RSE_CAP) if row.get("rse") is not None else RSE_CAP for n, row in res["table"].items()}
         twin = cls(point=chosen[0], isl=isl, osl=osl, slo=slo, seconds=seconds, params=res["params"], stderr_log=stderr,
-                   fit_error=float(res["rms_log_error"]), speed=chosen[0].speed)
+                   fit_error=float(res["rms_log_error"]), speed=chosen[0].speed, keep_up=keep_up)
         doc = {"load_points": len(chosen), "of": len(points), "refused": len(refused), "table": res["table"],
                "rms_log_error": res["rms_log_error"], "errors": res["errors"]}
         if profile_path:
@@ -127,19 +130,27 @@ class Twin:
         p = self.point
         return {"model": p.model, "gpu": p.gpu, "tp": p.tp, "quantization": p.quantization, "isl": self.isl, "osl": self.osl,
                 "serve": self.serve_of({}), "slo": dict(self.slo.limits), "goodput": self.slo.goodput, "seconds": self.seconds,
-                "hint": self.hint, "speed": self.speed, "stderr_log": dict(self.stderr_log), "fit_error": self.fit_error,
-                "min_requests": MIN_REQUESTS, "tolerance": TOLERANCE, "draws": DRAWS, "drawn": DRAWN}
+                "hint": self.hint, "speed": self.speed, "keep_up": self.keep_up, "stderr_log": dict(self.stderr_log),
+                "fit_error": self.fit_error, **CONSTANTS}
 
     @classmethod
     def from_inputs(cls, inputs: dict, params: CostParams, profile_sha256: str = "") -> Twin:
-        """The twin a proposal was made with, from its logged inputs and the profile's parameters (``sweep --replay``)."""
+        """The twin a proposal was made with, from its logged inputs and the profile's parameters (``sweep --replay``).
+        A usage error when the log was written with other constants than this version's (its proposals would differ)."""
+        other = {k: (inputs[k], v) for k, v in CONSTANTS.items() if k in inputs and inputs[k] != v}
+        if other:
+            from vkit.errors import UsageError
+
+            raise UsageError("the twin's proposals were made with other constants than this version's ("
+                             + ", ".join(f"{k} {a} here {b}" for k, (a, b) in sorted(other.items())) + "): they cannot be replayed")
         point = loadfit.LoadPoint(source="replay", model=inputs["model"], gpu=inputs["gpu"], tp=int(inputs["tp"]),
                                   quantization=inputs.get("quantization"), serve=dict(inputs.get("serve") or {}), rate=0.0,
                                   arrivals=[], prompt_lens=[], output_lens=[], measured=[], ttft_s=0.0, tpot_s=0.0)
         return cls(point=point, isl=int(inputs["isl"]), osl=int(inputs["osl"]),
                    slo=cap.Slo(dict(inputs["slo"]), inputs.get("goodput")), seconds=float(inputs["seconds"]), params=params,
                    stderr_log=dict(inputs["stderr_log"]), fit_error=float(inputs["fit_error"]), hint=inputs.get("hint"),
-                   speed=float(inputs.get("speed") or 1.0), profile_sha256=profile_sha256)
+                   speed=float(inputs.get("speed") or 1.0), keep_up=float(inputs.get("keep_up") or cap.Plan.keep_up),
+                   profile_sha256=profile_sha256)
 
     def serve_of(self, config: dict) -> dict:
         base = {k: v for k, v in self.point.serve.items() if k in SERVE_KEYS}
@@ -151,7 +162,7 @@ class Twin:
         sc = Scenario(model=p.model, gpu=p.gpu, tp=p.tp, quantization=p.quantization, isl=self.isl, osl=self.osl, rate=rate,
                       num_prompts=max(MIN_REQUESTS, math.ceil(rate * self.seconds * self.speed)), seed=0, exact_rate=True,
                       serve=self.serve_of(config))
-        j = cap.judge_run(bench_summary(sc, params), self.slo, cap.Plan(keep_up=0.95), rate)
+        j = cap.judge_run(bench_summary(sc, params), self.slo, cap.Plan(keep_up=self.keep_up), rate)
         return bool(j["valid"] and j["margin"] is not None and j["margin"] >= 0)
 
     def capacity(self, config: dict, params: CostParams | None = None, hint: float | None = None) -> float:

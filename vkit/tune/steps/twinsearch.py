@@ -97,7 +97,7 @@ class TwinSearch:
             path = profile_path(r.runs_dir, trials if refit else 0)
             self.twin = Twin.calibrate(r.sf.path, int(opts.random_input_len), int(opts.random_output_len), r.s.capacity.slo,
                                        plan.crossing_factor * plan.point_seconds, path, progress=lambda s: self.progress(f"twin: {s}"),
-                                       trials=refit, base=self.twin.params if refit else None)
+                                       trials=refit, base=self.twin.params if refit else None, keep_up=plan.keep_up)
             self.twin.hint, self.fitted_on = self.baseline_capacity(), trials
             f = self.twin.fit
             r.log("twin_profile", profile=path, profile_sha256=self.twin.profile_sha256, trials=trials,
@@ -109,12 +109,12 @@ class TwinSearch:
         return self.twin
 
     def _new_points(self) -> bool:
-        """Whether the state holds load points the twin's last fit did not see (counted as files: each is a
-        point or a refusal of the fit, and none is read here)."""
+        """Whether the state holds more load points the fit can use than the twin's last fit saw (a trial whose
+        runs the fit refuses, a saturated client's, brings none: no refit on the same points)."""
         from vkit.sim import loadfit
 
-        _, files = loadfit.point_files(self.runner.sf.path, keys=("baseline", "trials"))
-        return len(files) > self.twin.fit["of"] + self.twin.fit["refused"]
+        points, _ = loadfit.points_from_state(self.runner.sf.path, keys=("baseline", "trials"))
+        return len(points) > self.twin.fit["of"]
 
     def baseline_capacity(self) -> float | None:
         """The kept configuration's capacity as its baseline measured it (None before one is measured)."""
