@@ -134,6 +134,17 @@ def test_a_twin_guided_tune_calibrates_proposes_with_intervals_and_respects_its_
     assert r.code == 0, r.err[-1000:]
     rep = json.loads(r.out)
     assert rep["proposals"] == rep["identical"] == len(props) and rep["differences"] == []
+    # the knowledge base keeps the run's last fit; a later twin-guided run of the same environment starts from it
+    last = [e for e in log if e["event"] == "twin_profile"][-1]
+    kb = [json.loads(x) for x in open(tmp_path / "knowledge.jsonl")]
+    assert prof["started_from"] is None and kb[-1]["twin"]["profile_sha256"] == last["profile_sha256"]
+    assert kb[-1]["twin"]["params"] == json.load(open(last["profile"]))["params"]
+    r = call("tune", *TUNE, "--max-restarts", "4")
+    assert r.code == 0, r.err[-2000:]
+    assert "starting from run " + kb[-1]["run_id"] + "'s fit (knowledge base)" in r.err
+    again = [json.loads(x) for x in open(tmp_path / "decisions.jsonl")][len(log):]
+    first = next(e for e in again if e["event"] == "twin_profile")
+    assert first["started_from"] == {"run_id": kb[-1]["run_id"], "profile_sha256": last["profile_sha256"]}
     with open(prof["profile"], "a") as f:  # a profile that is not the one the proposals name is refused
         f.write(" ")
     r = call("sweep", "--replay", str(tmp_path))
@@ -217,3 +228,20 @@ def test_a_log_made_with_other_twin_constants_is_refused_on_replay_not_replayed_
 
     with pytest.raises(UsageError, match=r"other constants than this version's \(draws 9 here 4\)"):
         _replay_twin(draws=9)
+
+
+def test_the_knowledge_base_keeps_a_twin_fit_and_the_latest_matching_one_is_the_prior(tmp_path):
+    from vkit.tune import knowledge
+    from vkit.tune.steps.twinsearch import prior_twin
+
+    kb = str(tmp_path / "kb.jsonl")
+    key, work = {"model": "m"}, {"slo": {"p95_ttft_ms": 100}}
+    knowledge.record(kb, key, work, [], None, "r1", {"params": {"mfu": 0.4}, "profile_sha256": "a"})
+    knowledge.record(kb, key, work, [], None, "r2")  # a staged run: no twin fit
+    knowledge.record(kb, key, work, [], None, "r3", {"params": {"mfu": 0.45}, "profile_sha256": "b"})
+    knowledge.record(kb, {"model": "other"}, work, [], None, "r4", {"params": {"mfu": 0.9}, "profile_sha256": "c"})
+    matched, ignored = knowledge.match(kb, key, work)
+    assert [e["run_id"] for e in matched] == ["r1", "r2", "r3"] and len(ignored) == 1
+    assert prior_twin(matched) == {"params": {"mfu": 0.45}, "profile_sha256": "b", "run_id": "r3"}
+    assert prior_twin(matched[:2]) == {"params": {"mfu": 0.4}, "profile_sha256": "a", "run_id": "r1"}
+    assert prior_twin(matched[1:2]) is None and prior_twin([]) is None

@@ -165,7 +165,7 @@ def _drive(runner: Runner, settings: Settings, mixed: Workload, plan: TunePlan, 
     matched = _knowledge(sf, kb, kb_key, kb_work, plan.mode, ctx.progress)
     if plan.mode == "twin" and staged:  # the twin ranks the space; the server screens and confirms its proposals
         sf.service.set_machine_state("PROPOSE")
-        nxt, stop = tuning.twin_proposer(runner, ctx.policy, plan, ctx.progress)
+        nxt, stop = tuning.twin_proposer(runner, ctx.policy, plan, ctx.progress, tuning.prior_twin(matched))
         tuning.run_screening_step(runner, "twin", nxt, ctx.progress, plan.budget, stop)
         if "4m" in staged:
             check_drift(runner, ctx.warn)
@@ -203,7 +203,7 @@ def _drive(runner: Runner, settings: Settings, mixed: Workload, plan: TunePlan, 
     runner.restore_kept()  # the tune ends on the kept configuration (a no-op when it already runs)
     result = build_result(runner, settings, t0)
     if not runner.ledger.tune().tune.get("kb_recorded"):
-        knowledge.record(kb, kb_key, kb_work, tuning.kb_observations(runner), result.recommendation, run_id)
+        knowledge.record(kb, kb_key, kb_work, tuning.kb_observations(runner), result.recommendation, run_id, tuning.kb_twin(runner))
         sf.tune.update(kb_recorded=True)
     return result
 
@@ -230,7 +230,7 @@ def _knowledge(sf: StateFile, kb: str, key: dict, work: dict, mode: str, progres
     matched, ignored = knowledge.match(kb, key, work)
     if matched or ignored:
         progress(f"knowledge base {kb}: {len(matched)} earlier run(s) of this environment"
-                 + (" (used to warm-start the Bayesian search)" if mode == "bo" else " (shown; staged mode does not warm-start)")
+                 + knowledge.USES.get(mode, knowledge.USES["staged"])
                  + (f"; {len(ignored)} ignored, measured in another environment or workload: " + "; ".join(ignored[:3])
                     if ignored else ""))
     sf.tune.update(knowledge={"path": kb, "matched": [e.get("run_id") for e in matched], "ignored": ignored})

@@ -17,6 +17,8 @@ import os
 
 from vkit.state import DecisionLog, now_iso
 
+USES = {"bo": " (used to warm-start the Bayesian search)", "twin": " (the twin's fit starts from the latest one's)",
+        "staged": " (shown; staged mode does not warm-start)"}  # what a tune of each search mode makes of matching entries
 KEY_FIELDS = ("accelerator", "server_version", "model", "model_hash", "dtype", "quantization", "launch_hash", "simulator")
 
 
@@ -40,9 +42,13 @@ def fingerprint_key(state: dict, server_info: dict | None) -> dict:
     }
 
 
-def record(path: str, key: dict, workload: dict, observations: list[dict], recommendation: dict | None, run_id: str) -> None:
+def record(path: str, key: dict, workload: dict, observations: list[dict], recommendation: dict | None, run_id: str,
+           twin: dict | None = None) -> None:
+    """One finished run; ``twin``: the twin's last fit (its parameters), where ``tune --search twin`` made one: a
+    later twin-guided run of the same environment and workload starts its fit from them."""
     DecisionLog(path).append("tune", "kb_entry", key=key, workload=workload, observations=observations,
-                             recommendation=recommendation, run_id=run_id, stored=now_iso())
+                             recommendation=recommendation, run_id=run_id, stored=now_iso(),
+                             **({"twin": twin} if twin else {}))
 
 
 def differences(stored: dict, key: dict) -> list[str]:

@@ -75,6 +75,8 @@ from vkit.tune.steps.step5 import (  # noqa: F401
     workload_priorities,
 )
 from vkit.tune.steps.twinsearch import (  # noqa: F401
+    kb_twin,
+    prior_twin,
     twin_proposer,
     twin_replay,
 )

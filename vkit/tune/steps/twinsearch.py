@@ -72,9 +72,10 @@ class TwinSearch:
     """The proposer and stop rule of the twin step over one runner (a proposer object: ``next``, ``stop_reason``)."""
 
     def __init__(self, runner: Runner, policy: Policy, max_restarts: int | None, progress: Callable[[str], None],
-                 refit: bool = False):
+                 refit: bool = False, prior: dict | None = None):
         self.runner, self.policy, self.max_restarts, self.progress = runner, policy, max_restarts, progress
         self.refit = refit  # --twin-refit: refit on every measured trial's load points as they come
+        self.prior = prior  # the knowledge base's fit of this environment and workload (prior_twin): the first fit's start
         self.twin: Twin | None = None
         self.fitted_on = 0  # the measured trials the twin's fit saw
         self.predicted: dict[str, Prediction] = {}  # config key -> the prediction it was proposed on
@@ -90,17 +91,23 @@ class TwinSearch:
         if self.twin is None or (self.refit and trials > self.fitted_on):
             r = self.runner
             opts = r.s.workload.options
+            from vkit.sim.calibrated import CostParams
+
             refit = self.twin is not None
+            prior = None if refit or not self.prior else self.prior
             self.progress(f"twin: {'refitting' if refit else 'calibrating'} the simulator on the baseline's load points"
-                          + (f" and those of {trials} trial(s)" if refit else ""))
+                          + (f" and those of {trials} trial(s)" if refit else "")
+                          + (f", starting from run {prior['run_id']}'s fit (knowledge base)" if prior else ""))
             plan = r.s.capacity.plan
             path = profile_path(r.runs_dir, trials if refit else 0)
             self.twin = Twin.calibrate(r.sf.path, int(opts.random_input_len), int(opts.random_output_len), r.s.capacity.slo,
                                        plan.crossing_factor * plan.point_seconds, path, progress=lambda s: self.progress(f"twin: {s}"),
-                                       trials=refit, base=self.twin.params if refit else None, keep_up=plan.keep_up)
+                                       trials=refit, keep_up=plan.keep_up,
+                                       base=self.twin.params if refit else CostParams.from_dict(prior["params"]) if prior else None)
             self.twin.hint, self.fitted_on = self.baseline_capacity(), trials
             f = self.twin.fit
             r.log("twin_profile", profile=path, profile_sha256=self.twin.profile_sha256, trials=trials,
+                  started_from=prior and {"run_id": prior["run_id"], "profile_sha256": prior.get("profile_sha256")},
                   inputs=self.twin.inputs(), load_points=f["load_points"], rms_log_error=round(f["rms_log_error"], 4),
                   parameters={n: {"value": row["value"], "rse": row["rse"], "identified": row["identified"]}
                               for n, row in f["table"].items()})
@@ -219,10 +226,31 @@ def twin_replay(records: list[dict], base_dir: str) -> dict | None:
     return {"proposals": len(props), "identical": len(props) - len(rows), "differences": rows}
 
 
-def twin_proposer(runner: Runner, policy: Policy, plan, progress: Callable[[str], None]) -> tuple[Callable, Callable]:
-    """The twin step's proposer and stop rule under ``plan`` (a TunePlan: --max-restarts, --twin-refit)."""
-    ts = TwinSearch(runner, policy, plan.max_restarts, progress, refit=plan.twin_refit)
+def twin_proposer(runner: Runner, policy: Policy, plan, progress: Callable[[str], None],
+                  prior: dict | None = None) -> tuple[Callable, Callable]:
+    """The twin step's proposer and stop rule under ``plan`` (a TunePlan: --max-restarts, --twin-refit); ``prior``:
+    :func:`prior_twin` of the knowledge base's matching entries."""
+    ts = TwinSearch(runner, policy, plan.max_restarts, progress, refit=plan.twin_refit, prior=prior)
     return ts.next, ts.stop_reason
+
+
+def kb_twin(runner: Runner) -> dict | None:
+    """The run's last twin fit for the knowledge base (its parameters, profile sha256, error), None without one."""
+    from vkit.sim.calibrated import load_profile
+
+    prof = next((e for e in reversed(runner.sf.log.read()) if e.get("event") == "twin_profile"), None)
+    if prof is None or not os.path.exists(prof.get("profile") or ""):
+        return None
+    return {"params": load_profile(prof["profile"])["params"], "profile_sha256": prof.get("profile_sha256"),
+            "rms_log_error": prof.get("rms_log_error"), "load_points": prof.get("load_points")}
+
+
+def prior_twin(entries: list[dict]) -> dict | None:
+    """The latest matching knowledge-base entry's twin fit, with its run id (None: no entry carries one)."""
+    for e in reversed(entries):
+        if isinstance(e.get("twin"), dict) and isinstance(e["twin"].get("params"), dict):
+            return dict(e["twin"], run_id=e.get("run_id"))
+    return None
 
 
 def twin_table(runner: Runner) -> dict | None:
