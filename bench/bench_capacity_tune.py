@@ -583,6 +583,9 @@ def _write_virtual(out: str, rows: dict) -> None:
            "targets": {"ratio_to_best": TARGET_RATIO, "fresh_breaks": 0}, "scenarios": rows,
            "scenario_defs": {k: scenario(k) for k in rows if k.partition("+")[0] in SCENARIOS}, "start": START,
            "command": "python3 bench/bench_capacity_tune.py --virtual --seeds N"}
+    old = json.load(open(out)) if os.path.exists(out) else {}
+    # the commands of earlier rows that the generic one does not give (twin_refit_command, world_commands)
+    doc.update({k: v for k, v in old.items() if k.endswith(("_command", "_commands"))})
     write_result(out, doc, indent=1)
 
 
