@@ -245,3 +245,26 @@ def test_the_knowledge_base_keeps_a_twin_fit_and_the_latest_matching_one_is_the_
     assert prior_twin(matched) == {"params": {"mfu": 0.45}, "profile_sha256": "b", "run_id": "r3"}
     assert prior_twin(matched[:2]) == {"params": {"mfu": 0.4}, "profile_sha256": "a", "run_id": "r1"}
     assert prior_twin(matched[1:2]) is None and prior_twin([]) is None
+
+
+def test_the_knowledge_base_entry_carries_only_this_runs_twin_fit(tmp_path):
+    from types import SimpleNamespace
+
+    from vkit.sim.calibrated import CostParams, write_profile
+    from vkit.tune.steps.twinsearch import kb_twin
+
+    earlier, now = tmp_path / "runs" / "run-1", tmp_path / "runs" / "run-2"
+    earlier.mkdir(parents=True)
+    now.mkdir()
+    write_profile(str(earlier / "twin-profile.json"), CostParams(mfu=0.4))
+    log = [{"event": "twin_profile", "profile": str(earlier / "twin-profile.json"), "profile_sha256": "a"}]
+
+    def runner(records):
+        return SimpleNamespace(runs_dir=str(now), sf=SimpleNamespace(log=SimpleNamespace(read=lambda: records)))
+
+    assert kb_twin(runner(log)) is None  # a staged run after a twin-guided one: the earlier fit is not its own
+    write_profile(str(now / "twin-profile.json"), CostParams(mfu=0.45))
+    mine = log + [{"event": "twin_profile", "profile": str(now / "twin-profile.json"), "profile_sha256": "b",
+                   "rms_log_error": 0.1, "load_points": 9}]
+    got = kb_twin(runner(mine))
+    assert got["profile_sha256"] == "b" and got["params"]["mfu"] == 0.45 and got["load_points"] == 9

@@ -97,12 +97,13 @@ class Twin:
     @classmethod
     def calibrate(cls, state_path: str, isl: int, osl: int, slo: cap.Slo, seconds: float, profile_path: str | None = None,
                   progress: Callable[[str], None] | None = None, trials: bool = False, base: CostParams | None = None,
-                  keep_up: float = cap.Plan.keep_up) -> Twin:
+                  keep_up: float = cap.Plan.keep_up, read: tuple[list, list] | None = None) -> Twin:
         """Fitted to the baseline's load points of the state at ``state_path`` (``trials``: every measured
         trial's too, each at its own configuration), starting from ``base`` when given; the profile written to
         ``profile_path`` (sim_predict / sim_server --sim-profile). ``loadfit.Refused``-free: a usage error
-        when no point can calibrate."""
-        points, refused = loadfit.points_from_state(state_path, keys=("baseline", "trials") if trials else ("baseline",))
+        when no point can calibrate. ``read``: (points, refused) of ``loadfit.points_from_state`` already read for it."""
+        points, refused = read if read is not None else loadfit.points_from_state(
+            state_path, keys=("baseline", "trials") if trials else ("baseline",))
         if not points:
             from vkit.errors import UsageError
 

@@ -86,15 +86,19 @@ class TwinSearch:
         """The twin, fitted to the baseline's load points; with --twin-refit, refitted (from the last fit) once
         ``trials`` measured trials are more than its fit saw and they brought load points (a trial skipped as
         unable to differ brings none), each fit its own profile file and log event."""
-        if self.twin is not None and self.refit and trials > self.fitted_on and not self._new_points():
-            self.fitted_on = trials
-        if self.twin is None or (self.refit and trials > self.fitted_on):
+        from vkit.sim import loadfit
+        from vkit.sim.calibrated import CostParams
+
+        read = None  # a refit's load points, read once: to decide whether to refit, then to fit
+        if self.twin is not None and self.refit and trials > self.fitted_on:
+            read = loadfit.points_from_state(self.runner.sf.path, keys=("baseline", "trials"))
+            if len(read[0]) <= self.twin.fit["of"]:  # no usable point the last fit did not see (a refused trial brings none)
+                read, self.fitted_on = None, trials
+        if self.twin is None or read is not None:
             r = self.runner
             opts = r.s.workload.options
-            from vkit.sim.calibrated import CostParams
-
             refit = self.twin is not None
-            prior = None if refit or not self.prior else self.prior
+            prior = None if refit else self.prior
             self.progress(f"twin: {'refitting' if refit else 'calibrating'} the simulator on the baseline's load points"
                           + (f" and those of {trials} trial(s)" if refit else "")
                           + (f", starting from run {prior['run_id']}'s fit (knowledge base)" if prior else ""))
@@ -102,7 +106,7 @@ class TwinSearch:
             path = profile_path(r.runs_dir, trials if refit else 0)
             self.twin = Twin.calibrate(r.sf.path, int(opts.random_input_len), int(opts.random_output_len), r.s.capacity.slo,
                                        plan.crossing_factor * plan.point_seconds, path, progress=lambda s: self.progress(f"twin: {s}"),
-                                       trials=refit, keep_up=plan.keep_up,
+                                       trials=refit, keep_up=plan.keep_up, read=read,
                                        base=self.twin.params if refit else CostParams.from_dict(prior["params"]) if prior else None)
             self.twin.hint, self.fitted_on = self.baseline_capacity(), trials
             f = self.twin.fit
@@ -114,14 +118,6 @@ class TwinSearch:
             self.progress(f"twin: fitted on {f['load_points']} load point(s), rms log error {f['rms_log_error']:.1%} "
                           f"(profile sha256 {self.twin.profile_sha256[:12]})")
         return self.twin
-
-    def _new_points(self) -> bool:
-        """Whether the state holds more load points the fit can use than the twin's last fit saw (a trial whose
-        runs the fit refuses, a saturated client's, brings none: no refit on the same points)."""
-        from vkit.sim import loadfit
-
-        points, _ = loadfit.points_from_state(self.runner.sf.path, keys=("baseline", "trials"))
-        return len(points) > self.twin.fit["of"]
 
     def baseline_capacity(self) -> float | None:
         """The kept configuration's capacity as its baseline measured it (None before one is measured)."""
@@ -235,11 +231,14 @@ def twin_proposer(runner: Runner, policy: Policy, plan, progress: Callable[[str]
 
 
 def kb_twin(runner: Runner) -> dict | None:
-    """The run's last twin fit for the knowledge base (its parameters, profile sha256, error), None without one."""
+    """This run's last twin fit for the knowledge base (its parameters, profile sha256, error), None without one (a
+    fit of an earlier run in the same decision log, its profile in that run's directory, is not this run's)."""
     from vkit.sim.calibrated import load_profile
 
-    prof = next((e for e in reversed(runner.sf.log.read()) if e.get("event") == "twin_profile"), None)
-    if prof is None or not os.path.exists(prof.get("profile") or ""):
+    mine = os.path.join(os.path.abspath(runner.runs_dir), "")
+    prof = next((e for e in reversed(runner.sf.log.read()) if e.get("event") == "twin_profile"
+                 and os.path.abspath(e.get("profile") or "").startswith(mine)), None)
+    if prof is None or not os.path.exists(prof["profile"]):
         return None
     return {"params": load_profile(prof["profile"])["params"], "profile_sha256": prof.get("profile_sha256"),
             "rms_log_error": prof.get("rms_log_error"), "load_points": prof.get("load_points")}
