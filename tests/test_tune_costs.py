@@ -148,7 +148,7 @@ def test_a_promise_run_the_client_could_not_keep_up_with_is_run_again_before_ste
     offered = []
 
     def live(opts, url, out_dir, plan, command=None, interrupts=None, launch_argv=None, bench=None):
-        def run(load, k):
+        def run(load, k, requests=None):
             offered.append(load)
             lag = lagging if len(offered) == 1 else {"p99": 0.3}
             done = 0.99 * load if load <= 90 else 0.5 * load  # the server carries 90 at most
@@ -220,7 +220,7 @@ def test_a_promise_at_the_boundary_is_not_verified_there(state_path, monkeypatch
     offered = []
 
     def live(opts, url, out_dir, plan, command=None, interrupts=None, launch_argv=None, bench=None):
-        def run(load, k):
+        def run(load, k, requests=None):
             offered.append(load)
             ttft = 980.0 if load >= 100 else 500.0  # at 100: 2 % inside the SLO, within the noise
             return {"completed": 1000, "duration": 1000 / (0.99 * load) + 0.4, "p95_ttft_ms": ttft, "mean_e2el_ms": 400.0,
@@ -252,3 +252,34 @@ def test_two_runs_that_hold_by_a_spread_margin_are_not_yet_a_promise():
     assert promise_verdict(point([0.176, 0.402, -0.43, -0.35]), plan) == cap.UNCLEAR  # then steps down
     assert promise_verdict(point([0.30, 0.35, 0.28, 0.33]), plan) == cap.HOLDS
     assert promise_verdict(point([0.5]), plan) is None  # one run is never a hold
+
+
+def test_a_promise_held_on_a_run_shorter_than_eight_request_lifetimes_is_run_again_that_long(state_path, monkeypatch):
+    """A run starts on an empty server: its first request lifetime is the batch filling. A hold on a
+    10-second run whose requests live 2 s each (5 lifetimes) does not count; the load is run again for
+    8 lifetimes (16 s), and the promise says which length held."""
+    from vkit.tune import capacity as cap
+    from vkit.tune.config import CapacityObjective
+    from vkit.tune.promise import run_seconds
+
+    assert run_seconds(10.0, None) == 10.0 and run_seconds(10.0, 0.5) == 10.0 and run_seconds(10.0, 2.0) == 16.0
+    assert run_seconds(10.0, 100.0) == 80.0  # a lifetime read under overload is the queue's: 8 x the setting at most
+    objective = CapacityObjective(slo=cap.Slo({"p95_ttft_ms": 1000.0}), plan=cap.Plan(tolerance=0.1, noise=0.03),
+                                  verify_seconds=10.0)
+    r = make_runner(state_path, capacity=objective)
+    monkeypatch.setattr(r, "apply", lambda config, fresh=False: (True, {}))
+    monkeypatch.setattr(r, "restore_kept", lambda fresh=False: None)
+    sent = []
+
+    def live(opts, url, out_dir, plan, command=None, interrupts=None, launch_argv=None, bench=None):
+        def run(load, k, requests=None):
+            sent.append(requests)
+            return {"completed": requests, "duration": requests / (0.99 * load) + 2.0, "p95_ttft_ms": 500.0 + k,
+                    "mean_e2el_ms": 2000.0, "vkit": {"completion_rate": 0.99 * load, "dispatch_lag_ms": {"p99": 0.3}}}
+        return run
+
+    monkeypatch.setattr(cap, "live_measure", live)
+    out = r.promise.verify({"max_num_seqs": 64}, 100.0)
+    assert sent == [1000, 1600, 1600]
+    assert [x["verdict"] for x in out["runs"]] == [None, None, "holds"] and "request lifetimes" in out["runs"][0]["why"]
+    assert out["verified"] == 100.0 and out["held_seconds"] == 16.0 and [x["seconds"] for x in out["runs"]] == [10.0, 16.0, 16.0]

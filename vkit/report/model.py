@@ -505,9 +505,10 @@ def _capacity(v: View) -> CapacitySection:
     promised = []
     if promise:
         got, searched = fmt_num(as_dict(v.rec.get("capacity")).get("req_s")), fmt_num(as_dict(v.rec.get("capacity")).get("searched_req_s"))
-        tried = ", ".join(f"{fmt_num(r.get('load'))} {'held' if r.get('holds') else 'failed'}" for r in promise.get("runs") or [])
+        tried = ", ".join(f"{fmt_num(r.get('load'))} " + ("held" if r.get("holds") else r.get("verdict") or "again")
+                          for r in promise.get("runs") or [])
         promised = [Para([Span(STRONG, "Promise: "), Span(VALUE, got if got != "–" else "none held"),
-                          Span(WORDS, f" req/s for the recommendation, verified by a {fmt_num(promise.get('seconds'))}-second run "
+                          Span(WORDS, f" req/s for the recommendation, verified by {fmt_num(promise.get('held_seconds') or promise.get('seconds'))}-second runs "
                                       f"on a fresh start (the searches' figure: {searched}; runs: {tried}). A short load point "
                                       "cannot show a queue that grows slowly; a long run can.")])]
     blocks: list[Block] = [*promised,

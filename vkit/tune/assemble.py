@@ -112,7 +112,8 @@ def build_result(runner: Runner, settings: Settings, t0: float) -> TuneResult:
                 held = next((r for r in promise["runs"] if r["holds"]), None)
                 capd.update(searched_req_s=rc.get("req_s"), req_s=promise.get("verified"),
                             output_tok_s=(held or {}).get("metrics", {}).get("output_throughput"),
-                            verified={"seconds": promise.get("seconds"), "runs": promise.get("runs")})
+                            verified={"seconds": promise.get("seconds"), "held_seconds": promise.get("held_seconds"),
+                                      "runs": promise.get("runs")})
                 acc = settings.capacity.accelerators
                 if acc:
                     capd["per_accelerator"] = {"req_s": capd["req_s"] / acc if capd["req_s"] else None,

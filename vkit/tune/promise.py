@@ -22,6 +22,15 @@ if TYPE_CHECKING:
 # runs there read -0.43, -0.35, +0.31 (the steady truth: 13.8).
 PROMISE_REPEATS = 4
 PROMISE_RUNS = 12
+# Open loop, a promise's run lasts this many request lifetimes (its mean E2EL) at least: a run starts on an
+# empty server, and its first lifetime is the batch filling. Measured on bench_capacity_tune's
+# 70b-h100x4-fp8 in the hidden world (hidden effects 6, 2048 / 256, 13.96 req/s, 0.6 % above the steady
+# truth, 4 runs of each length, lifetime 3.8-5.1 s): mean-TPOT margins +0.25 to +0.40 at 10 s (2
+# lifetimes), -0.12 to +0.17 at 20 s, 0.00 to +0.19 at 40 s (8), -0.05 to +0.18 at 80 s: the short runs'
+# margin is a bias of the fill, which is mostly gone by 8 lifetimes. A promise verified on 10-s runs
+# there broke on fresh 40-s runs in 2 of 8 tunes.
+STEADY_LIFETIMES = 8.0
+MAX_STRETCH = 8.0  # ... and at most this many times --verify-seconds (a lifetime read under overload is the queue's)
 Z_CLEAR = 2.0  # a search's point: clear at twice the standard error (normal); the promise's t matches its level
 
 
@@ -45,6 +54,15 @@ def promise_verdict(point: _cap.Point, plan: _cap.Plan) -> str | None:
     return _cap.UNCLEAR if k >= plan.repeats else None
 
 
+def run_seconds(verify_seconds: float, lifetime: float | None) -> float:
+    """How long a promise's open-loop run lasts: ``verify_seconds``, or STEADY_LIFETIMES request
+    lifetimes (``lifetime``: the mean E2EL in s of the last valid run) where that is longer, up to
+    MAX_STRETCH x ``verify_seconds``."""
+    if lifetime is None or not lifetime > 0:
+        return verify_seconds
+    return min(max(verify_seconds, STEADY_LIFETIMES * lifetime), MAX_STRETCH * verify_seconds)
+
+
 class Promise:
     """The capacity objective's promise, verified."""
 
@@ -62,7 +80,10 @@ class Promise:
         server: the client behind its schedule). A load that fails, or stays unclear after the
         repeats, steps down by the tolerance, then by twice and four times it (PROMISE_RUNS runs at
         most). The verified load is the one that clearly held: a promise at the boundary itself fails
-        every other fresh run. The server is left on the kept configuration."""
+        every other fresh run. Open loop, a run lasts ``verify_seconds`` or STEADY_LIFETIMES request
+        lifetimes (the last valid run's mean E2EL) where that is longer (:func:`run_seconds`): a hold
+        on a run shorter than that of its own lifetimes is the batch still filling and is run again,
+        that long. The server is left on the kept configuration."""
         c = self.r.s.capacity
         assert c is not None
         plan = replace(c.plan, point_seconds=c.verify_seconds, repeats=max(PROMISE_REPEATS, c.plan.repeats))
@@ -74,24 +95,40 @@ class Promise:
         ok, res = self.r.apply(dict(config), fresh=True)
         if not ok:
             raise VkitError(f"the recommended configuration does not start: {res.get('message')}", ExitCode.UNAVAILABLE)
-        runs, verified, load, down = [], None, plan.snap(rate), 0
+        runs, verified, load, down, life = [], None, plan.snap(rate), 0, None
         point = _cap.Point(load)
         for k in range(PROMISE_RUNS):
-            s = run(load, k)
+            secs = run_seconds(c.verify_seconds, life) if plan.mode == "rate" else c.verify_seconds
+            s = run(load, k, math.ceil(load * secs) if plan.mode == "rate" else None)
             where = relative((s.get("vkit") or {}).get("capacity_check", {}).get("path") or out_dir, self.r.sf.dir)
             self.r.measurer.note_environment(where, s)
             j = _cap.judge_run(s, c.slo, plan, load)
+            e2el = (s or {}).get("mean_e2el_ms")
+            short = (plan.mode == "rate" and j["valid"] and j["margin"] > 0 and isinstance(e2el, (int, float))
+                     and run_seconds(c.verify_seconds, e2el / 1000.0) > secs * 1.05)
+            if isinstance(e2el, (int, float)) and e2el > 0 and j["valid"]:
+                life = e2el / 1000.0
+            if short:
+                # a hold on a run shorter than STEADY_LIFETIMES of its own requests' lifetimes is the
+                # batch filling, not the server's steady state: the same load again, on a run that long
+                runs.append({"load": load, "holds": False, "verdict": None, "margin": j["margin"], "seconds": secs,
+                             "binding": min(j["margins"], key=j["margins"].get) if j["margins"] else None,
+                             "why": f"shorter than {STEADY_LIFETIMES:g} request lifetimes ({life:.3g} s each): not steady",
+                             "metrics": j["metrics"], "path": where})
+                self.r.progress(f"promise {load:g}: a {secs:.3g}-s run is shorter than {STEADY_LIFETIMES:g} request "
+                                f"lifetimes ({life:.3g} s each): again for {run_seconds(c.verify_seconds, life):.3g} s")
+                continue
             point.runs.append(j)
             # a load point's three-way verdict, measured again while unclear; a hold takes two valid runs
             # or more whose mean clears Student's t for their spread's degrees of freedom (promise_verdict):
             # one run's margin says nothing of how far the next one falls
             verdict = promise_verdict(point, plan)
             held = verdict == _cap.HOLDS
-            runs.append({"load": load, "holds": held, "verdict": verdict, "margin": j["margin"],
+            runs.append({"load": load, "holds": held, "verdict": verdict, "margin": j["margin"], "seconds": secs,
                          "binding": min(j["margins"], key=j["margins"].get) if j["margins"] else None, "why": j["why"],
                          "metrics": j["metrics"],
                          "path": where})
-            self.r.progress(f"promise {load:g}: {verdict or 'not yet clear'} over {c.verify_seconds:g} s"
+            self.r.progress(f"promise {load:g}: {verdict or 'not yet clear'} over {secs:.3g} s"
                           + (f" (margin {j['margin']:+.3f}, {runs[-1]['binding']})" if j["margin"] is not None else f" ({j['why']})"))
             if held:
                 verified = load
@@ -107,7 +144,9 @@ class Promise:
             down += 1
         if config != self.r.ledger.kept_config():
             self.r.restore_kept()
-        out = {"config": dict(config), "searched": rate, "verified": verified, "seconds": c.verify_seconds, "runs": runs,
+        longest = max((x["seconds"] for x in runs if x["load"] == verified), default=c.verify_seconds)
+        out = {"config": dict(config), "searched": rate, "verified": verified, "seconds": c.verify_seconds,
+               "held_seconds": longest if verified is not None else None, "runs": runs,
                "finished": now_iso()}
         self.r.log("promise", **out)
         return out
