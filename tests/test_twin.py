@@ -153,7 +153,7 @@ def test_a_twin_guided_tune_calibrates_proposes_with_intervals_and_respects_its_
 
 @pytest.mark.unit
 def test_the_report_shows_the_twins_predictions_beside_the_measurements():
-    from vkit.report.render import render_markdown, render_terminal
+    from vkit.report.render import render_html, render_markdown, render_terminal
 
     rows = [{"trial_id": "t001", "config": {"max_num_seqs": 512}, "predicted": 74.0, "lo": 55.2, "hi": 99.0, "measured": 81.47,
              "status": "done", "inside": True},
@@ -167,6 +167,12 @@ def test_the_report_shows_the_twins_predictions_beside_the_measurements():
     assert "## Twin vs measured" not in render_markdown({"capacity": {}})
     term = render_terminal({"capacity": {"twin": {"rows": rows, "misses": 1}}})
     assert "t002: predicted 60 [50, 70], measured 40 (twin miss); max_num_seqs=128" in term
+    # the figure: measured against predicted, a marker per measured proposal (a miss apart), its interval a bar
+    html = render_html({"capacity": {"twin": {"rows": rows, "misses": 1}}})
+    fig = html.split('id="plot-twin"', 1)[1].split("</svg>", 1)[0]
+    assert 'data-series="trials" data-count="1"' in fig and 'data-series="misses" data-count="1"' in fig
+    assert 'data-config="t001" data-x="74.0" data-y="81.47"' in fig and 'data-config="t002" data-x="60.0" data-y="40.0"' in fig
+    assert 'data-series="t001 interval" data-count="0"' in fig and "M" in fig.split('data-series="t001 interval"', 1)[1][:200]
 
 
 @pytest.mark.unit
@@ -221,6 +227,18 @@ def test_the_twin_judges_keep_up_with_the_runs_own_share_and_replays_it_from_the
     # an SLO no latency can miss: the keep-up rule alone bounds the capacity, and a looser share lets more be offered
     a, b = strict.capacity(cfg, hint=20.0), loose.capacity(cfg, hint=20.0)
     assert a > 0 and b > 1.2 * a
+
+
+def test_on_a_faster_than_life_simulator_the_twin_judges_the_slo_in_the_servers_own_time():
+    """A live simulator at --sim-speed 4 answers 4x faster than the hardware it models: the SLO the client
+    gives (wall ms) is 4x as many of the server's own ms, where the twin's latencies are. Its capacity is
+    then 4x that of the same twin at speed 1 given the SLO in the server's ms."""
+    cfg = {"max_num_batched_tokens": 2048, "max_num_seqs": 16}
+    fast = _replay_twin(speed=4.0, slo={"mean_tpot_ms": 3.0}, hint=40.0).capacity(cfg, hint=40.0)
+    life = _replay_twin(speed=1.0, slo={"mean_tpot_ms": 12.0}, hint=10.0).capacity(cfg, hint=10.0)
+    assert life > 0 and fast == pytest.approx(4.0 * life, rel=1e-9)
+    # the SLO binds: in the server's ms a 3-ms TPOT holds at a lower rate than a 12-ms one
+    assert _replay_twin(slo={"mean_tpot_ms": 3.0}).capacity(cfg, hint=10.0) < life
 
 
 def test_a_log_made_with_other_twin_constants_is_refused_on_replay_not_replayed_differently():

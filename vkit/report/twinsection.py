@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from vkit.report.model import CODE, STRONG, VALUE, WORDS, Para, Row, Section, Span, Table, words
+from vkit.report.charts import Chart
+from vkit.report.model import CODE, STRONG, VALUE, WORDS, Figure, Para, Row, Section, Span, Table, words
 from vkit.report.text import as_dict, as_list, as_text, config_text, fmt_num, num
 from vkit.report.view import View
 
@@ -48,4 +49,37 @@ def twin_section(v: View) -> TwinSection:
     return TwinSection(id="twin", title="Twin vs measured", lines=lines, summary=summary, blocks=[
         Para(intro), Table(head, body, {2: "n", 4: "n"}, "twin-table"),
         Para(words("Predicted: the twin's capacity when it proposed the configuration, corrected by the measured "
-                   "configuration nearest it; measured: the trial's capacity search on the server."))])
+                   "configuration nearest it; measured: the trial's capacity search on the server.")),
+        Figure("plot-twin", twin_chart(rows), words(
+            "Figure 5. Each restarted configuration's measured SLO capacity against the twin's prediction, its 90 % "
+            "interval as a bar; on the dashed line the twin was exact, a bar that misses the line is a twin miss."))])
+
+
+def twin_chart(rows: list[dict]) -> Chart:
+    """Measured against predicted capacity (req/s) for every proposal the server measured: a point per
+    trial, its interval a horizontal bar, and the line measured = predicted."""
+    done = [r for r in rows if num(r.get("measured")) is not None and num(r.get("predicted")) is not None]
+    series: list[dict] = []
+    for r in done:
+        tid, m = as_text(r.get("trial_id")), float(r["measured"])
+        if num(r.get("lo")) is not None and num(r.get("hi")) is not None:
+            series.append({"name": f"{tid} interval", "points": [{"x": float(r["lo"]), "y": m}, {"x": float(r["hi"]), "y": m}],
+                           "line": "straight", "markers": False, "color": "#888", "legend": False})
+    series.append({"name": "trials", "label": "a restarted configuration (miss: hollow)", "color": "#1f77b4",
+                   "points": [{"x": float(r["predicted"]), "y": float(r["measured"]), "id": as_text(r.get("trial_id")),
+                               "note": as_text(r.get("trial_id")),
+                               "tip": f"{as_text(r.get('trial_id'))} · predicted {fmt_num(r.get('predicted'))} "
+                                      f"[{fmt_num(r.get('lo'))}, {fmt_num(r.get('hi'))}] · measured {fmt_num(r.get('measured'))}"}
+                              for r in done if r.get("inside") is not False]})
+    misses = [r for r in done if r.get("inside") is False]
+    if misses:
+        series.append({"name": "misses", "label": "a twin miss", "color": "#d62728", "filled": False,
+                       "points": [{"x": float(r["predicted"]), "y": float(r["measured"]), "id": as_text(r.get("trial_id")),
+                                   "note": as_text(r.get("trial_id"))} for r in misses]})
+    ends = [float(x) for r in done for x in (r.get("lo"), r.get("hi"), r.get("measured"), r.get("predicted"))
+            if num(x) is not None]
+    if ends:
+        series.append({"name": "exact", "label": "measured = predicted", "points": [{"x": min(ends), "y": min(ends)},
+                       {"x": max(ends), "y": max(ends)}], "line": "straight", "markers": False, "dash": True, "color": "#333"})
+    return Chart("scatter", series, title="Measured against predicted SLO capacity", x_label="predicted (req/s)",
+                 y_label="measured (req/s)", empty_text="no proposal measured yet")

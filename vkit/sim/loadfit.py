@@ -41,6 +41,7 @@ from vkit.errors import UsageError
 from vkit.jsonio import read_json
 from vkit.sim.calibrate import FREE, SUMMARY_SCHEMA, Target, _summary_serve, served_by
 from vkit.sim.calibrated import CostParams
+from vkit.sim.fanout import fan_out
 from vkit.sim.harness import SimRequest, simulate
 from vkit.sim.predict import Scenario, build
 from vkit.sim.profiles import get_gpu, get_model
@@ -231,7 +232,7 @@ class PointProblem:
     def predict(self, params: CostParams, idx=None) -> np.ndarray:
         """(points, 2): predicted mean TTFT and TPOT (seconds)."""
         idx = range(len(self.points)) if idx is None else idx
-        return np.array([self.replay(i, params) for i in idx])
+        return np.array(fan_out(lambda i: self.replay(i, params), idx))
 
     def measured(self, idx=None) -> np.ndarray:
         idx = range(len(self.points)) if idx is None else idx

@@ -56,7 +56,7 @@ def promise_verdict(point: _cap.Point, plan: _cap.Plan) -> str | None:
 
 def run_seconds(verify_seconds: float, lifetime: float | None) -> float:
     """How long a promise's open-loop run lasts: ``verify_seconds``, or STEADY_LIFETIMES request
-    lifetimes (``lifetime``: the mean E2EL in s of the last valid run) where that is longer, up to
+    lifetimes (``lifetime``: the mean E2EL in s of the last run that held) where that is longer, up to
     MAX_STRETCH x ``verify_seconds``."""
     if lifetime is None or not lifetime > 0:
         return verify_seconds
@@ -81,7 +81,7 @@ class Promise:
         repeats, steps down by the tolerance, then by twice and four times it (PROMISE_RUNS runs at
         most). The verified load is the one that clearly held: a promise at the boundary itself fails
         every other fresh run. Open loop, a run lasts ``verify_seconds`` or STEADY_LIFETIMES request
-        lifetimes (the last valid run's mean E2EL) where that is longer (:func:`run_seconds`): a hold
+        lifetimes (the mean E2EL of the last run that held) where that is longer (:func:`run_seconds`): a hold
         on a run shorter than that of its own lifetimes is the batch still filling and is run again,
         that long. The server is left on the kept configuration."""
         c = self.r.s.capacity
@@ -106,8 +106,8 @@ class Promise:
             e2el = (s or {}).get("mean_e2el_ms")
             short = (plan.mode == "rate" and j["valid"] and j["margin"] > 0 and isinstance(e2el, (int, float))
                      and run_seconds(c.verify_seconds, e2el / 1000.0) > secs * 1.05)
-            if isinstance(e2el, (int, float)) and e2el > 0 and j["valid"]:
-                life = e2el / 1000.0
+            if isinstance(e2el, (int, float)) and e2el > 0 and j["valid"] and j["margin"] > 0:
+                life = e2el / 1000.0  # a run that fails reads its queue's wait, not a request's life
             if short:
                 # a hold on a run shorter than STEADY_LIFETIMES of its own requests' lifetimes is the
                 # batch filling, not the server's steady state: the same load again, on a run that long

@@ -40,6 +40,7 @@ import numpy as np
 
 from vkit.sim import loadfit
 from vkit.sim.calibrated import CostParams, write_profile
+from vkit.sim.fanout import fan_out
 from vkit.sim.predict import Scenario, bench_summary
 from vkit.tune import capacity as cap
 
@@ -163,7 +164,9 @@ class Twin:
         sc = Scenario(model=p.model, gpu=p.gpu, tp=p.tp, quantization=p.quantization, isl=self.isl, osl=self.osl, rate=rate,
                       num_prompts=max(MIN_REQUESTS, math.ceil(rate * self.seconds * self.speed)), seed=0, exact_rate=True,
                       serve=self.serve_of(config))
-        j = cap.judge_run(bench_summary(sc, params), self.slo, cap.Plan(keep_up=self.keep_up), rate)
+        # the SLO is in the client's (wall) ms; the twin's latencies are the server's own (wall x speed)
+        slo = cap.Slo({k: v * self.speed for k, v in self.slo.limits.items()}, self.slo.goodput)
+        j = cap.judge_run(bench_summary(sc, params), slo, cap.Plan(keep_up=self.keep_up), rate)
         return bool(j["valid"] and j["margin"] is not None and j["margin"] >= 0)
 
     def capacity(self, config: dict, params: CostParams | None = None, hint: float | None = None) -> float:
@@ -174,6 +177,16 @@ class Twin:
         if key not in self._cache:
             self._cache[key] = self.speed * bisect(lambda r: self.holds(config, r, params), hint / self.speed if hint else 4.0)
         return self._cache[key]
+
+    def capacities(self, asks: list[tuple[dict, CostParams | None, float | None]]) -> list[float]:
+        """:meth:`capacity` of each (config, params, hint), those not cached computed over the machine's
+        cores (``vkit.sim.fanout``: each is deterministic, so the same figures either way)."""
+        todo = [a for a in asks if (json.dumps(a[0], sort_keys=True),
+                                    json.dumps((a[1] or self.params).to_dict(), sort_keys=True)) not in self._cache]
+        got = fan_out(lambda a: self.capacity(*a), todo)
+        for (c, ps, _), v in zip(todo, got, strict=True):
+            self._cache[(json.dumps(c, sort_keys=True), json.dumps((ps or self.params).to_dict(), sort_keys=True))] = v
+        return [self.capacity(*a) for a in asks]
 
     def draws(self, seed: int = 0) -> list[CostParams]:
         """DRAWS parameter sets around the fit, each parameter log-normal with its log sd (the same sets for every config)."""
@@ -191,17 +204,17 @@ class Twin:
         hint = self.hint
         ratios = [(c, math.log(m / got)) for c, m in measured if m and m > 0 and (got := self.capacity(c, hint=hint)) > 0]
         miss = self.miss(ratios)
-        raw = []
-        for k, c in enumerate(configs):
-            raw.append(self.capacity(c, hint=hint))
-            if progress and (k + 1) % 10 == 0:
-                progress(f"twin: {k + 1}/{len(configs)} configurations predicted")
+        raw: list[float] = []
+        for k in range(0, len(configs), 10):
+            raw += self.capacities([(c, None, hint) for c in configs[k:k + 10]])
+            if progress:
+                progress(f"twin: {len(raw)}/{len(configs)} configurations predicted")
         order = sorted(range(len(configs)), key=lambda i: -raw[i])
         sets, spread, drawn = self.draws(), {}, {}
-        for i in order[:DRAWN]:
-            if raw[i] <= 0:
-                continue
-            d = [self.capacity(configs[i], ps, hint=raw[i]) for ps in sets]
+        top = [i for i in order[:DRAWN] if raw[i] > 0]
+        flat = self.capacities([(configs[i], ps, raw[i]) for i in top for ps in sets])
+        for n, i in enumerate(top):
+            d = flat[n * len(sets):(n + 1) * len(sets)]
             drawn[i] = d
             logs = [math.log(x) for x in d if x > 0]
             spread[i] = float(np.std(logs + [math.log(raw[i])])) if logs else 0.0
