@@ -104,30 +104,26 @@ class Promise:
             self.r.measurer.note_environment(where, s)
             j = _cap.judge_run(s, c.slo, plan, load)
             e2el = (s or {}).get("mean_e2el_ms")
-            short = (plan.mode == "rate" and j["valid"] and j["margin"] > 0 and isinstance(e2el, (int, float))
-                     and run_seconds(c.verify_seconds, e2el / 1000.0) > secs * 1.05)
+            rec = {"load": load, "margin": j["margin"], "seconds": secs,
+                   "binding": min(j["margins"], key=j["margins"].get) if j["margins"] else None,
+                   "metrics": j["metrics"], "path": where}
             if isinstance(e2el, (int, float)) and e2el > 0 and j["valid"] and j["margin"] > 0:
                 life = e2el / 1000.0  # a run that fails reads its queue's wait, not a request's life
-            if short:
-                # a hold on a run shorter than STEADY_LIFETIMES of its own requests' lifetimes is the
-                # batch filling, not the server's steady state: the same load again, on a run that long
-                runs.append({"load": load, "holds": False, "verdict": None, "margin": j["margin"], "seconds": secs,
-                             "binding": min(j["margins"], key=j["margins"].get) if j["margins"] else None,
-                             "why": f"shorter than {STEADY_LIFETIMES:g} request lifetimes ({life:.3g} s each): not steady",
-                             "metrics": j["metrics"], "path": where})
-                self.r.progress(f"promise {load:g}: a {secs:.3g}-s run is shorter than {STEADY_LIFETIMES:g} request "
-                                f"lifetimes ({life:.3g} s each): again for {run_seconds(c.verify_seconds, life):.3g} s")
-                continue
+                if plan.mode == "rate" and (need := run_seconds(c.verify_seconds, life)) > secs * 1.05:
+                    # a hold on a run shorter than STEADY_LIFETIMES of its own requests' lifetimes is the
+                    # batch filling, not the server's steady state: the same load again, on a run that long
+                    runs.append({**rec, "holds": False, "verdict": None,
+                                 "why": f"shorter than {STEADY_LIFETIMES:g} request lifetimes ({life:.3g} s each): not steady"})
+                    self.r.progress(f"promise {load:g}: a {secs:.3g}-s run is shorter than {STEADY_LIFETIMES:g} request "
+                                    f"lifetimes ({life:.3g} s each): again for {need:.3g} s")
+                    continue
             point.runs.append(j)
             # a load point's three-way verdict, measured again while unclear; a hold takes two valid runs
             # or more whose mean clears Student's t for their spread's degrees of freedom (promise_verdict):
             # one run's margin says nothing of how far the next one falls
             verdict = promise_verdict(point, plan)
             held = verdict == _cap.HOLDS
-            runs.append({"load": load, "holds": held, "verdict": verdict, "margin": j["margin"], "seconds": secs,
-                         "binding": min(j["margins"], key=j["margins"].get) if j["margins"] else None, "why": j["why"],
-                         "metrics": j["metrics"],
-                         "path": where})
+            runs.append({**rec, "holds": held, "verdict": verdict, "why": j["why"]})
             self.r.progress(f"promise {load:g}: {verdict or 'not yet clear'} over {secs:.3g} s"
                           + (f" (margin {j['margin']:+.3f}, {runs[-1]['binding']})" if j["margin"] is not None else f" ({j['why']})"))
             if held:

@@ -34,6 +34,7 @@ import math
 import os
 import random
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Callable
 
 import numpy as np
@@ -158,22 +159,26 @@ class Twin:
         base = {k: v for k, v in self.point.serve.items() if k in SERVE_KEYS}
         return {**base, **{k: v for k, v in config.items() if k in SERVE_KEYS}}
 
+    @cached_property
+    def server_slo(self) -> cap.Slo:
+        """The SLO in the server's own ms, where the twin's latencies are: the client gives it in wall ms,
+        ``speed`` server seconds to each."""
+        return cap.Slo({k: v * self.speed for k, v in self.slo.limits.items()}, self.slo.goodput)
+
     def holds(self, config: dict, rate: float, params: CostParams) -> bool:
         """Whether the twin holds the SLO at ``rate`` (req/s in the server's own time, see ``speed``)."""
         p = self.point
         sc = Scenario(model=p.model, gpu=p.gpu, tp=p.tp, quantization=p.quantization, isl=self.isl, osl=self.osl, rate=rate,
                       num_prompts=max(MIN_REQUESTS, math.ceil(rate * self.seconds * self.speed)), seed=0, exact_rate=True,
                       serve=self.serve_of(config))
-        # the SLO is in the client's (wall) ms; the twin's latencies are the server's own (wall x speed)
-        slo = cap.Slo({k: v * self.speed for k, v in self.slo.limits.items()}, self.slo.goodput)
-        j = cap.judge_run(bench_summary(sc, params), slo, cap.Plan(keep_up=self.keep_up), rate)
+        j = cap.judge_run(bench_summary(sc, params), self.server_slo, cap.Plan(keep_up=self.keep_up), rate)
         return bool(j["valid"] and j["margin"] is not None and j["margin"] >= 0)
 
     def capacity(self, config: dict, params: CostParams | None = None, hint: float | None = None) -> float:
         """The highest rate (wall req/s, as the client offers it) the twin holds the SLO at, bisected in log rate
         to TOLERANCE (cached); ``hint`` in wall req/s too."""
         params = params or self.params
-        key = (json.dumps(config, sort_keys=True), json.dumps(params.to_dict(), sort_keys=True))
+        key = self._key(config, params)
         if key not in self._cache:
             self._cache[key] = self.speed * bisect(lambda r: self.holds(config, r, params), hint / self.speed if hint else 4.0)
         return self._cache[key]
@@ -181,12 +186,15 @@ class Twin:
     def capacities(self, asks: list[tuple[dict, CostParams | None, float | None]]) -> list[float]:
         """:meth:`capacity` of each (config, params, hint), those not cached computed over the machine's
         cores (``vkit.sim.fanout``: each is deterministic, so the same figures either way)."""
-        todo = [a for a in asks if (json.dumps(a[0], sort_keys=True),
-                                    json.dumps((a[1] or self.params).to_dict(), sort_keys=True)) not in self._cache]
+        todo = [a for a in asks if self._key(a[0], a[1] or self.params) not in self._cache]
         got = fan_out(lambda a: self.capacity(*a), todo)
         for (c, ps, _), v in zip(todo, got, strict=True):
-            self._cache[(json.dumps(c, sort_keys=True), json.dumps((ps or self.params).to_dict(), sort_keys=True))] = v
+            self._cache[self._key(c, ps or self.params)] = v
         return [self.capacity(*a) for a in asks]
+
+    @staticmethod
+    def _key(config: dict, params: CostParams) -> tuple[str, str]:
+        return json.dumps(config, sort_keys=True), json.dumps(params.to_dict(), sort_keys=True)
 
     def draws(self, seed: int = 0) -> list[CostParams]:
         """DRAWS parameter sets around the fit, each parameter log-normal with its log sd (the same sets for every config)."""
