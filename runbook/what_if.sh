@@ -20,4 +20,4 @@ echo "VIRTUAL tune of a SIMULATED deployment (${SIMFLAGS[*]}): no server runs; e
      "in the simulated accelerator's time (a restart costs ${RESTART_S:-60} s of it)." >&2
 exec "$PY" $B/tune --virtual --sandbox --objective capacity --input-len "${INPUT_LEN:-512}" --output-len "${OUTPUT_LEN:-128}" \
     --num-prompts 100 --slo p95_ttft_ms="${SLO_MS:-1000}" --slo mean_tpot_ms="${TPOT_MS:-50}" --steps "${STEPS:-1,2,3}" \
-    --budget "${BUDGET:-3}" --ablation off "${EXTRA[@]}"
+    --budget "${BUDGET:-3}" --ablation off --energy-axis "${EXTRA[@]}"

@@ -295,7 +295,8 @@ def test_post_start_verify_reads_accelerator_memory_from_npu_smi(env, tmp_path, 
     r = call("post_start_verify", "--url", env["url"], "--model", "sim-8b", "--json")
     acc = next(c for c in json.loads(r.out)["checks"] if c["id"] == "accelerator")
     assert r.code == 0 and acc["status"] == "pass"
-    assert acc["evidence"] == {"tool": "npu-smi", "devices": 2, "mem_used_mib_max": 58213.0}
+    # idle_w: the two NPUs' Power(W), 96.1 + 91.2, read once at the start (the energy checks judge runs against it)
+    assert acc["evidence"] == {"tool": "npu-smi", "devices": 2, "mem_used_mib_max": 58213.0, "idle_w": pytest.approx(187.3)}
     fake_tool(tmp_path, monkeypatch, "npu-smi", "dcmi module initialize failed\n")
     r = call("post_start_verify", "--url", env["url"], "--model", "sim-8b", "--json")
     acc = next(c for c in json.loads(r.out)["checks"] if c["id"] == "accelerator")

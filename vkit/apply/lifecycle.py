@@ -132,6 +132,9 @@ class Lifecycle:
         if not run.is_alive():
             d = launcher.diagnose(self.backend.tail(run.log))
             return False, dict(d, why=f"the server exited right after verification: {d['quote']}"), run, facts
+        idle = next((c.evidence.get("idle_w") for c in v.checks if c.id == "accelerator"), None)
+        if idle is not None:
+            facts["idle_w"] = idle  # the energy of every run on this start is judged against it
         return True, {}, run, facts
 
     def mark_abnormal(self, reason: str) -> str:

@@ -191,12 +191,16 @@ def _check_metrics(s: requests.Session, url: str, expect: dict, timeout_s: float
 
 
 def _check_accelerator() -> Check:
-    """5. Accelerator memory shows the weights loaded (not applicable without a known tool)."""
+    """5. Accelerator memory shows the weights loaded (not applicable without a known tool); the boards'
+    idle power where the tool reports power."""
     tool = accel.detect()
     rows = accel.sample(tool) if tool else None
     if rows:
         used = max(d["mem_used_mib"] for d in rows)
         ev = {"tool": tool, "devices": len(rows), "mem_used_mib_max": used}
+        power = accel.device_power(rows)
+        if power and all(w is not None for w in power):
+            ev["idle_w"] = sum(power)  # the boards' power with the model loaded and nothing running: once per start
         # Weights of even a small model take well over 500 MiB once loaded with a KV cache.
         return Check("accelerator", "pass" if used > 500 else "fail", ev,
                      "" if used > 500 else "no accelerator shows memory in use: are the weights loaded on another machine?")

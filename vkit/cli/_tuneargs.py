@@ -19,7 +19,16 @@ from vkit.tune.runplan import RunContext, TunePlan
 OBJECTIVE_HELP = ("capacity (default): each configuration's SLO capacity, the highest open-loop request rate at which every "
                   "--slo holds (a capacity search per measurement, bracketed from the reference load: the first baseline "
                   "search's capacity), with mean TPOT at that reference load as the second objective; throughput: output "
-                  "throughput at one closed-loop --concurrency, the SLO a constraint on it")
+                  "throughput at one closed-loop --concurrency, the SLO a constraint on it; capacity-per-kw: the SLO "
+                  "capacity per kW of board power at it (searched as capacity is; needs nvidia-smi, npu-smi or rocm-smi "
+                  "power on the server's machine, or the simulator's)")
+
+# objectives measured by SLO-capacity searches
+CAPACITY_KINDS = ("capacity", "capacity-per-kw")
+
+
+def is_capacity(args: argparse.Namespace, default: str = "capacity") -> bool:
+    return getattr(args, "objective", default) in CAPACITY_KINDS
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -42,7 +51,11 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="the business's own traffic: --dataset-path rows with a 'timestamp' (s), replayed open loop; the "
                         "capacity is then the trace's speed-up at which every SLO holds (rows' 'priority' sent with them)")
     c = p.add_argument_group("objective")
-    c.add_argument("--objective", choices=["capacity", "throughput"], default="capacity", help=OBJECTIVE_HELP)
+    c.add_argument("--objective", choices=["capacity", "throughput", "capacity-per-kw"], default="capacity", help=OBJECTIVE_HELP)
+    c.add_argument("--energy-axis", action="store_true",
+                   help="add J per output token (board power, at the capacity or the run's load) to the Pareto front as an "
+                        "objective to minimise: the configuration with the fewest J/token is delivered beside the one "
+                        "with the most capacity (needs board power, as capacity-per-kw does)")
     c.add_argument("--goodput-fraction", type=fraction_arg(), default=None, metavar="F",
                    help="capacity: also require this share of requests to meet every per-request limit, e.g. 0.99")
     c.add_argument("--capacity-start", type=positive_float, default=None, metavar="R",
@@ -58,6 +71,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
                         "(0: not verified; default 60)")
     c.add_argument("--accelerators", type=int_at_least(1), default=None, metavar="N",
                    help="capacity: accelerators the server uses, for capacity per accelerator")
+    capacity_cli.add_price_flags(c)
     d = p.add_argument_group("decisions")
     d.add_argument("--slo", action="append", default=[], metavar="METRIC=VALUE", help="constraint, e.g. p95_ttft_ms=2000 (default p95_ttft_ms=2000)")
     d.add_argument("--baseline-repeats", type=int, default=4, metavar="N", help="runs of the kept configuration for σ (default 4)")
@@ -205,7 +219,7 @@ def workloads(args: argparse.Namespace, model: str) -> tuple[Workload, Workload]
     for flag, f in (("--dataset-path", path), ("--trace", trace)):
         if f is not None and not os.path.isfile(f):
             raise UsageError(f"{flag} {f}: no such file")
-    if trace is not None and getattr(args, "objective", "capacity") != "capacity":
+    if trace is not None and not is_capacity(args):
         raise UsageError("--trace replays recorded arrivals: it needs --objective capacity (the load is its speed-up)")
     main_opts = (BenchOptions(dataset_name="trace", dataset_path=os.path.abspath(trace), **common) if trace else
                  BenchOptions(dataset_name="jsonl", dataset_path=os.path.abspath(path), **common) if path else
@@ -235,18 +249,20 @@ def settings(args: argparse.Namespace, main: Workload) -> Settings:
         if objective.slo.goodput is not None:
             main.options = replace(main.options, goodput=per_request)
         return Settings(workload=main, baseline_repeats=args.baseline_repeats, screen_repeats=args.screen_repeats,
-                        confirm_blocks=args.confirm_blocks, primary="slo_capacity:+", guards=args.guard or [], slo=slo,
+                        confirm_blocks=args.confirm_blocks,
+                        primary="slo_capacity_per_kw:+" if args.objective == "capacity-per-kw" else "slo_capacity:+",
+                        guards=args.guard or [], slo=slo, energy_axis=bool(getattr(args, "energy_axis", False)),
                         ready_timeout_s=args.ready_timeout, sandbox=not args.yes, capacity=objective, grant_budget=args.yes,
                         time_budget_s=args.time_budget, baseline_starts=starts)
     return Settings(workload=main, baseline_repeats=args.baseline_repeats, screen_repeats=args.screen_repeats,
                     confirm_blocks=args.confirm_blocks, guards=args.guard or ["p95_ttft_ms:-:15%"], slo=slo,
                     ready_timeout_s=args.ready_timeout, sandbox=not args.yes, time_budget_s=args.time_budget,
-                    grant_budget=args.yes, baseline_starts=starts)
+                    grant_budget=args.yes, baseline_starts=starts, energy_axis=bool(getattr(args, "energy_axis", False)))
 
 
 def capacity_objective(args: argparse.Namespace, slo: dict) -> CapacityObjective | None:
     """The capacity objective from the flags (None with --objective throughput)."""
-    if getattr(args, "objective", "throughput") != "capacity":
+    if not is_capacity(args, "throughput"):
         return None
     s = cap.Slo(dict(slo), args.goodput_fraction)
     if args.goodput_fraction is not None and not s.per_request():
@@ -254,7 +270,8 @@ def capacity_objective(args: argparse.Namespace, slo: dict) -> CapacityObjective
     mode = "trace" if getattr(args, "trace", None) else "rate"
     start = args.capacity_start if args.capacity_start is not None else (1.0 if mode == "trace" else 4.0)
     plan = capacity_cli.search_plan(args, "capacity-", mode, start)
-    return CapacityObjective(slo=s, plan=plan, accelerators=args.accelerators, verify_seconds=args.verify_seconds)
+    return CapacityObjective(slo=s, plan=plan, accelerators=args.accelerators, verify_seconds=args.verify_seconds,
+                             prices=capacity_cli.prices_of(args))
 
 
 def check_confirmation(args: argparse.Namespace) -> None:
@@ -287,8 +304,9 @@ def tune_plan(args: argparse.Namespace) -> TunePlan:
     bad = [x for x in steps if x not in ("1", "2", "3", "4m", "4", "5")]
     if bad:
         raise UsageError(f"unknown step(s) {', '.join(bad)}: steps are 1 to 5, and 4m (gpu_memory_utilization)")
-    if args.mode == "twin" and getattr(args, "objective", None) != "capacity":
-        raise UsageError("--search twin predicts SLO capacity: it needs --objective capacity")
+    if args.mode == "twin" and (getattr(args, "objective", None) != "capacity" or getattr(args, "energy_axis", False)):
+        raise UsageError("--search twin predicts SLO capacity, not board power: it needs --objective capacity without "
+                         "--energy-axis")
     max_restarts = getattr(args, "max_restarts", None)
     if max_restarts is not None and max_restarts < 1:
         raise UsageError(f"--max-restarts must be >= 1, got {max_restarts}")

@@ -95,6 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--records", metavar="FILE", help="write per-request records as JSON Lines")
     o.add_argument("-o", "--output", metavar="FILE", help="also write the summary to FILE")
     o.add_argument("--label", help="free text stored in the summary's label")
+    o.add_argument("--idle-power-w", type=positive_float, default=None, metavar="W",
+                   help="the boards' idle power (all of them, W) to judge the run's board power against (default: the "
+                        "one post_start_verify measured at this server's start, from --state)")
     return p
 
 
@@ -170,6 +173,9 @@ def _run(args: argparse.Namespace, io: IO) -> int:
     service = _service_state(args, url)
     if service is not None:
         cfg.launch_argv = launch_argv(service[1])  # the service's dtype, quantisation and model in the fingerprint
+        cfg.idle_w = (service[1]["service"].get("startup") or {}).get("idle_w")
+    if args.idle_power_w is not None:
+        cfg.idle_w = args.idle_power_w
     if not cfg.stream:
         io.warn("streaming is OFF (--no-stream): TTFT will equal E2EL and every TTFT figure is void")
 

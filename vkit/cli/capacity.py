@@ -23,6 +23,7 @@ from vkit.errors import ExitCode, UsageError, VkitError
 from vkit.measure.gauge import check
 from vkit.state import atomic_write_text
 from vkit.tune import capacity as cap
+from vkit.tune import capenergy
 
 TOOL = "capacity"
 EXAMPLES = [
@@ -33,6 +34,8 @@ EXAMPLES = [
     "capacity --url $URL --mode trace --dataset-name trace --dataset-path traffic.jsonl --slo p95_ttft_ms=1000",
     "capacity --virtual 'm --sim-model llama-3.1-8b --sim-gpu H200 --max-num-seqs 64' --random-input-len 2048 \\\n"
     "      --random-output-len 64 --slo p95_ttft_ms=500   # what-if: a simulated deployment, in simulated time",
+    "capacity --url $URL --slo p95_ttft_ms=1000 --accelerators 4 --price-per-accelerator-hour 2.5 --price-per-kwh 0.15"
+    "   # and its cost per million output tokens",
 ]
 
 
@@ -77,8 +80,24 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--max-load", type=positive_float, default=10_000.0, metavar="L", help="never offer more (default 10000)")
     add_search_flags(c, "", max_points=12)
     c.add_argument("--accelerators", type=int_at_least(1), default=None, metavar="N", help="divide the capacity by N accelerators too")
+    add_price_flags(c)
     c.add_argument("--run-dir", default=None, metavar="DIR", help="where the runs go (default capacity-<time>/ here)")
     return p
+
+
+def add_price_flags(c) -> None:
+    """What serving costs, for the cost per million output tokens at the capacity (capenergy)."""
+    c.add_argument("--price-per-accelerator-hour", type=positive_float, default=None, metavar="P",
+                   help="what one accelerator costs per hour (needs --accelerators): the cost per million output tokens "
+                        "at the capacity is shown")
+    c.add_argument("--price-per-kwh", type=positive_float, default=None, metavar="P",
+                   help="what a kWh of board energy costs, added to that cost (board power only: no host or cooling)")
+
+
+def prices_of(args) -> capenergy.Prices:
+    if args.price_per_accelerator_hour is not None and not args.accelerators:
+        raise UsageError("--price-per-accelerator-hour needs --accelerators N (how many accelerators the server uses)")
+    return capenergy.Prices(args.price_per_accelerator_hour, args.price_per_kwh)
 
 
 def add_search_flags(c, prefix: str, max_points: int, method: str = "model") -> None:
@@ -160,7 +179,7 @@ def _run(args: argparse.Namespace, io: IO) -> int:
     io.progress(f"{url}: capacity search, {args.mode}, SLO {', '.join(f'{k} <= {v:g}' for k, v in slo.limits.items())}"
                 + (f", goodput >= {args.goodput_fraction:g}" if args.goodput_fraction else "") + f"; runs in {run_dir}")
     res = cap.search(measure, slo, plan, io.progress)
-    doc = res.as_dict(args.accelerators)
+    doc = res.as_dict(args.accelerators, prices_of(args))
     doc["run_dir"] = os.path.abspath(run_dir)
     if virtual is not None:
         doc["virtual"] = {"sim_server": args.virtual, **virtual.tally.as_dict(),
@@ -194,7 +213,19 @@ def _virtual(text: str):
 
 def said(doc: dict) -> str:
     """The search's answer in one line: the estimate and its interval, the binding SLO, the boundary's
-    shape, and what it cost."""
+    shape, and what it cost; its energy and cost at the capacity on a second line where power was read."""
+    e = doc.get("energy") or {}
+    if not e.get("available"):
+        return _said(doc)
+    line = (f"at the capacity: {e['j_per_output_token']:.4g} J per output token, {e['mean_w']:,.0f} W of board power"
+            + (f", {e['output_tok_s_per_kw']:,.0f} output tok/s per kW" if e.get("output_tok_s_per_kw") else ""))
+    cost = (e.get("cost_per_m_output_tokens") or {}).get("total")
+    if cost is not None:
+        line += f", {cost:.4g} per million output tokens"
+    return _said(doc) + "\n" + line
+
+
+def _said(doc: dict) -> str:
     unit = doc["unit"]
     cost = f"{doc['points']} loads, {doc['runs']} runs, {doc.get('requests', 0):,} requests"
     if doc.get("request_seconds") is not None:

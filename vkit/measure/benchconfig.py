@@ -32,4 +32,5 @@ class BenchConfig:
     scrape_interval_s: float = 1.0
     drain_timeout_s: float = 60.0
     meta: dict = field(default_factory=dict)  # dataset, seed, command line: copied into the summary
+    idle_w: float | None = None  # the boards' idle power at the server's start (post_start_verify), for the energy checks
     launch_argv: list[str] | None = None  # how the server was launched (the state's), for the fingerprint; None: unknown

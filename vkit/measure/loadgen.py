@@ -30,6 +30,7 @@ from vkit.measure.accel import Sampler
 from vkit.measure.benchconfig import BenchConfig
 from vkit.measure.client import Result, StreamClient, request_body
 from vkit.measure.datasets import Request
+from vkit.measure.energy import add_energy
 from vkit.measure.fingerprint import fingerprint
 from vkit.measure.loopclient import LoopClient
 from vkit.measure.prom import Metrics
@@ -441,6 +442,7 @@ def run_bench(cfg: BenchConfig, progress: Callable[[dict], None] | None = None, 
             "fingerprint": fingerprint(model, cfg.launch_argv, server_version=(version or {}).get("version")),
         },
     )
+    add_energy(summary, accel_stats.get("power") or {"available": False, "why": accel_stats.get("why")}, cfg.idle_w)
     out_tokens = summary["total_output_tokens"]
     summary["vkit"]["client"]["cpu_s_per_1k_output_tokens"] = cpu_s / out_tokens * 1000 if out_tokens else None
     return Outcome(summary, records, interrupted)

@@ -585,8 +585,9 @@ def build(result: Any) -> Report:
     """The section model of a tune result: a :class:`TuneResult`, or any value (a ``result.json``
     of another version, a partial dict): what is not a result reads as empty."""
     v = View(result.to_dict() if isinstance(result, TuneResult) else result)
-    from vkit.report.twinsection import twin_section  # it builds on this module's blocks
+    from vkit.report.energysection import energy_section  # these build on this module's blocks
+    from vkit.report.twinsection import twin_section
 
-    sections = [step(v) for step in (_intro, _goal, _baseline, _trials, _plots, _capacity, twin_section, _knee, _pareto,
+    sections = [step(v) for step in (_intro, _goal, _baseline, _trials, _plots, _capacity, twin_section, energy_section, _knee, _pareto,
                                      _recommendation, _stop_rule, _drift, _warnings, _soak, _end)]
     return Report(title=v.title, simulated=v.simulated, sections=sections)

@@ -14,6 +14,7 @@ from typing import Callable
 
 from vkit.report import model as m
 from vkit.report.charts import nice_domain, tick_text
+from vkit.report.energysection import EnergySection
 from vkit.report.plots import TextPlot
 from vkit.report.text import BANNER, fmt_metric, fmt_num, metric_label, metric_unit
 from vkit.report.twinsection import TwinSection
@@ -306,8 +307,17 @@ def _twin(pg: _Page, s: TwinSection) -> None:
     pg.lines.append("")
 
 
+def _energy(pg: _Page, s: EnergySection) -> None:
+    if not s.lines:
+        return
+    pg.lines.append(pg.bold("Energy (board power only):"))
+    for line in s.lines:
+        pg.wrap(line, "      ", "  ")
+    pg.lines.append("")
+
+
 _SECTIONS: dict[type, Callable] = {
-    TwinSection: _twin,
+    TwinSection: _twin, EnergySection: _energy,
     m.Goal: _goal, m.Baseline: _baseline, m.Trials: _trials, m.Plots: _plots, m.CapacitySection: _capacity, m.Knee: _knee,
     m.Pareto: _pareto,
     m.Recommendation: _recommendation, m.StopRule: _stop_rule, m.Drift: _drift, m.Warnings: _warnings, m.Soak: _soak,

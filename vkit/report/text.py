@@ -34,6 +34,9 @@ METRIC_INFO = {
     "ref_mean_tpot_ms": ("mean TPOT at the reference load", "ms"),
     "ref_per_user_output_tok_s": ("per-user output at the reference load", "tok/s"),
     "capacity_output_tok_s": ("output throughput at capacity", "tok/s"),
+    "j_per_output_token": ("energy per output token", "J"),
+    "mean_power_w": ("board power", "W"),
+    "slo_capacity_per_kw": ("SLO capacity per kW", "req/s"),
 }
 TRIAL_METRICS = ("slo_capacity", "capacity_output_tok_s", "ref_per_user_output_tok_s", "output_throughput", "request_goodput",
                  "p95_ttft_ms", "mean_ttft_ms", "mean_tpot_ms")

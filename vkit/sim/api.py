@@ -16,11 +16,13 @@ import os
 import random
 import time
 import traceback
+import urllib.parse
 import zlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from vkit import __version__ as VKIT_VERSION
+from vkit.sim import smi
 from vkit.sim.config import Resolved, ServeOptions
 from vkit.sim.engine import Request
 from vkit.sim.http import REASONS, BadRequest, Conn, StreamSink, error_body, response_head
@@ -169,6 +171,7 @@ class SimApi:
         self._rid = 0
         self._rid_prefix = os.urandom(8).hex()
         self.created_models = int(time.time())
+        self.smi: smi.SmiBoards | None = None  # the boards nvidia-smi shows, from the first /sim/nvidia-smi
 
     def vnow(self, w: float | None = None) -> float:
         """Virtual time at wall time ``w`` (now when None)."""
@@ -210,7 +213,7 @@ class SimApi:
                 if method != "POST":
                     return self.send_json(conn, 405, {"detail": "Method Not Allowed"})
                 return self.generate(conn, body, chat=path.endswith("chat/completions"))
-            if method != "GET" and path in ("/version", "/v1/models", "/metrics", "/sim/stats"):
+            if method != "GET" and path in ("/version", "/v1/models", "/metrics", "/sim/stats", "/sim/nvidia-smi"):
                 return self.send_json(conn, 405, {"detail": "Method Not Allowed"})
             if path == "/version":
                 return self.send_json(conn, 200, self.version_info())
@@ -221,6 +224,8 @@ class SimApi:
                                        self.render_metrics().encode())
             if path == "/sim/stats":
                 return self.send_json(conn, 200, self.sim_stats(reset="reset=1" in query, requests="requests=1" in query))
+            if path == "/sim/nvidia-smi":
+                return self.send_json(conn, 200, self.nvidia_smi(query))
             if path == "/reset_prefix_cache" and self.s.dev_mode and method == "POST":
                 self.engine.reset_prefix_cache()
                 return self.send_bytes(conn, 200, b"", b"")
@@ -271,6 +276,22 @@ class SimApi:
     def render_metrics(self) -> str:
         e = self.engine
         return self.metrics.render(self.model_name, e.num_running(), e.num_waiting(), e.kv_usage(), self.cache_info())
+
+    def nvidia_smi(self, query: str) -> dict:
+        """``nvidia-smi ARGS`` on the simulated boards (``args``: a JSON list; :mod:`vkit.sim.smi`)."""
+        try:
+            args = json.loads(urllib.parse.parse_qs(query).get("args", ["[]"])[0])
+        except ValueError:
+            args = None
+        if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+            raise BadRequest("args must be a JSON list of strings", "args")
+        w = time.perf_counter()
+        if self.smi is None:
+            gpu, mib = self.opts.gpu, float(1 << 20)
+            self.smi = smi.SmiBoards(self.engine.meter, gpu.device_name, gpu.memory_bytes / mib,
+                                     round(gpu.memory_bytes * self.opts.gpu_memory_utilization / mib), self.vnow(w), w)
+        out, rc = smi.answer(args, self.smi.devices(w, self.vnow(w)))
+        return {"stdout": out, "rc": rc}
 
     def sim_stats(self, reset: bool = False, requests: bool = False) -> dict:
         lags = sorted(self.lags)

@@ -28,7 +28,7 @@ from __future__ import annotations
 import heapq
 from collections import OrderedDict, deque
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from vkit.sim.steptime import (  # noqa: F401 - the step-time names are importable from here too
     DEFAULT_MBU,
@@ -39,6 +39,9 @@ from vkit.sim.steptime import (  # noqa: F401 - the step-time names are importab
     CostModel,
     Noise,
 )
+
+if TYPE_CHECKING:
+    from vkit.sim.power import PowerMeter
 
 WAITING, RUNNING, PREEMPTED, FINISHED = 0, 1, 2, 3
 
@@ -264,6 +267,7 @@ class Engine:
         self._seq = 0
         self.total_preemptions = 0
         self.total_steps = 0
+        self.meter: PowerMeter | None = None  # board power of each step (vkit.sim.power), where one is attached
 
     # -- requests -------------------------------------------------------------------------
     def add_request(self, r: Request) -> None:
@@ -526,6 +530,8 @@ class Engine:
             duration += (cfg.short_prefill_slowdown - 1.0) * cost.step_time(s_tokens, s_pairs, s_kv, s_n, s_n)
         res.duration = duration
         res.num_tokens = tokens
+        if self.meter is not None:
+            self.meter.step(tokens, pairs, kv, sampled, duration, now)
         if self.noise is not None:
             self.noise.note_end(now + duration)
         self.total_steps += 1

@@ -30,6 +30,7 @@ from vkit.sim.config import Resolved, ServeOptions, SimStartupError, format_gib,
 from vkit.sim.engine import FINISHED, CostModel, Engine, EngineConfig, Noise
 from vkit.sim.http import Conn, error_body
 from vkit.sim.metrics import Metrics
+from vkit.sim.power import PowerMeter
 from vkit.sim.settings import SimSettings
 from vkit.sim.tokenizer import EOS_TOKEN_ID, Tokenizer
 from vkit.sim.vlog import ENGINE, VllmLog
@@ -100,7 +101,9 @@ def build_engine(opts: ServeOptions, resolved: Resolved, settings: SimSettings, 
     noise = Noise(settings.noise, settings.drift_per_hour, settings.seed, regime_gap_s=REGIME_GAP_WALL_S * settings.speed,
                   drift_offset_s=offset, restart_sigma=rs, start_index=settings.start_index) \
         if (settings.noise > 0 or rs > 0 or settings.drift_per_hour) else None
-    return Engine(ecfg, cost, lambda r: tok.output_token(r.text_seed, r.num_output), EOS_TOKEN_ID, noise)
+    engine = Engine(ecfg, cost, lambda r: tok.output_token(r.text_seed, r.num_output), EOS_TOKEN_ID, noise)
+    engine.meter = PowerMeter(m, opts.gpu, resolved.tensor_parallel_size, resolved.kv_dtype_bytes, opts.quantization)
+    return engine
 
 
 def oom_under_load(opts: ServeOptions, settings: SimSettings) -> str | None:

@@ -28,6 +28,7 @@ from vkit.errors import Unavailable, UsageError
 from vkit.measure.benchconfig import BenchConfig
 from vkit.measure.client import Result, request_body
 from vkit.measure.datasets import Request as BenchRequest
+from vkit.measure.energy import add_energy
 from vkit.measure.fingerprint import fingerprint
 from vkit.measure.gauge import save
 from vkit.measure.loadgen import preflight_request
@@ -99,9 +100,24 @@ class VirtualApp(SimApi):
         self.death: str | None = None
         self.oom = oom_under_load(opts, settings)
         self.peaks: dict[str, float] = {}
+        self.above_idle_before = 0.0  # the power meter's energy above idle when the measured requests began
 
     def vnow(self, w: float | None = None) -> float:
         return self.t
+
+    def power(self, duration_s: float) -> dict:
+        """The simulated boards' power block over the last run (the shape of ``accel.Sampler``'s): an exact
+        energy counter, no sampling."""
+        m = self.engine.meter
+        if m is None:
+            return {"available": False, "why": "no power model for this simulated accelerator"}
+        e = m.idle_w * duration_s + (m.above_idle_j - self.above_idle_before)
+        return {"available": True, "source": "simulated", "devices": m.tp, "samples": None, "interval_s": None,
+                "covered_s": duration_s, "mean_w": e / duration_s if duration_s > 0 else None, "counter_j": e,
+                "counter_s": duration_s, "sampled_j": None}
+
+    def idle_w(self) -> float | None:
+        return self.engine.meter.idle_w if self.engine.meter is not None else None
 
     def crash(self, cause: str, exc: str = "RuntimeError") -> None:
         if not self.dead:
@@ -120,6 +136,7 @@ class VirtualApp(SimApi):
             self.t += PHASE_GAP_S
         self.peaks = {}
         before = self.scrape()
+        self.above_idle_before = self.engine.meter.above_idle_j if self.engine.meter is not None else 0.0
         results, t0 = self._phase(cfg.requests, cfg.arrivals, workers, cfg.duration_s, chat, model, cfg.stream)
         return results, warm, t0, self.t, pre, before
 
@@ -366,6 +383,9 @@ class VirtualServer:
             "virtual": {"start_index": app.s.start_index, "clock_s": app.t, "engine_died": app.death,
                         "time": "simulated seconds of the simulated accelerator, not measured"},
         })
+        summary["vkit"]["accelerator"] = {"available": False, "why": "a simulated accelerator",
+                                          "power": app.power(summary["duration"])}
+        add_energy(summary, summary["vkit"]["accelerator"]["power"], app.idle_w())
         return summary, records
 
 

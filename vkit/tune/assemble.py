@@ -23,14 +23,17 @@ def goal(s: Settings) -> dict:
     at the reference load second; or, with the throughput objective, max output throughput subject
     to the SLO at the workload's one load."""
     slo = ", ".join(f"{k} <= {v:g}" for k, v in s.slo.items())
+    energy = "; and fewest J per output token (board power)" if s.energy_axis else ""
     if s.capacity is not None:
         gp = s.capacity.slo.goodput
-        return {"maximize": "slo_capacity", "subject_to": s.slo, "objective": "capacity",
-                "text": f"max SLO capacity ({'the trace replayed faster: its speed-up' if s.capacity.plan.mode == 'trace' else 'req/s offered, open loop'}) with {slo}"
+        per_kw = s.objective == "capacity-per-kw"
+        return {"maximize": "slo_capacity_per_kw" if per_kw else "slo_capacity", "subject_to": s.slo, "objective": s.objective,
+                "text": f"max SLO capacity{' per kW of board power at it' if per_kw else ''} "
+                        f"({'the trace replayed faster: its speed-up' if s.capacity.plan.mode == 'trace' else 'req/s offered, open loop'}) with {slo}"
                         + (f" and >= {gp:.0%} of requests meeting them" if gp else "")
-                        + "; then interactivity (mean TPOT at the reference load)"}
+                        + "; then interactivity (mean TPOT at the reference load)" + energy}
     return {"maximize": "output_throughput", "subject_to": s.slo, "objective": "throughput",
-            "text": "max output throughput with " + slo}
+            "text": "max output throughput with " + slo + energy}
 
 
 def sigma_text(comp: dict) -> str:
@@ -105,7 +108,8 @@ def build_result(runner: Runner, settings: Settings, t0: float) -> TuneResult:
         # the kept configuration's unless the goal picked another one: read its runs once
         rc = recommended_capacity(runner, rec) if rec is not None and rec.get("kept_config") is not None else kc
         if rec is not None and rc:
-            capd = {k: rc.get(k) for k in ("req_s", "output_tok_s", "per_accelerator", "estimate", "sd", "fails", "searches")}
+            capd = {k: rc.get(k) for k in ("req_s", "output_tok_s", "per_accelerator", "estimate", "sd", "fails", "searches",
+                                           "energy")}
             promise = tune_run.get("promise") or {}
             if promise.get("config") == rec.get("config") and promise.get("finished"):
                 # the figure to promise is the one a long run held; the searches' own is kept beside it
@@ -228,6 +232,7 @@ def capacity_of(runner: Runner, runs: list[str]) -> dict:
            "resolution_sd": docs[0].get("slo_capacity_sd"),
            "binding_slo": vc.get("binding_slo"), "stop": vc.get("stop"),
            "per_accelerator": vc.get("per_accelerator"),
+           "energy": vc.get("energy"),
            "reference_load": docs[0].get("reference_load"),
            "ref_per_user_output_tok_s": docs[0].get("ref_per_user_output_tok_s"),
            "peak_in_flight": max((d.get("peak_in_flight") or 0) for d in docs),

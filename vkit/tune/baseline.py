@@ -7,7 +7,7 @@ import math
 from typing import TYPE_CHECKING
 
 from vkit.decide.components import capacity_sigma, sigma_parts
-from vkit.errors import ExitCode, Rejected, VkitError
+from vkit.errors import ExitCode, Rejected, UsageError, VkitError
 from vkit.state import now_iso
 from vkit.tune.compare import MAIN, Versus
 from vkit.tune.config import start_sizes
@@ -93,6 +93,7 @@ class Baselines:
         runs on two or more server starts, σ has two parts (``components``): within one process
         and between restarts; ``sigma`` is then the sd of one run on a new process (both parts)."""
         docs = [self.r.load(p) for p in b["runs"]]
+        need_energy(self.r.s.energy_metrics(), docs)
         known = self.r.ledger.tune().run_starts
         starts = [known.get(p) for p in b["runs"]]
         sig, comps = {}, {}
@@ -145,3 +146,15 @@ class Baselines:
         unit = capacity_unit(doc)
         self.r.progress(f"capacity reference load: {load:g} {unit} (every later search starts there and measures "
                       "per-user tok/s there)")
+
+
+def need_energy(metrics: tuple[str, ...], docs: list[dict]) -> None:
+    """An energy objective (capacity-per-kw, --energy-axis) cannot decide on runs without board power: refuse
+    after the baseline, with the first run's reason, rather than compare figures that are not there."""
+    for m in metrics:
+        for d in docs:
+            if not isinstance(d.get(m), (int, float)):
+                v = d.get("vkit") or {}
+                why = ((v.get("capacity") or {}).get("energy") or v.get("energy") or {}).get("why") or "no board power in the run"
+                raise UsageError(f"the objective needs {m}, and the baseline's runs have none: {why}. Run where "
+                                 "nvidia-smi, npu-smi or rocm-smi reads the boards' power, or tune without the energy objective")

@@ -31,7 +31,7 @@ from vkit.apply.backend import PROCESS
 from vkit.decide.runs import GAUGE_TOP, GAUGE_VKIT
 from vkit.measure.benchconfig import BenchConfig
 from vkit.measure.gauge import build_config
-from vkit.tune import boundary, pooled
+from vkit.tune import boundary, capenergy, pooled
 from vkit.tune.capplan import Plan, Slo
 from vkit.validate import invariants
 
@@ -149,6 +149,7 @@ def judge_run(summary: dict | None, slo: Slo, plan: Plan, load: float | None = N
         if keep < 0:
             margins["throughput"] = keep
     metrics = {k: float(summary[k]) for k in CURVE_KEYS if isinstance(summary.get(k), (int, float))}
+    metrics.update(capenergy.run_metrics(summary))
     tpot = summary.get("mean_tpot_ms")
     if isinstance(tpot, (int, float)) and tpot > 0:
         metrics["per_user_output_tok_s"] = 1000.0 / tpot
@@ -200,7 +201,7 @@ class Capacity:
         held = [p for p in pts if p.verdict == HOLDS]
         return (held[-1] if held else None), next((p for p in pts if p.verdict == FAILS), None)
 
-    def as_dict(self, accelerators: int | None = None) -> dict:
+    def as_dict(self, accelerators: int | None = None, prices: capenergy.Prices | None = None) -> dict:
         pts = sorted(self.points, key=lambda p: p.load)
         at, up = self.measured_at()
         m = at.as_dict()["metrics"] if at else {}
@@ -231,6 +232,7 @@ class Capacity:
             out["accelerators"] = accelerators
             out["per_accelerator"] = {k: (v / accelerators if v is not None else None)
                                       for k, v in (("req_s", out["capacity_req_s"]), ("output_tok_s", out["capacity_output_tok_s"]))}
+        out["energy"] = capenergy.at_capacity(m, accelerators, prices)
         return out
 
 
@@ -452,12 +454,12 @@ def _model_estimate(doc_capacity: dict, model: dict, plan: Plan) -> tuple[float,
 
 
 def capacity_document(result: Capacity, first: dict | None, opts, seed: int, reference: float | None,
-                      accelerators: int | None = None) -> dict:
+                      accelerators: int | None = None, prices: capenergy.Prices | None = None) -> dict:
     """A capacity search as one run the gate can compare: ``slo_capacity`` (the estimate) with
     ``slo_capacity_sd`` (its own uncertainty), the figures at the capacity (throughput, latencies)
     and ``ref_*`` at the reference load (interactivity: per-user output tok/s, mean TPOT), the
     whole search under ``vkit.capacity``, and the gauge of the runs it was made of."""
-    d = result.as_dict(accelerators)
+    d = result.as_dict(accelerators, prices)
     est, sd = estimate(d, result.plan)
     pts = {p["load"]: p for p in d["curve"]}
     held, _ = result.measured_at()
@@ -497,6 +499,7 @@ def capacity_document(result: Capacity, first: dict | None, opts, seed: int, ref
         "mean_tpot_ms": at.get("mean_tpot_ms"),
         "peak_in_flight": peak,
     })
+    doc.update(capenergy.document_metrics(d.get("energy") or {}, est))
     if ref_pt is not None:
         doc["reference_load"] = reference
         # interactivity at the reference load means something only where that load holds the SLO
@@ -520,7 +523,8 @@ def measure_configuration(opts, url: str, out_dir: str, slo: Slo, plan: Plan, re
                           command: list[str] | None = None, api_key: str | None = None, interrupts=None,
                           progress: Callable[[str], None] = lambda s: None, accelerators: int | None = None,
                           seed: int | None = None, hint: float | None = None, launch_argv: list[str] | None = None,
-                          bench: Callable[[BenchConfig, str, str], dict] | None = None) -> dict:
+                          bench: Callable[[BenchConfig, str, str], dict] | None = None,
+                          prices: capenergy.Prices | None = None) -> dict:
     """One configuration's capacity, searched from the reference load (the neighbouring
     configuration's capacity: the bracket starts where the answer probably is, and the first point
     measures interactivity at that load; ``hint``, the kept configuration's capacity, is where the
@@ -544,4 +548,4 @@ def measure_configuration(opts, url: str, out_dir: str, slo: Slo, plan: Plan, re
 
     res = search(run, slo, p, progress, hint=hint if reference is not None else None)
     return capacity_document(res, first[0] if first else None, opts, opts.seed if seed is None else seed,
-                             p.snap(start) if reference is not None else None, accelerators)
+                             p.snap(start) if reference is not None else None, accelerators, prices)

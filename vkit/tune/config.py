@@ -6,6 +6,7 @@ from dataclasses import dataclass, field, replace
 
 from vkit.measure.gauge import BenchOptions
 from vkit.tune import capacity as _cap
+from vkit.tune import capenergy as _capenergy
 
 
 @dataclass
@@ -32,10 +33,12 @@ class CapacityObjective:
     plan: _cap.Plan
     accelerators: int | None = None
     verify_seconds: float = 60.0  # the promise verified by one run this long at the promised load (0: not verified)
+    prices: _capenergy.Prices | None = None  # --price-per-accelerator-hour / --price-per-kwh: the cost at the capacity
 
     def describe(self) -> dict:
         p = self.plan
         return {"slo": dict(self.slo.limits), "goodput_fraction": self.slo.goodput, "mode": p.mode, "start": p.start,
+                "accelerators": self.accelerators,
                 "verify_seconds": self.verify_seconds,
                 "tolerance": p.tolerance, "max_points": p.max_points, "repeats": p.repeats, "noise": p.noise,
                 "point_seconds": p.point_seconds, "max_send_lag_ms": p.max_send_lag_ms, "keep_up": p.keep_up}
@@ -57,6 +60,7 @@ class Settings:
     time_budget_s: float | None = None  # --time-budget: no trial is started that cannot finish (with its confirmation) within it
     grant_budget: bool = False  # --yes: a confirmation whose power analysis needs more blocks than confirm_blocks gets them
     baseline_starts: int | None = None  # server starts the baseline's repeats are spread over (None: default_starts)
+    energy_axis: bool = False  # --energy-axis: J per output token is an objective of the front (minimised)
 
     def __post_init__(self) -> None:
         # under the capacity objective the tune's own workload is measured by capacity searches; the others
@@ -66,7 +70,14 @@ class Settings:
 
     @property
     def objective(self) -> str:
-        return "throughput" if self.capacity is None else "capacity"
+        if self.capacity is None:
+            return "throughput"
+        return "capacity-per-kw" if self.primary.startswith("slo_capacity_per_kw") else "capacity"
+
+    def energy_metrics(self) -> tuple[str, ...]:
+        """The board-energy figures this tune cannot decide without (every measurement must carry them)."""
+        need = ("slo_capacity_per_kw",) if self.objective == "capacity-per-kw" else ()
+        return need + (("j_per_output_token",) if self.energy_axis else ())
 
     def starts(self) -> int:
         return self.baseline_starts if self.baseline_starts is not None else default_starts(self.baseline_repeats)

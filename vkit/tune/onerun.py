@@ -38,7 +38,10 @@ class OneRun:
         self.state_path, self.state_dir = tune.f.path, tune.f.dir
 
     def bench(self, cfg, records: str, output: str) -> dict:
-        """One bench_stream run on the backend (its files written, its summary returned)."""
+        """One bench_stream run on the backend (its files written, its summary returned); its energy judged
+        against the idle power measured at this start (``service.startup.idle_w``) where one was."""
+        if cfg.idle_w is None:
+            cfg.idle_w = self.served.server().startup.get("idle_w")
         return self.backend.bench(cfg, records, output, self.interrupts)
 
     def once(self, label: str, k: int, workload: Workload | None = None) -> tuple[str, dict, dict]:
@@ -89,7 +92,7 @@ class OneRun:
                                              reference, command=["--state", self.state_path], interrupts=self.interrupts,
                                              progress=lambda m: self.progress(f"{label} capacity {k}: {m}"),
                                              accelerators=c.accelerators, seed=w.seed + k, hint=hint,
-                                             launch_argv=st.server.launch_argv, bench=self.bench)
+                                             launch_argv=st.server.launch_argv, bench=self.bench, prices=c.prices)
         except VkitError as e:
             raise bench_failed(e) from None
         atomic_write_text(path, json.dumps(plain(doc), indent=2) + "\n")

@@ -13,7 +13,9 @@ from vkit.jsonio import read_json_file
 KEY_METRICS = ("output_throughput", "request_throughput", "request_goodput", "p95_ttft_ms", "p99_ttft_ms", "mean_ttft_ms",
                "mean_tpot_ms", "p95_tpot_ms", "mean_e2el_ms", "p95_e2el_ms",
                # the capacity objective's measurement (vkit.tune.capacity.capacity_document)
-               "slo_capacity", "capacity_output_tok_s", "ref_mean_tpot_ms", "ref_per_user_output_tok_s")
+               "slo_capacity", "capacity_output_tok_s", "ref_mean_tpot_ms", "ref_per_user_output_tok_s",
+               # board energy, where power was read (vkit.measure.energy; at the capacity: vkit.tune.capenergy)
+               "j_per_output_token", "j_per_request", "mean_power_w", "slo_capacity_per_kw")
 
 
 def plain(obj: Any) -> Any:

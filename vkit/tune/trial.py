@@ -118,7 +118,7 @@ class Trials:
                                          why=f"start failed: {diag.get('quote') or res.get('message')}", diagnosis=diag)
         base_docs = [self.r.load(p) for p in b["runs"]] if b else []
         pm = versus.primary_of(self.r.s).split(":")[0]
-        pm = pm if pm in ("output_throughput", "slo_capacity") else "output_throughput"  # elimination: higher is better
+        pm = pm if pm in ("output_throughput", "slo_capacity", "slo_capacity_per_kw") else "output_throughput"  # elimination: higher is better
         base_tp = gmean([d.get(pm) for d in base_docs]) or 0.0
         sig_tp = ((b or {}).get("sigma") or {}).get(pm, 0.02)
         if repeats is None:
@@ -139,7 +139,7 @@ class Trials:
                                          metrics=summary_metrics(doc),
                                          why=f"invalid measurement ({', '.join(check.get('findings') or [])}): no verdict")
             cut = max(4 * sig_tp, self.r.s.eliminate_below)
-            what = "capacity" if pm == "slo_capacity" else "throughput"
+            what = {"slo_capacity": "capacity", "slo_capacity_per_kw": "capacity per kW"}.get(pm, "throughput")
             # only a run check_invariants passed shows a clearly worse candidate (a busy client's run does not)
             if k == 1 and check["code"] == 0 and base_tp and (doc.get(pm) or 0.0) < base_tp * (1 - cut):
                 self.r.progress(f"{tid} eliminated: {doc[pm] / base_tp - 1:+.1%} {what} vs the baseline")

@@ -16,9 +16,19 @@ OBJECTIVES = [search.Objective("output_throughput", "max"), search.Objective("p9
 CAPACITY_OBJECTIVES = [search.Objective("slo_capacity", "max"), search.Objective("ref_mean_tpot_ms", "min")]
 
 
+# --energy-axis: board energy per output token, at the capacity (or the run's load), a third objective
+ENERGY_OBJECTIVE = search.Objective("j_per_output_token", "min")
+
+
 def objectives(runner: Runner) -> list[search.Objective]:
-    """The search's objectives for this run's objective (throughput at one load, or SLO capacity)."""
-    return CAPACITY_OBJECTIVES if runner.s.capacity is not None else OBJECTIVES
+    """The search's objectives for this run's objective (throughput at one load, SLO capacity, or SLO capacity
+    per kW), J per output token beside them with --energy-axis."""
+    s = runner.s
+    if s.capacity is None:
+        objs = list(OBJECTIVES)
+    else:
+        objs = [search.Objective(s.primary.split(":")[0], "max"), *CAPACITY_OBJECTIVES[1:]]
+    return objs + ([ENERGY_OBJECTIVE] if s.energy_axis else [])
 
 
 def primary_metric(runner: Runner) -> str:

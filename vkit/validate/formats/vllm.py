@@ -67,6 +67,8 @@ def _vkit(doc: dict, name: str, base_dir: str, records: str | None) -> dict:
     rep["errors"] = v.get("errors")
     rep["server"] = v.get("server") if isinstance(v.get("server"), dict) else None
     rep["client"] = v.get("client") if isinstance(v.get("client"), dict) else None
+    if isinstance(v.get("energy"), dict):
+        rep["energy"] = v["energy"]  # board power and energy over the run, read by the energy checks
     ph = v.get("phase") or {}
     for k in ("prefill_tok_s", "prefill_isolated_tok_s", "decode_tok_s"):
         d = ph.get(k)

@@ -1,6 +1,7 @@
-"""The entry: ``CHECKS`` in the order they run, ``evaluate`` (every check on a normalised report and the
-verdict), ``worst`` of several verdicts, ``VERDICT_CODE`` and ``check_file`` (read, normalise and check
-one report: what check_invariants does for each REPORT, as a ``Check``)."""
+"""The entry: ``CHECKS`` in the order they run (then ``ENERGY_CHECKS`` on a report with an energy block),
+``evaluate`` (every check on a normalised report and the verdict), ``worst`` of several verdicts,
+``VERDICT_CODE`` and ``check_file`` (read, normalise and check one report: what check_invariants does for
+each REPORT, as a ``Check``)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any, Callable
 
 from vkit.errors import ExitCode
 from vkit.validate.formats import load_report
-from vkit.validate.invariants import counts, gauge, streaming, throughput, timing
+from vkit.validate.invariants import counts, energy, gauge, streaming, throughput, timing
 from vkit.validate.invariants.common import ANOMALY, FAIL, INVALID, Thresholds, _r, _stat, identity
 
 CHECKS: tuple[tuple[str, Callable[[dict, Thresholds, dict], dict]], ...] = (
@@ -31,6 +32,15 @@ CHECKS: tuple[tuple[str, Callable[[dict, Thresholds, dict], dict]], ...] = (
     ("complete_run", counts.check_complete_run),
 )
 
+# Run after ``CHECKS`` on a report that carries an energy block (a vkit summary that sampled board power);
+# their failures carry severity info and are listed under ``energy_findings``: they void the energy
+# figures, not the run.
+ENERGY_CHECKS: tuple[tuple[str, Callable[[dict, Thresholds, dict], dict]], ...] = (
+    ("energy_counter_monotone", energy.check_energy_counter_monotone),
+    ("power_above_idle", energy.check_power_above_idle),
+    ("power_coverage", energy.check_power_coverage),
+)
+
 
 def summary_of(rep: dict) -> dict:
     m = rep["metrics"]
@@ -50,6 +60,9 @@ def evaluate(rep: dict, th: Thresholds | None = None, other: dict | None = None,
     th = th or Thresholds()
     ctx = {"identity": identity(rep, th), "other": other, "expect": expect or {}}
     checks = [fn(rep, th, ctx) for _, fn in CHECKS]
+    has_energy = rep.get("energy") is not None
+    energy_checks = [fn(rep, th, ctx) for _, fn in ENERGY_CHECKS] if has_energy else []
+    checks += energy_checks
     sev = {c["severity"] for c in checks if c["status"] == FAIL}
     verdict = "invalid" if INVALID in sev else ("anomaly" if ANOMALY in sev else "valid")
     out = {
@@ -64,6 +77,8 @@ def evaluate(rep: dict, th: Thresholds | None = None, other: dict | None = None,
         "thresholds": _r(asdict(th)),
         "checks": checks,
     }
+    if has_energy:
+        out["energy_findings"] = [c["id"] for c in energy_checks if c["status"] == FAIL]
     if other is not None:
         out["compare"] = other.get("source")
     if rep.get("records_source"):
