@@ -27,7 +27,8 @@ def objectives(runner: Runner) -> list[search.Objective]:
     if s.capacity is None:
         objs = list(OBJECTIVES)
     else:
-        objs = [search.Objective(s.primary.split(":")[0], "max"), *CAPACITY_OBJECTIVES[1:]]
+        objs = list(CAPACITY_OBJECTIVES) if s.objective == "capacity" else [
+            search.Objective("slo_capacity_per_kw", "max"), *CAPACITY_OBJECTIVES[1:]]
     return objs + ([ENERGY_OBJECTIVE] if s.energy_axis else [])
 
 
