@@ -40,9 +40,7 @@ def decode_work(b: int, c: int) -> tuple[int, int, int, int]:
 
 
 def utilisation(meter: PowerMeter, b: int, c: int, step_s: float) -> tuple[float, float]:
-    tokens, pairs, kv, sampled = decode_work(b, c)
-    flops = meter.flops_per_token * tokens + meter.flops_per_sample * sampled + meter.flops_per_pair * pairs
-    moved = meter.weight_bytes + meter.kv_bytes_per_token * kv
+    flops, moved = meter.work(*decode_work(b, c))
     gpu = get_gpu("H200")
     return flops / (gpu.peak_bf16_flops * step_s), moved / (gpu.hbm_bytes_per_s * step_s)
 

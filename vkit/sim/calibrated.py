@@ -43,7 +43,7 @@ import math
 from dataclasses import asdict, dataclass, fields
 
 from vkit.errors import UsageError
-from vkit.sim.profiles import WEIGHT_QUANT_BYTES, GpuProfile, ModelProfile
+from vkit.sim.profiles import GpuProfile, ModelProfile
 from vkit.sim.steptime import DEFAULT_MBU, DEFAULT_MFU, GEMM_M_HALF, PER_REQ_OVERHEAD_S, STEP_OVERHEAD_S
 
 PROFILE_FORMAT = "vkit-sim-profile/1"
@@ -99,24 +99,18 @@ class PhysCost:
                  params: CostParams | None = None, quantization: str | None = None):
         p = params or CostParams()
         self.params = p
-        kvb = kv_dtype_bytes or model.dtype_bytes
         if quantization:
-            wbytes = WEIGHT_QUANT_BYTES[quantization]
             peak_body = gpu.peak_fp8_flops if gpu.peak_fp8_flops > 0 else gpu.peak_bf16_flops
         else:
-            wbytes = model.dtype_bytes
             peak_body = gpu.peak_bf16_flops
         denom = tp * p.mfu
         self.a_body = 2.0 * model.body_params / (peak_body * denom)
         self.a_head = 2.0 * model.lm_head_params / (gpu.peak_bf16_flops * denom)
         self.a_attn = p.attn_scale * 4.0 * model.layers * model.heads * model.head_dim / (gpu.peak_bf16_flops * denom)
         self.m_half = p.gemm_m_half
-        weight_bytes = float(model.body_params * wbytes + model.lm_head_params * model.dtype_bytes)
-        kv_heads_total = max(1, model.kv_heads // tp) * tp
-        kv_bytes_per_token = 2.0 * model.layers * kv_heads_total * model.head_dim * kvb
         bw = gpu.hbm_bytes_per_s * tp * p.mbu
-        self.t_weights = weight_bytes / bw
-        self.b_kv = kv_bytes_per_token / bw
+        self.t_weights = model.streamed_weight_bytes(quantization) / bw
+        self.b_kv = model.kv_bytes_per_token(tp, kv_dtype_bytes) / bw
         self.under = 1.0 - p.overlap
         if tp > 1:
             lat = gpu.allreduce_latency_s if p.allreduce_latency_s is None else p.allreduce_latency_s

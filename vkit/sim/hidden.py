@@ -74,9 +74,7 @@ class HiddenCost:
         self.inner = inner
         self.effects = effects
         self.sizes = capture_sizes(max_num_seqs)
-        kv_heads_total = max(1, model.kv_heads // tp) * tp
-        kv_bytes = 2.0 * model.layers * kv_heads_total * model.head_dim * (kv_dtype_bytes or model.dtype_bytes)
-        self.kv_read_s = kv_bytes / (gpu.hbm_bytes_per_s * tp * DEFAULT_MBU)
+        self.kv_read_s = model.kv_bytes_per_token(tp, kv_dtype_bytes) / (gpu.hbm_bytes_per_s * tp * DEFAULT_MBU)
 
     def step_time(self, tokens: int, pairs: int, kv_tokens: int, sampled: int, nreqs: int) -> float:
         if tokens <= 0:

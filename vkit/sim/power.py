@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vkit.sim.profiles import WEIGHT_QUANT_BYTES, GpuProfile, ModelProfile
+from vkit.sim.profiles import GpuProfile, ModelProfile
 
 # bench/power_fit.py on bench/results/gpu_steps_h200.json (tests/test_sim_power.py re-derives them)
 K_COMPUTE = 2.2392
@@ -65,12 +65,9 @@ class PowerMeter:
                  quantization: str | None = None):
         self.board = board(gpu)
         self.tp = tp
-        wbytes = WEIGHT_QUANT_BYTES[quantization] if quantization else model.dtype_bytes
         peak = gpu.peak_fp8_flops if quantization and gpu.peak_fp8_flops > 0 else gpu.peak_bf16_flops
-        kvb = kv_dtype_bytes or model.dtype_bytes
-        kv_heads_total = max(1, model.kv_heads // tp) * tp
-        self.weight_bytes = float(model.body_params * wbytes + model.lm_head_params * model.dtype_bytes)
-        self.kv_bytes_per_token = 2.0 * model.layers * kv_heads_total * model.head_dim * kvb
+        self.weight_bytes = model.streamed_weight_bytes(quantization)
+        self.kv_bytes_per_token = model.kv_bytes_per_token(tp, kv_dtype_bytes)
         self.flops_per_token = 2.0 * model.body_params
         self.flops_per_sample = 2.0 * model.lm_head_params
         self.flops_per_pair = 4.0 * model.layers * model.heads * model.head_dim
@@ -83,12 +80,16 @@ class PowerMeter:
         self.last_w = self.idle_w
         self._last = (0.0, 0.0, 0.0)  # the last step's (start, duration, power above idle)
 
+    def work(self, tokens: int, pairs: int, kv_tokens: int, sampled: int) -> tuple[float, float]:
+        """(FLOPs, HBM bytes) of one step, counted as the engine counts its batch."""
+        flops = self.flops_per_token * tokens + self.flops_per_sample * sampled + self.flops_per_pair * pairs
+        return flops, self.weight_bytes + self.kv_bytes_per_token * kv_tokens
+
     def share(self, tokens: int, pairs: int, kv_tokens: int, sampled: int, duration: float) -> float:
         """The step's share of the boards' dynamic range, in [0, 1]."""
         if duration <= 0 or tokens <= 0:
             return 0.0
-        flops = self.flops_per_token * tokens + self.flops_per_sample * sampled + self.flops_per_pair * pairs
-        moved = self.weight_bytes + self.kv_bytes_per_token * kv_tokens
+        flops, moved = self.work(tokens, pairs, kv_tokens, sampled)
         return min(1.0, (self.k_flops * flops + self.k_bytes * moved) / duration)
 
     def step(self, tokens: int, pairs: int, kv_tokens: int, sampled: int, duration: float, start: float = 0.0) -> float:

@@ -66,6 +66,18 @@ class ModelProfile:
     def weight_bytes(self) -> int:
         return self.params * self.dtype_bytes
 
+    def kv_bytes_per_token(self, tp: int = 1, kv_dtype_bytes: int | None = None) -> float:
+        """KV cache bytes one token holds across the ``tp`` shards: K and V of every layer, the KV heads
+        replicated when ``tp`` exceeds them."""
+        kv_heads_total = max(1, self.kv_heads // tp) * tp
+        return 2.0 * self.layers * kv_heads_total * self.head_dim * (kv_dtype_bytes or self.dtype_bytes)
+
+    def streamed_weight_bytes(self, quantization: str | None = None) -> float:
+        """Weight bytes one step reads: every linear layer (in its ``--quantization`` width) and the LM
+        head in the model's dtype; the embedding table is looked up, not streamed."""
+        wbytes = WEIGHT_QUANT_BYTES[quantization] if quantization else self.dtype_bytes
+        return float(self.body_params * wbytes + self.lm_head_params * self.dtype_bytes)
+
     def weight_bytes_for(self, quantization: str | None) -> int:
         """Weight bytes under ``--quantization``: ``fp8`` stores the linear layers' weights in one
         byte each and keeps the embedding table(s) and the LM head in the model's dtype, as vLLM's

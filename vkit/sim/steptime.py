@@ -44,13 +44,11 @@ class CostModel:
         step_overhead_s: float = STEP_OVERHEAD_S,
         per_req_overhead_s: float = PER_REQ_OVERHEAD_S,
     ):
-        kvb = kv_dtype_bytes or model.dtype_bytes
         self.flops_per_token = 2.0 * model.body_params
         self.flops_per_sample = 2.0 * model.lm_head_params
         self.flops_per_pair = 4.0 * model.layers * model.heads * model.head_dim
-        self.weight_bytes = float((model.body_params + model.lm_head_params) * model.dtype_bytes)
-        kv_heads_total = max(1, model.kv_heads // tp) * tp  # replicated when tp > kv_heads
-        self.kv_bytes_per_token = 2.0 * model.layers * kv_heads_total * model.head_dim * kvb
+        self.weight_bytes = model.streamed_weight_bytes()
+        self.kv_bytes_per_token = model.kv_bytes_per_token(tp, kv_dtype_bytes)
         self.achieved_flops = gpu.peak_bf16_flops * tp * mfu
         self.achieved_bw = gpu.hbm_bytes_per_s * tp * mbu
         if tp > 1:
