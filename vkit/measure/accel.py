@@ -55,12 +55,9 @@ def run_tool(argv: list[str], timeout: float = 5.0) -> str | None:
 
 
 def _watts(v: str) -> float | None:
-    """A power figure in W; None for ``[N/A]``, ``NA``, ``[Not Supported]`` or anything not a finite number."""
-    try:
-        x = float(str(v).strip())
-    except ValueError:
-        return None
-    return x if math.isfinite(x) else None
+    """A power (or energy) figure; None for ``[N/A]``, ``NA``, ``[Not Supported]`` or anything not a finite number."""
+    x = _num(v)
+    return x if x is not None and math.isfinite(x) else None
 
 
 def parse_nvidia(text: str) -> list[dict]:
@@ -187,11 +184,8 @@ def parse_energy(text: str) -> tuple[dict[int, float] | None, str | None]:
         parts = [p.strip() for p in line.split(",")]
         if not line.strip():
             continue
-        if len(parts) != 2:
-            return None, f"nvidia-smi's total_energy_consumption did not parse: {line.strip()[:80]!r}"
-        try:
-            idx = int(parts[0])
-        except ValueError:
+        idx = int(parts[0]) if len(parts) == 2 and parts[0].isdigit() else None
+        if idx is None:
             return None, f"nvidia-smi's total_energy_consumption did not parse: {line.strip()[:80]!r}"
         mj = _watts(parts[1])
         if mj is None:
@@ -221,6 +215,13 @@ def read_energy_counter(tool: str | None, timeout: float = 5.0) -> tuple[dict[in
     if r.returncode != 0:
         return None, f"nvidia-smi's energy query exited {r.returncode}"
     return parse_energy(r.stdout)
+
+
+def _timed(read: Callable[[], object]) -> tuple[object, float]:
+    """``read()`` and the monotonic time it stands for: the middle of the tool's run (its read falls somewhere in it)."""
+    t0 = time.monotonic()
+    out = read()
+    return out, (t0 + time.monotonic()) / 2
 
 
 def power_block(samples: list[tuple[float, list[float | None]]], interval: float,
@@ -279,16 +280,12 @@ class Sampler:
 
     def start(self) -> None:
         if self.tool is not None:
-            t0 = time.monotonic()
-            self.counter_start, self.counter_why = read_energy_counter(self.tool)
-            self._counter_t = (t0 + time.monotonic()) / 2
+            (self.counter_start, self.counter_why), self._counter_t = _timed(lambda: read_energy_counter(self.tool))
             self._t = threading.Thread(target=self._loop, name="accel-sampler", daemon=True)
             self._t.start()
 
     def _take(self) -> None:
-        t0 = time.monotonic()
-        s = sample(self.tool)
-        t = (t0 + time.monotonic()) / 2  # the tool's read falls somewhere in its run
+        s, t = _timed(lambda: sample(self.tool))
         if s:
             self.samples.append(s)
             self.power.append((t, device_power(s)))
@@ -304,9 +301,8 @@ class Sampler:
         tool = self.tool or "the vendor tool"
         if self.counter_start is None:
             return power_block(self.power, self.interval, None, None, self.counter_why, tool=tool)
-        t0 = time.monotonic()
-        stop, why = read_energy_counter(self.tool)
-        span = (t0 + time.monotonic()) / 2 - self._counter_t if self._counter_t is not None else None
+        (stop, why), t = _timed(lambda: read_energy_counter(self.tool))
+        span = t - self._counter_t if self._counter_t is not None else None
         return power_block(self.power, self.interval, self.counter_start, stop, why, tool=tool, counter_s=span)
 
     def stop(self) -> dict:

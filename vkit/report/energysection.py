@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from vkit.report.charts import Chart
 from vkit.report.model import CODE, STRONG, VALUE, WORDS, Figure, Para, Row, Section, Span, Table, words
-from vkit.report.text import as_dict, as_text, config_text, fmt_num, num
+from vkit.report.text import as_dict, as_text, config_text, fmt_num, num, upper_first
 from vkit.report.view import View
 
 # J/token classes, fewest first (Okabe–Ito: green, yellow, vermillion)
@@ -30,7 +30,6 @@ class Point:
     per_user: float | None  # output tokens/s one user sees
     j_per_token: float
     watts: float | None
-    per_kw: float | None
 
 
 def points(v: View) -> list[Point]:
@@ -50,8 +49,7 @@ def points(v: View) -> list[Point]:
             continue
         per_user = num(m.get("ref_per_user_output_tok_s")) or (1000.0 / tpot if tpot else None)
         w = num(m.get("mean_power_w"))
-        per_kw = num(m.get("slo_capacity_per_kw")) or (tok / (w / 1000.0) if w else None)
-        out.append(Point(as_text(t.get("id")), config_text(t.get("config")), cap, tok, per_user, j, w, per_kw))
+        out.append(Point(as_text(t.get("id")), config_text(t.get("config")), cap, tok, per_user, j, w))
     return out
 
 
@@ -91,7 +89,7 @@ def energy_section(v: View) -> EnergySection:
         Para([Span(STRONG, "Board energy "), Span(WORDS, f"{where}, from the accelerators' own power readings (an energy "
                                                          "counter where the driver has one); the boards only, no host, "
                                                          "network or cooling. ")]),
-        Para(words(upper(gap))),
+        Para(words(upper_first(gap))),
         Table(head, body, {2: "n", 3: "n", 4: "n", 5: "n"}, "energy-table"),
         Figure("plot-energy", energy_chart(pts, acc), words(
             "Figure 6. Output tokens/s " + ("per accelerator " if acc else "of the server ") + f"{where} against the "
@@ -110,10 +108,6 @@ def recommended(v: View) -> str:
         out += (f"; {fmt_num(cost.get('total'))} per million output tokens (accelerators {fmt_num(cost.get('accelerators'))}, "
                 f"energy {fmt_num(cost.get('energy'))})")
     return out + "."
-
-
-def upper(s: str) -> str:
-    return s[:1].upper() + s[1:]
 
 
 def energy_chart(pts: list[Point], accelerators: float | None) -> Chart:

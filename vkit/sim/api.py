@@ -286,11 +286,12 @@ class SimApi:
         if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
             raise BadRequest("args must be a JSON list of strings", "args")
         w = time.perf_counter()
+        v = self.vnow(w)
         if self.smi is None:
             gpu, mib = self.opts.gpu, float(1 << 20)
             self.smi = smi.SmiBoards(self.engine.meter, gpu.device_name, gpu.memory_bytes / mib,
-                                     round(gpu.memory_bytes * self.opts.gpu_memory_utilization / mib), self.vnow(w), w)
-        out, rc = smi.answer(args, self.smi.devices(w, self.vnow(w)))
+                                     round(gpu.memory_bytes * self.opts.gpu_memory_utilization / mib), v, w)
+        out, rc = smi.answer(args, self.smi.devices(w, v))
         return {"stdout": out, "rc": rc}
 
     def sim_stats(self, reset: bool = False, requests: bool = False) -> dict:

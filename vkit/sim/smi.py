@@ -77,13 +77,12 @@ class SmiBoards:
 
     def devices(self, w: float, v: float) -> list[dict]:
         m = self.meter
+        e = m.energy_j(max(0.0, v - self.v0), v)
         pw, pv, pe, pbusy = self.prev
         if w - pw >= 0.05 and v > pv:  # a read within 50 ms of the last repeats it
-            e, busy = m.energy_j(max(0.0, v - self.v0), v), m.busy_s
-            self.last = ((e - pe) / (w - pw), min(1.0, (busy - pbusy) / (v - pv)))
-            self.prev = (w, v, e, busy)
+            self.last = ((e - pe) / (w - pw), min(1.0, (m.busy_s - pbusy) / (v - pv)))
+            self.prev = (w, v, e, m.busy_s)
         power, util = self.last
-        e = m.energy_j(max(0.0, v - self.v0), v)
         n = m.tp
         return [{"index": i, "name": self.name, "memory_total_mib": self.memory_total_mib,
                  "memory_used_mib": self.memory_used_mib, "util_pct": 100.0 * util, "power_w": power / n,

@@ -107,17 +107,12 @@ class VirtualApp(SimApi):
 
     def power(self, duration_s: float) -> dict:
         """The simulated boards' power block over the last run (the shape of ``accel.Sampler``'s): an exact
-        energy counter, no sampling."""
+        energy counter, no sampling (``build_engine`` attaches a meter to every engine it builds)."""
         m = self.engine.meter
-        if m is None:
-            return {"available": False, "why": "no power model for this simulated accelerator"}
         e = m.idle_w * duration_s + (m.above_idle_j - self.above_idle_before)
         return {"available": True, "source": "simulated", "devices": m.tp, "samples": None, "interval_s": None,
                 "covered_s": duration_s, "mean_w": e / duration_s if duration_s > 0 else None, "counter_j": e,
                 "counter_s": duration_s, "sampled_j": None}
-
-    def idle_w(self) -> float | None:
-        return self.engine.meter.idle_w if self.engine.meter is not None else None
 
     def crash(self, cause: str, exc: str = "RuntimeError") -> None:
         if not self.dead:
@@ -136,7 +131,7 @@ class VirtualApp(SimApi):
             self.t += PHASE_GAP_S
         self.peaks = {}
         before = self.scrape()
-        self.above_idle_before = self.engine.meter.above_idle_j if self.engine.meter is not None else 0.0
+        self.above_idle_before = self.engine.meter.above_idle_j
         results, t0 = self._phase(cfg.requests, cfg.arrivals, workers, cfg.duration_s, chat, model, cfg.stream)
         return results, warm, t0, self.t, pre, before
 
@@ -374,7 +369,6 @@ class VirtualServer:
                        "metrics_available": True, "families": families(after),
                        "peaks": {"scrapes": 0, **{f"{k}_max": v for k, v in app.peaks.items()}},
                        "delta": server_delta},
-            "accelerator": None,
             "client": {"name": "vkit virtual", "transport": "virtual", "threads": 1, "max_streams": workers,
                        "cpu_s": 0.0, "wall_s": t_end - t0, "cpu_frac_of_one_core": 0.0, "sched_lag": None,
                        "t0_monotonic_s": t0, "cpu_s_per_1k_output_tokens": 0.0},
@@ -385,7 +379,7 @@ class VirtualServer:
         })
         summary["vkit"]["accelerator"] = {"available": False, "why": "a simulated accelerator",
                                           "power": app.power(summary["duration"])}
-        add_energy(summary, summary["vkit"]["accelerator"]["power"], app.idle_w())
+        add_energy(summary, summary["vkit"]["accelerator"]["power"], app.engine.meter.idle_w)
         return summary, records
 
 

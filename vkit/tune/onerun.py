@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import replace
+from functools import cached_property
 from typing import Callable
 
 from vkit.apply.backend import Backend
@@ -39,10 +40,16 @@ class OneRun:
 
     def bench(self, cfg, records: str, output: str) -> dict:
         """One bench_stream run on the backend (its files written, its summary returned); its energy judged
-        against the idle power measured at this start (``service.startup.idle_w``) where one was."""
+        against the idle power measured at this start where one was."""
         if cfg.idle_w is None:
-            cfg.idle_w = self.served.server().startup.get("idle_w")
+            cfg.idle_w = self.idle_w
         return self.backend.bench(cfg, records, output, self.interrupts)
+
+    @cached_property
+    def idle_w(self) -> float | None:
+        """The boards' idle power post_start_verify read at the running start (``service.startup.idle_w``):
+        read once, the server does not restart within one measurement."""
+        return self.served.server().startup.get("idle_w")
 
     def once(self, label: str, k: int, workload: Workload | None = None) -> tuple[str, dict, dict]:
         """Run ``k`` of ``label`` (seed + k): (path relative to the state's folder, summary, check)."""
