@@ -108,3 +108,11 @@ def test_each_run_is_judged_against_the_idle_power_measured_at_its_start():
     one.bench(SimpleNamespace(idle_w=None), "r.jsonl", "r.json")
     one.bench(SimpleNamespace(idle_w=99.0), "r.jsonl", "r.json")  # given by hand (bench_stream --idle-power-w): kept
     assert seen == [311.2, 99.0]
+
+
+def test_a_price_per_accelerator_hour_without_accelerators_is_refused_before_the_search():
+    from tests.conftest import call
+
+    # nothing listens on port 1: refused for the flags (exit 2), not after a search for the server (exit 4)
+    r = call("capacity", "--url", "http://127.0.0.1:1", "--slo", "p95_ttft_ms=100", "--price-per-accelerator-hour", "2")
+    assert r.code == 2 and "needs --accelerators" in r.err

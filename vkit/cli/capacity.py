@@ -157,6 +157,7 @@ def _run(args: argparse.Namespace, io: IO) -> int:
         raise UsageError("--mode trace and --dataset-name trace go together (the load is the trace's speed-up)")
     start = args.start if args.start is not None else {"rate": 4.0, "concurrency": 8.0, "trace": 1.0}[args.mode]
     plan = search_plan(args, "", args.mode, start, hi_limit=args.max_load)
+    prices = prices_of(args)  # checked before the search, not after it
     opts = bench_stream.options(args)
     per_request = slo.per_request()
     if args.goodput_fraction is not None:
@@ -179,7 +180,7 @@ def _run(args: argparse.Namespace, io: IO) -> int:
     io.progress(f"{url}: capacity search, {args.mode}, SLO {', '.join(f'{k} <= {v:g}' for k, v in slo.limits.items())}"
                 + (f", goodput >= {args.goodput_fraction:g}" if args.goodput_fraction else "") + f"; runs in {run_dir}")
     res = cap.search(measure, slo, plan, io.progress)
-    doc = res.as_dict(args.accelerators, prices_of(args))
+    doc = res.as_dict(args.accelerators, prices)
     doc["run_dir"] = os.path.abspath(run_dir)
     if virtual is not None:
         doc["virtual"] = {"sim_server": args.virtual, **virtual.tally.as_dict(),
