@@ -33,7 +33,9 @@ def test_demo_script_tunes_the_slo_capacity_with_the_twin_and_shows_its_predicti
     # the objective: SLO capacity; the baseline's capacity with its σ (three capacity searches)
     assert "Goal: max SLO capacity" in out
     # σ is printed to 3 significant figures: at the capacity σ's 5 % floor that is "5%", no decimal point
-    assert re.search(r"Baseline \(.*3\s+repeats\): SLO capacity [\d.]+ req/s σ \d+(\.\d+)?%", out, re.S), out[:1500]
+    # three repeats, or more where a run the client fell behind on was measured again on a new start
+    m = re.search(r"Baseline \(.*?(\d+)\s+repeats\): SLO capacity [\d.]+ req/s σ \d+(\.\d+)?%", out, re.S)
+    assert m and int(m.group(1)) >= 3, out[:1500]
     # step 1, then the twin's proposals, each trial with its verdict and why
     steps = [t["step"] for t in st["trials"]]
     assert steps[0] == "1" and "twin" in steps and set(steps) == {"1", "twin"}, steps

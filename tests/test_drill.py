@@ -19,7 +19,8 @@ FAULTS = {"start_failure", "crash_mid_benchmark", "stalled_stream", "health_hang
 @pytest.mark.slow
 def test_fault_drill_every_check_passes(tmp_path):
     d = tmp_path / "drill"
-    env = dict(os.environ, PY=sys.executable, DRILL_DIR=str(d))
+    # at 4x (make drill runs 8x) the client sends half as fast: a busy shared machine does not saturate it
+    env = dict(os.environ, PY=sys.executable, DRILL_DIR=str(d), SIM_SPEED="4")
     for k in ("VKIT_STATE", "VKIT_POLICY", "VKIT_LEASE_OWNER"):
         env.pop(k, None)
     p = subprocess.run(["bash", "runbook/drill.sh"], cwd=REPO, env=env, capture_output=True, text=True, timeout=400)

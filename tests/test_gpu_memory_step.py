@@ -178,7 +178,7 @@ def predicted_kv(v: float) -> int:
 
 
 def sim(port: int, *extra: str) -> list[str]:
-    return [sys.executable, os.path.join(REPO, "bin", "sim_server"), "sim-8b", "--port", str(port), "--sim-speed", "8",
+    return [sys.executable, os.path.join(REPO, "bin", "sim_server"), "sim-8b", "--port", str(port), "--sim-speed", "4",
             "--sim-startup-s", "0.2", "--sim-seed", "5", "--max-model-len", "4096", *extra]
 
 

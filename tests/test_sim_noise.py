@@ -21,6 +21,7 @@ from tests.sim_fixtures import SIM_BIN, SimProcess, free_port
 from vkit.cli import bench_stream, sim_predict
 from vkit.errors import UsageError
 from vkit.sim.starts import next_start
+from vkit.validate.invariants.common import Thresholds
 
 
 @pytest.mark.unit
@@ -100,12 +101,23 @@ def _misses(measured: dict, preds: list[dict], rel: float, allow_ms: float) -> l
     return bad
 
 
+def _busy(d: dict) -> bool:
+    """The run's client was saturated, as check_invariants' client_saturation reads it (its CPU or scheduling lag)."""
+    th, cl = Thresholds(), d.get("client") or {}
+    return ((cl.get("cpu_frac_of_one_core") or 0) > th.client_cpu_max
+            or ((cl.get("sched_lag") or {}).get("p99_ms") or 0) > th.sched_lag_max_ms)
+
+
 def _measured(url: str) -> dict:
-    out = io.StringIO()
-    rc = bench_stream.main(["--url", url, "--model", "sim-model", *SCENARIO, "--num-prompts", "160", "--seed", "3",
-                            "-q", "--json"], stdout=out, stderr=io.StringIO())
-    assert rc == 0
-    d = json.loads(out.getvalue())
+    # A run the client fell behind on (a busy shared machine) is measured again, as the tune does: twice at most.
+    for _ in range(3):
+        out = io.StringIO()
+        rc = bench_stream.main(["--url", url, "--model", "sim-model", *SCENARIO, "--num-prompts", "160", "--seed", "3",
+                                "-q", "--json"], stdout=out, stderr=io.StringIO())
+        assert rc == 0
+        d = json.loads(out.getvalue())
+        if not _busy(d):
+            break
     # The server reports wall time; its engine runs SPEED x faster: back to virtual time.
     return {"output_throughput": d["output_throughput"] / SPEED, "mean_ttft_ms": d["mean_ttft_ms"] * SPEED,
             "mean_tpot_ms": d["mean_tpot_ms"] * SPEED, "mean_e2el_ms": d["mean_e2el_ms"] * SPEED}

@@ -127,3 +127,27 @@ def test_a_clear_gain_is_kept_when_identical_runs_measure_a_guards_sigma_as_zero
     # the case: the baseline runs' σ exactly 0, pooled (at its floor) and judged by the normal mixture
     assert [(g["metric"], g["sigma_baseline_runs"], g["method"]) for g in conf["gate"]["guards"]] == [
         ("p95_ttft_ms", 0.0, "normal-mixture confidence sequence (σ pooled)")]
+
+
+def test_the_fewest_joules_at_a_required_load_are_measured_at_that_load_in_every_search(tmp_path, monkeypatch):
+    """--objective j-per-token --required-capacity 12 on the simulator's boards: every capacity search starts at
+    12 req/s and gives its J per output token there, and the recommendation says whether it carries 12."""
+    path = init(tmp_path, monkeypatch)
+    r = call("tune", "--virtual", "--sandbox", "--objective", "j-per-token", "--required-capacity", "12",
+             "--input-len", "512", "--output-len", "128", "--num-prompts", "100", "--slo", "p95_ttft_ms=1000",
+             "--slo", "mean_tpot_ms=50", "--steps", "3", "--budget", "2", "--baseline-repeats", "3",
+             "--confirm-front", "2", "--verify-seconds", "0", "--ablation", "off", "--json")
+    assert r.code == 0, r.err[-2000:]
+    res = json.loads(r.out)
+    st = json.loads(open(path).read())
+    assert (res["goal"]["minimize"], res["goal"]["required_capacity"]) == ("ref_j_per_output_token", 12.0)
+    assert (st["capacity_reference"]["load"], st["capacity_reference"]["from"]) == (12.0, "--required-capacity")
+    docs = [json.loads(open(p).read()) for p in glob.glob(str(tmp_path / "runs" / "**" / "rep*.json"), recursive=True)]
+    docs = [d for d in docs if "slo_capacity" in d]
+    assert docs and all(d["reference_load"] == 12.0 and d["ref_j_per_output_token"] > 0 for d in docs)
+    # the simulated H200 at 12 req/s: more than idle (77.7 W), less than the power limit (700 W), per output token
+    toks_s = 12.0 * 128
+    assert all(77.7 / toks_s < d["ref_j_per_output_token"] < 700.0 / toks_s for d in docs)
+    rec = res["recommendation"]
+    assert rec["required_capacity"] == 12.0 and rec["carries_required"] is True
+    assert rec["why"].startswith(("the goal is the fewest J per output token while carrying 12", "the kept configuration: it carries 12"))

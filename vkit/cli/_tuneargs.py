@@ -21,10 +21,12 @@ OBJECTIVE_HELP = ("capacity (default): each configuration's SLO capacity, the hi
                   "search's capacity), with mean TPOT at that reference load as the second objective; throughput: output "
                   "throughput at one closed-loop --concurrency, the SLO a constraint on it; capacity-per-kw: the SLO "
                   "capacity per kW of board power at it (searched as capacity is; needs nvidia-smi, npu-smi or rocm-smi "
-                  "power on the server's machine, or the simulator's)")
+                  "power on the server's machine, or the simulator's); j-per-token: the fewest J per output token while "
+                  "carrying --required-capacity within the SLO (searched as capacity is, every search measuring that "
+                  "load; the recommendation is the configuration confirmed with the fewest J/token there)")
 
 # objectives measured by SLO-capacity searches
-CAPACITY_KINDS = ("capacity", "capacity-per-kw")
+CAPACITY_KINDS = ("capacity", "capacity-per-kw", "j-per-token")
 
 
 def is_capacity(args: argparse.Namespace, default: str = "capacity") -> bool:
@@ -51,7 +53,11 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="the business's own traffic: --dataset-path rows with a 'timestamp' (s), replayed open loop; the "
                         "capacity is then the trace's speed-up at which every SLO holds (rows' 'priority' sent with them)")
     c = p.add_argument_group("objective")
-    c.add_argument("--objective", choices=["capacity", "throughput", "capacity-per-kw"], default="capacity", help=OBJECTIVE_HELP)
+    c.add_argument("--objective", choices=["capacity", "throughput", "capacity-per-kw", "j-per-token"], default="capacity",
+                   help=OBJECTIVE_HELP)
+    c.add_argument("--required-capacity", type=positive_float, default=None, metavar="R",
+                   help="j-per-token: the load the deployment must carry within every --slo, req/s offered (with --trace, "
+                        "its speed-up); every capacity search starts there and measures its J per output token there")
     c.add_argument("--energy-axis", action="store_true",
                    help="add J per output token (board power, at the capacity or the run's load) to the Pareto front as an "
                         "objective to minimise: the configuration with the fewest J/token is delivered beside the one "
@@ -243,6 +249,10 @@ def settings(args: argparse.Namespace, main: Workload) -> Settings:
         raise UsageError(f"--baseline-starts {starts}: needs at least {starts + 1} --baseline-repeats (got "
                          f"{args.baseline_repeats}): one start measures two runs, for σ within a process")
     slo = parse_slo(args.slo)
+    required = getattr(args, "required_capacity", None)
+    if (getattr(args, "objective", None) == "j-per-token") != (required is not None):
+        raise UsageError("--objective j-per-token needs --required-capacity R (the load to carry within the SLO), and "
+                         "--required-capacity belongs to that objective only")
     objective = capacity_objective(args, slo)
     if objective is not None:
         per_request = objective.slo.per_request()
@@ -253,7 +263,7 @@ def settings(args: argparse.Namespace, main: Workload) -> Settings:
                         primary="slo_capacity_per_kw:+" if args.objective == "capacity-per-kw" else "slo_capacity:+",
                         guards=args.guard or [], slo=slo, energy_axis=bool(getattr(args, "energy_axis", False)),
                         ready_timeout_s=args.ready_timeout, sandbox=not args.yes, capacity=objective, grant_budget=args.yes,
-                        time_budget_s=args.time_budget, baseline_starts=starts)
+                        time_budget_s=args.time_budget, baseline_starts=starts, required_capacity=required)
     return Settings(workload=main, baseline_repeats=args.baseline_repeats, screen_repeats=args.screen_repeats,
                     confirm_blocks=args.confirm_blocks, guards=args.guard or ["p95_ttft_ms:-:15%"], slo=slo,
                     ready_timeout_s=args.ready_timeout, sandbox=not args.yes, time_budget_s=args.time_budget,

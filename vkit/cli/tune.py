@@ -35,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
             "tune --virtual --sandbox --objective capacity   # a sim_server state tuned in virtual time: seconds, no process",
             "tune --sandbox --objective capacity --search twin --max-restarts 8   # the calibrated twin ranks, the server confirms",
             "state init --slots 4 ... && tune --sandbox       # screening 4 candidates at a time, one per slot",
+            "tune --yes --objective j-per-token --required-capacity 20 --slo p95_ttft_ms=1000   # fewest J/token carrying 20 req/s",
         ],
     )
     ta.add_args(p)

@@ -30,6 +30,7 @@ class Point:
     per_user: float | None  # output tokens/s one user sees
     j_per_token: float
     watts: float | None
+    ref_j: float | None = None  # J per output token at the reference load (the required capacity, j-per-token)
 
 
 def points(v: View) -> list[Point]:
@@ -49,7 +50,8 @@ def points(v: View) -> list[Point]:
             continue
         per_user = num(m.get("ref_per_user_output_tok_s")) or (1000.0 / tpot if tpot else None)
         w = num(m.get("mean_power_w"))
-        out.append(Point(as_text(t.get("id")), config_text(t.get("config")), cap, tok, per_user, j, w))
+        out.append(Point(as_text(t.get("id")), config_text(t.get("config")), cap, tok, per_user, j, w,
+                         num(m.get("ref_j_per_output_token"))))
     return out
 
 
@@ -74,15 +76,17 @@ def energy_section(v: View) -> EnergySection:
                f"J per output token: {by_j.tid} ({fmt_num(by_j.j_per_token)} J/token, {fmt_num(val(by_j))}): "
                f"{1 - by_j.j_per_token / by_cap.j_per_token:.0%} fewer joules per token for "
                f"{1 - val(by_j) / val(by_cap):.0%} less {what}.")
+    req = num(v.goal.get("required_capacity"))
     head = ["trial", "configuration", "capacity (req/s)" if by_cap.capacity is not None else "output (tok/s)",
-            "J per output token", "board power (W)", "output tok/s per kW"]
+            "J per output token", "board power (W)", "output tok/s per kW"] + ([f"J/token at {fmt_num(req)}"] if req else [])
     body = [Row([Span(CODE, p.tid), Span(CODE, p.config), Span(VALUE, fmt_num(val(p))), Span(VALUE, fmt_num(p.j_per_token)),
-                 Span(VALUE, fmt_num(p.watts)), Span(VALUE, fmt_num(p.tok_s / (p.watts / 1000.0) if p.watts else None))])
+                 Span(VALUE, fmt_num(p.watts)), Span(VALUE, fmt_num(p.tok_s / (p.watts / 1000.0) if p.watts else None)),
+                 *([Span(VALUE, fmt_num(p.ref_j))] if req else [])])
             for p in sorted(pts, key=lambda p: p.j_per_token)]
     lines = [gap] + [f"{p.tid}: {fmt_num(p.j_per_token)} J/token, {fmt_num(p.watts)} W, {fmt_num(val(p))}; {p.config}"
                      for p in sorted(pts, key=lambda p: p.j_per_token)[:5]]
     where = "at each configuration's SLO capacity" if by_cap.capacity is not None else "at the workload's load"
-    rec = recommended(v)
+    rec = " ".join(x for x in (recommended(v), at_required(v, pts, req)) if x)
     if rec:
         lines.insert(1, rec)
     return EnergySection(id="energy", title="Energy", lines=lines, blocks=[*([Para(words(rec))] if rec else []),
@@ -90,7 +94,7 @@ def energy_section(v: View) -> EnergySection:
                                                          "counter where the driver has one); the boards only, no host, "
                                                          "network or cooling. ")]),
         Para(words(upper_first(gap))),
-        Table(head, body, {2: "n", 3: "n", 4: "n", 5: "n"}, "energy-table"),
+        Table(head, body, {k: "n" for k in range(2, len(head))}, "energy-table"),
         Figure("plot-energy", energy_chart(pts, acc), words(
             "Figure 6. Output tokens/s " + ("per accelerator " if acc else "of the server ") + f"{where} against the "
             "tokens/s one user sees, each configuration coloured by its J per output token (thirds, fewest green)."))])
@@ -108,6 +112,17 @@ def recommended(v: View) -> str:
         out += (f"; {fmt_num(cost.get('total'))} per million output tokens (accelerators {fmt_num(cost.get('accelerators'))}, "
                 f"energy {fmt_num(cost.get('energy'))})")
     return out + "."
+
+
+def at_required(v: View, pts: list[Point], req: float | None) -> str:
+    """--objective j-per-token: the recommendation's J per output token at the required load, and the range
+    over the measured configurations there ("" for another objective)."""
+    there = [p.ref_j for p in pts if p.ref_j is not None]
+    if not req or not there:
+        return ""
+    mine = next((p.ref_j for p in pts if p.tid == as_text(v.rec.get("trial_id"))), None)
+    head = f"At the required {fmt_num(req)} req/s: " + (f"{fmt_num(mine)} J per output token for the recommendation; " if mine else "")
+    return head + f"{fmt_num(min(there))}–{fmt_num(max(there))} over the {len(there)} configurations measured there."
 
 
 def energy_chart(pts: list[Point], accelerators: float | None) -> Chart:

@@ -479,6 +479,11 @@ def _pareto(v: View) -> Pareto:
                   empty=v.empty_pareto_text())
 
 
+def reference_source(v: View) -> str:
+    """Where the reference load came from: the required capacity (j-per-token), else the first baseline search."""
+    return "the required capacity" if v.goal.get("required_capacity") is not None else "the first baseline search's capacity"
+
+
 def _capacity(v: View) -> CapacitySection:
     """The capacity objective: every measured configuration's SLO capacity and its load–latency curve."""
     rows = []
@@ -515,7 +520,7 @@ def _capacity(v: View) -> CapacitySection:
         Para(words("SLO capacity: the highest open-loop request rate at which every SLO held, clearly (the figure to "
                    "promise: the lowest over a configuration's searches); it fails by the next column's rate. The estimate "
                    "(the middle of the last bracket) is what the gate compares. Per-user output is 1000 / mean TPOT at "
-                   f"the reference load ({ref} req/s, the first baseline search's capacity).")),
+                   f"the reference load ({ref} req/s, {reference_source(v)}).")),
         Table(head, body, {2: "n", 3: "n", 4: "n", 5: "n", 6: "n"}, "capacity-table"),
         Figure("plot-capacity", plots.capacity_chart(v), words(
             "Figure 4. Each configuration's first capacity search: the binding SLO's metric at every load offered, "

@@ -35,6 +35,7 @@ METRIC_INFO = {
     "ref_per_user_output_tok_s": ("per-user output at the reference load", "tok/s"),
     "capacity_output_tok_s": ("output throughput at capacity", "tok/s"),
     "j_per_output_token": ("energy per output token", "J"),
+    "ref_j_per_output_token": ("energy per output token at the reference load", "J"),
     "mean_power_w": ("board power", "W"),
     "slo_capacity_per_kw": ("SLO capacity per kW", "req/s"),
 }

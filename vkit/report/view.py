@@ -58,7 +58,9 @@ class View:
         # the latency axis: P95 TTFT at the workload's load, or, tuning for capacity, mean TPOT at the
         # reference load (interactivity; the SLO is inside the capacity then, no line to draw)
         self.capacity = as_dict(r.get("capacity"))
-        self.x_key = "ref_mean_tpot_ms" if as_text(self.goal.get("objective")) == "capacity" else X_KEY
+        # (with j-per-token: J per output token at the required load, the figure the goal minimises)
+        self.x_key = {"capacity": "ref_mean_tpot_ms", "capacity-per-kw": "ref_mean_tpot_ms",
+                      "j-per-token": "ref_j_per_output_token"}.get(as_text(self.goal.get("objective")), X_KEY)
         self.slo = num(as_dict(self.goal.get("subject_to")).get(self.x_key))
         if self.slo is None:
             self.slo = num(as_dict(self.workload.get("slo")).get(self.x_key))
@@ -76,7 +78,7 @@ class View:
 
     def _y_key(self) -> str:
         """The goal's metric when the trials carry it, else output throughput."""
-        want = as_text(self.goal.get("maximize"))
+        want = as_text(self.goal.get("maximize")) or ("slo_capacity" if self.goal.get("minimize") else "")
         if want and want != Y_DEFAULT:
             pts = [as_dict(t.get("metrics")) for t in self.trials] + [as_dict(p.get("metrics")) for p in self.pareto]
             if any(num(m.get(want)) is not None for m in pts):

@@ -24,6 +24,12 @@ def goal(s: Settings) -> dict:
     to the SLO at the workload's one load."""
     slo = ", ".join(f"{k} <= {v:g}" for k, v in s.slo.items())
     energy = "; and fewest J per output token (board power)" if s.energy_axis else ""
+    if s.capacity is not None and s.required_capacity is not None:
+        unit = "x the trace's speed" if s.capacity.plan.mode == "trace" else "req/s"
+        return {"minimize": "ref_j_per_output_token", "subject_to": s.slo, "objective": s.objective,
+                "required_capacity": s.required_capacity,
+                "text": f"fewest J per output token (board power) while carrying {s.required_capacity:g} {unit} with {slo}"
+                        + ("; J per output token at each capacity on the front too" if s.energy_axis else "")}
     if s.capacity is not None:
         gp = s.capacity.slo.goodput
         per_kw = s.objective == "capacity-per-kw"

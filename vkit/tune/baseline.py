@@ -140,12 +140,16 @@ class Baselines:
 
     def _set_reference(self, doc: dict, path: str) -> None:
         """The load every later capacity search starts from and measures interactivity at: the first
-        baseline search's capacity (its highest clear hold; the estimate when nothing clearly held)."""
-        load = doc.get("capacity_holds") or doc.get("slo_capacity")
-        self.r.sf.tune.set_capacity_reference({"load": load, "from": path, "set": now_iso()})
+        baseline search's capacity (its highest clear hold; the estimate when nothing clearly held); with
+        --objective j-per-token, the required capacity (the load whose J per output token is minimised)."""
+        req = self.r.s.required_capacity
+        load = req if req is not None else doc.get("capacity_holds") or doc.get("slo_capacity")
+        self.r.sf.tune.set_capacity_reference({"load": load, "from": "--required-capacity" if req is not None else path,
+                                               "set": now_iso()})
         unit = capacity_unit(doc)
+        what = "per-user tok/s and J per output token" if req is not None else "per-user tok/s"
         self.r.progress(f"capacity reference load: {load:g} {unit} (every later search starts there and measures "
-                      "per-user tok/s there)")
+                      f"{what} there)")
 
 
 def need_energy(metrics: tuple[str, ...], docs: list[dict]) -> None:

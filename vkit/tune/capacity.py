@@ -504,7 +504,7 @@ def capacity_document(result: Capacity, first: dict | None, opts, seed: int, ref
         doc["reference_load"] = reference
         # interactivity at the reference load means something only where that load holds the SLO
         doc["ref_holds"] = ref_pt.get("verdict") == HOLDS
-        for k in ("mean_tpot_ms", "p95_tpot_ms", "p95_ttft_ms", "per_user_output_tok_s"):
+        for k in ("mean_tpot_ms", "p95_tpot_ms", "p95_ttft_ms", "per_user_output_tok_s", "j_per_output_token"):
             if isinstance(ref.get(k), (int, float)):
                 doc[f"ref_{k}"] = ref[k]
     dataset = dict(fv.get("dataset") or {})

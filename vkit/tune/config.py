@@ -61,6 +61,9 @@ class Settings:
     grant_budget: bool = False  # --yes: a confirmation whose power analysis needs more blocks than confirm_blocks gets them
     baseline_starts: int | None = None  # server starts the baseline's repeats are spread over (None: default_starts)
     energy_axis: bool = False  # --energy-axis: J per output token is an objective of the front (minimised)
+    # --objective j-per-token: the load the deployment must carry within the SLO (req/s, or a trace's speed-up); every
+    # capacity search measures it (the reference load), and the recommendation is the fewest J per output token there
+    required_capacity: float | None = None
 
     def __post_init__(self) -> None:
         # under the capacity objective the tune's own workload is measured by capacity searches; the others
@@ -72,11 +75,13 @@ class Settings:
     def objective(self) -> str:
         if self.capacity is None:
             return "throughput"
+        if self.required_capacity is not None:
+            return "j-per-token"
         return "capacity-per-kw" if self.primary.startswith("slo_capacity_per_kw") else "capacity"
 
     def energy_metrics(self) -> tuple[str, ...]:
         """The board-energy figures this tune cannot decide without (every measurement must carry them)."""
-        need = ("slo_capacity_per_kw",) if self.objective == "capacity-per-kw" else ()
+        need = {"capacity-per-kw": ("slo_capacity_per_kw",), "j-per-token": ("ref_j_per_output_token",)}.get(self.objective, ())
         return need + (("j_per_output_token",) if self.energy_axis else ())
 
     def starts(self) -> int:

@@ -88,7 +88,8 @@ class OneRun:
         os.makedirs(d, exist_ok=True)
         path = os.path.join(d, f"rep{k}.json")
         st = self.tune.tune()
-        reference = st.record("capacity_reference").get("load")
+        # the first baseline search's capacity, once it is known; the required capacity (j-per-token) from the first
+        reference = st.record("capacity_reference").get("load") or self.s.required_capacity
         # where the answer probably is: the kept configuration's capacity, once its baseline is final
         b = st.record("baseline")
         hint = (b.get("metrics") or {}).get("slo_capacity") if b.get("config") == st.kept_config else None

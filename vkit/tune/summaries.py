@@ -15,7 +15,7 @@ KEY_METRICS = ("output_throughput", "request_throughput", "request_goodput", "p9
                # the capacity objective's measurement (vkit.tune.capacity.capacity_document)
                "slo_capacity", "capacity_output_tok_s", "ref_mean_tpot_ms", "ref_per_user_output_tok_s",
                # board energy, where power was read (vkit.measure.energy; at the capacity: vkit.tune.capenergy)
-               "j_per_output_token", "j_per_request", "mean_power_w", "slo_capacity_per_kw")
+               "j_per_output_token", "j_per_request", "mean_power_w", "slo_capacity_per_kw", "ref_j_per_output_token")
 
 
 def plain(obj: Any) -> Any:

@@ -39,6 +39,7 @@ from vkit.tune.steps.delivery import (  # noqa: F401
     claim_guards,
     confirm_front,
     deliver,
+    energy_pick,
     more_interactive,
 )
 from vkit.tune.steps.gpumemory import (  # noqa: F401

@@ -18,14 +18,20 @@ CAPACITY_OBJECTIVES = [search.Objective("slo_capacity", "max"), search.Objective
 
 # --energy-axis: board energy per output token, at the capacity (or the run's load), a third objective
 ENERGY_OBJECTIVE = search.Objective("j_per_output_token", "min")
+# --objective j-per-token: SLO capacity, and the board energy per output token at the required load (the
+# reference load of every search), the figure the recommendation minimises among the configurations carrying it
+REQUIRED_OBJECTIVES = [search.Objective("slo_capacity", "max"), search.Objective("ref_j_per_output_token", "min")]
 
 
 def objectives(runner: Runner) -> list[search.Objective]:
-    """The search's objectives for this run's objective (throughput at one load, SLO capacity, or SLO capacity
-    per kW), J per output token beside them with --energy-axis."""
+    """The search's objectives for this run's objective (throughput at one load, SLO capacity, SLO capacity
+    per kW, or J per output token at a required capacity), J per output token at the capacity beside them with
+    --energy-axis."""
     s = runner.s
     if s.capacity is None:
         objs = list(OBJECTIVES)
+    elif s.objective == "j-per-token":
+        objs = list(REQUIRED_OBJECTIVES)
     else:
         objs = list(CAPACITY_OBJECTIVES) if s.objective == "capacity" else [
             search.Objective("slo_capacity_per_kw", "max"), *CAPACITY_OBJECTIVES[1:]]

@@ -87,7 +87,9 @@ CAPACITY_GUARD = 0.05
 
 
 def claim_guards(runner: Runner, primary: str) -> list[str]:
-    if runner.s.capacity is not None and not primary.startswith("slo_capacity"):
+    # j-per-token: capacity may be traded for joules down to the required load, which every search measures
+    # (ref_holds); no guard relative to the kept configuration's capacity
+    if runner.s.capacity is not None and not primary.startswith("slo_capacity") and runner.s.objective != "j-per-token":
         return [f"slo_capacity:+:{CAPACITY_GUARD:.0%}"]
     return []
 
@@ -191,6 +193,9 @@ def deliver(runner: Runner, goal: dict) -> dict:
                for c in _current_checks(st) if c.get("decision") in _NOT_CONFIRMED]
     out["pareto"] = pareto
     out["not_confirmed"] = dropped
+    if runner.s.objective == "j-per-token":
+        out["recommendation"] = energy_pick(runner, pareto, st)
+        return out
     better = more_interactive(runner, pareto) if runner.s.capacity is not None else None
     if better is not None:
         # The business goal is max capacity, then interactivity: a member confirmed faster per user at
@@ -215,6 +220,50 @@ def deliver(runner: Runner, goal: dict) -> dict:
            "search_pick": {"trial_id": searched.get("trial_id"), "config": searched.get("config"), "why": searched.get("why")}}
     out["recommendation"] = rec
     return out
+
+
+def energy_pick(runner: Runner, pareto: list[dict], st: TuneView) -> dict:
+    """--objective j-per-token: the configuration with the fewest J per output token at the required load among
+    those that carry it. A front member qualifies when the gate accepted its J/token claim on fresh interleaved
+    runs against the kept configuration and every search of it, screening and confirmation, held the SLO at
+    the required load; else the kept configuration, when its searches held there; else none carries it."""
+    req = runner.s.required_capacity
+    metric = "ref_j_per_output_token"
+    kept = st.kept_config
+    kept_trial = next((t["id"] for t in reversed(st.trials()) if t.get("kept") and t["config"] == kept), "kept")
+    trials = {t["id"]: t for t in st.trials()}
+    checks = {c["trial_id"]: c for c in _current_checks(st)}
+    ok = [p for p in pareto if (p.get("confirmation") or {}).get("decision") == "accept"
+          and str((p.get("confirmation") or {}).get("claim") or "").startswith(metric)
+          and _carries_reference(runner, trials.get(p["trial_id"]) or {})
+          and _carries_reference(runner, {"runs": (checks.get(p["trial_id"]) or {}).get("b_runs") or []})]
+    best = min(ok, key=lambda p: (p.get("metrics") or {}).get(metric, math.inf)) if ok else None
+    kept_row = next((p for p in pareto if p.get("trial_id") == "kept"), None)
+    b = st.record("baseline")
+    kept_carries = _carries_reference(runner, {"runs": b.get("runs") or []}) if b.get("config") == kept else \
+        _carries_reference(runner, trials.get(kept_trial) or {})
+    cfg = dict((best or {}).get("config") or kept)
+    rec = {"config": cfg, "trial_id": best["trial_id"] if best else kept_trial,
+           "decision_id": None if best else st.kept.get("decision_id"), "serve_flags": to_serve_flags(cfg),
+           "serve_command": shlex.join(serve_argv(st.server.launch, cfg)), "required_capacity": req,
+           "carries_required": bool(best) or kept_carries}
+    if best is not None:
+        j = (best.get("metrics") or {}).get(metric)
+        kj = ((kept_row or {}).get("metrics") or {}).get(metric)
+        rec["kept_config"] = dict(kept)
+        rec["why"] = (f"the goal is the fewest J per output token while carrying {req:g}: {best['trial_id']} was confirmed "
+                      f"on fresh interleaved runs against the kept configuration with fewer J per output token at that "
+                      f"load ({(best['confirmation'] or {}).get('why')}), {j:.4g} J/token"
+                      + (f" against {kj:.4g}" if isinstance(kj, (int, float)) and isinstance(j, (int, float)) else "")
+                      + f", and every search of it held the SLO at {req:g}; the kept configuration (the server runs it "
+                      "now) has the most capacity the gate confirmed, deploy this one for the stated goal")
+    elif kept_carries:
+        rec["why"] = (f"the kept configuration: it carries {req:g} within the SLO in every search, and no configuration "
+                      "was confirmed on fresh interleaved runs with fewer J per output token there")
+    else:
+        rec["why"] = (f"no measured configuration carries {req:g} within the SLO in every search: the kept one has the "
+                      "most capacity the gate confirmed; serve less, or on more accelerators")
+    return rec
 
 
 def more_interactive(runner: Runner, pareto: list[dict]) -> dict | None:
