@@ -12,6 +12,7 @@ import pytest
 
 from tests.conftest import REPO, call
 from tests.sim_fixtures import SimProcess
+from vkit.measure import accel
 
 pytestmark = pytest.mark.e2e
 
@@ -58,3 +59,31 @@ def test_post_start_verify_measures_the_boards_idle_power(sim_smi):
     assert r.returncode == 0, r.stderr
     acc = next(c for c in json.loads(r.stdout)["checks"] if c["id"] == "accelerator")
     assert acc["status"] == "pass" and acc["evidence"]["idle_w"] == pytest.approx(77.7)
+
+
+ASCEND_DIR = os.path.join(REPO, "vkit", "data", "smi-ascend")
+
+
+def test_ascend_boards_are_read_through_npu_smi_sampled_without_an_energy_counter(monkeypatch, tmp_path):
+    """A simulated Atlas 800T A2 (910B, TP 2): its npu-smi table, in the vendor's format, is what bench_stream's sampler
+    reads (no nvidia-smi on such a machine); npu-smi has no energy counter, so the energy is the samples' integral."""
+    with SimProcess("--sim-gpu", "Ascend-910B", "--sim-model", "llama-3.1-8b", "-tp", "2", "--sim-speed", "1") as sim:
+        monkeypatch.setenv("PATH", ASCEND_DIR + os.pathsep + os.environ["PATH"])
+        monkeypatch.setenv("VKIT_SIM_SMI_URL", sim.url)
+        info = subprocess.run(["npu-smi", "info"], capture_output=True, text=True, timeout=30)
+        assert info.returncode == 0 and "| NPU   Name                | Health        | Power(W)" in info.stdout
+        # nvidia-smi is not installed on such a machine: the simulator says so as a shell would (127)
+        nv = subprocess.run([os.path.join(SMI_DIR, "nvidia-smi"), "--query-gpu=index", "--format=csv"],
+                            capture_output=True, text=True, timeout=30)
+        assert (nv.returncode, nv.stdout) == (127, "")
+        rows = accel.parse_npu(info.stdout)
+        assert [(r["npu"], r["name"]) for r in rows] == [(0, "910B3"), (1, "910B3")]
+        assert accel.device_power(rows) == [pytest.approx(90.0, abs=0.05)] * 2  # idle: nothing has run yet
+        out = tmp_path / "run.json"
+        r = call("bench_stream", "--url", sim.url, "--random-input-len", "512", "--random-output-len", "256",
+                 "--num-prompts", "96", "--max-concurrency", "16", "--idle-power-w", "180", "-q", "-o", str(out))
+        assert r.code == 0, r.err
+    s = json.loads(out.read_text())
+    e = s["vkit"]["energy"]
+    assert (e["source"], e["usable"], e["idle_w"]) == ("sampled", True, 180.0), e
+    assert 180.0 < e["mean_w"] <= 800.0, e  # two boards: between their idle (2 x 90 W) and their limit (2 x 400 W)

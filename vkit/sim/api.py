@@ -40,6 +40,8 @@ if TYPE_CHECKING:
 VLLM_VERSION = "0.32.0"
 SIM_VERSION = VLLM_VERSION + "+sim"
 ENGINE_DEAD_MSG = "EngineCore encountered an issue. See stack trace (above) for the root cause."
+# the simulated boards' vendor tools (vkit.sim.smi; the shims in vkit/data/smi and vkit/data/smi-ascend)
+SMI_PATHS = {"/sim/nvidia-smi": "nvidia-smi", "/sim/npu-smi": "npu-smi"}
 
 
 def _percentile(sorted_vals: list[float], q: float) -> float:
@@ -213,7 +215,7 @@ class SimApi:
                 if method != "POST":
                     return self.send_json(conn, 405, {"detail": "Method Not Allowed"})
                 return self.generate(conn, body, chat=path.endswith("chat/completions"))
-            if method != "GET" and path in ("/version", "/v1/models", "/metrics", "/sim/stats", "/sim/nvidia-smi"):
+            if method != "GET" and path in ("/version", "/v1/models", "/metrics", "/sim/stats", *SMI_PATHS):
                 return self.send_json(conn, 405, {"detail": "Method Not Allowed"})
             if path == "/version":
                 return self.send_json(conn, 200, self.version_info())
@@ -224,8 +226,8 @@ class SimApi:
                                        self.render_metrics().encode())
             if path == "/sim/stats":
                 return self.send_json(conn, 200, self.sim_stats(reset="reset=1" in query, requests="requests=1" in query))
-            if path == "/sim/nvidia-smi":
-                return self.send_json(conn, 200, self.nvidia_smi(query))
+            if path in SMI_PATHS:
+                return self.send_json(conn, 200, self.vendor_smi(query, SMI_PATHS[path]))
             if path == "/reset_prefix_cache" and self.s.dev_mode and method == "POST":
                 self.engine.reset_prefix_cache()
                 return self.send_bytes(conn, 200, b"", b"")
@@ -277,8 +279,9 @@ class SimApi:
         e = self.engine
         return self.metrics.render(self.model_name, e.num_running(), e.num_waiting(), e.kv_usage(), self.cache_info())
 
-    def nvidia_smi(self, query: str) -> dict:
-        """``nvidia-smi ARGS`` on the simulated boards (``args``: a JSON list; :mod:`vkit.sim.smi`)."""
+    def vendor_smi(self, query: str, tool: str) -> dict:
+        """``nvidia-smi ARGS`` or ``npu-smi ARGS`` on the simulated boards (``args``: a JSON list; :mod:`vkit.sim.smi`):
+        the boards' own vendor's tool answers; the other is not installed on such a machine (exit 127)."""
         try:
             args = json.loads(urllib.parse.parse_qs(query).get("args", ["[]"])[0])
         except ValueError:
@@ -291,7 +294,10 @@ class SimApi:
             gpu, mib = self.opts.gpu, float(1 << 20)
             self.smi = smi.SmiBoards(self.engine.meter, gpu.device_name, gpu.memory_bytes / mib,
                                      round(gpu.memory_bytes * self.opts.gpu_memory_utilization / mib), v, w)
-        out, rc = smi.answer(args, self.smi.devices(w, v))
+        ascend = self.opts.gpu.name.startswith("Ascend")
+        if (tool == "npu-smi") != ascend:
+            return {"stdout": "", "rc": 127}
+        out, rc = (smi.answer_npu if ascend else smi.answer)(args, self.smi.devices(w, v))
         return {"stdout": out, "rc": rc}
 
     def sim_stats(self, reset: bool = False, requests: bool = False) -> dict:

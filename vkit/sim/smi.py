@@ -1,8 +1,10 @@
-"""What ``nvidia-smi --query-gpu=... --format=csv`` would print for the simulated boards.
+"""What ``nvidia-smi --query-gpu=... --format=csv`` (``npu-smi info`` for Ascend boards) would print for the
+simulated boards.
 
-sim_server answers ``GET /sim/nvidia-smi?args=<JSON list>`` with ``{"stdout", "rc"}``: the text the real
-tool prints for those arguments, from the engine's power meter (:mod:`vkit.sim.power`). The shim
-``vkit/data/smi/nvidia-smi`` forwards its arguments there, so with its folder first on ``PATH`` (and
+sim_server answers ``GET /sim/nvidia-smi?args=<JSON list>`` (``/sim/npu-smi`` for Ascend boards) with
+``{"stdout", "rc"}``: the text the real tool prints for those arguments, from the engine's power meter
+(:mod:`vkit.sim.power`). The shim ``vkit/data/smi/nvidia-smi`` (``vkit/data/smi-ascend/npu-smi``) forwards
+its arguments there, so with its folder first on ``PATH`` (and
 ``VKIT_SIM_SMI_URL`` naming the server) bench_stream's sampler, the fingerprint and the start-up check
 read the simulated boards through the parser they use on real ones.
 
@@ -62,6 +64,35 @@ def answer(args: list[str], devices: list[dict]) -> tuple[str, int]:
     return ("\n".join(lines) + "\n", 0)
 
 
+# ``npu-smi info`` on an Atlas 800T A2 (910B3), as tests/test_accel.py's NPU_910B: two rows per NPU (the NPU's
+# Power(W), then its chip's AICore(%) and HBM-Usage(MB)). Temperature is not modelled: NA, as the tool prints
+# for a field a board does not report. One chip per NPU; no energy counter (npu-smi has none).
+_NPU_HEAD = """\
++------------------------------------------------------------------------------------------------+
+| npu-smi 23.0.rc3 (vkit sim)      Version: 23.0.rc3                                             |
++---------------------------+---------------+----------------------------------------------------+
+| NPU   Name                | Health        | Power(W)    Temp(C)           Hugepages-Usage(page)|
+| Chip                      | Bus-Id        | AICore(%)   Memory-Usage(MB)  HBM-Usage(MB)        |
++===========================+===============+====================================================+
+"""
+_NPU_SEP = "+===========================+===============+====================================================+\n"
+
+
+def answer_npu(args: list[str], devices: list[dict]) -> tuple[str, int]:
+    """(stdout, exit code) of ``npu-smi ARGS`` on ``devices``; only ``npu-smi info`` is served."""
+    if args != ["info"]:
+        return ("vkit sim npu-smi serves only `npu-smi info`\n", 2)
+    out = [_NPU_HEAD]
+    for d in devices:
+        name = d["name"].removeprefix("Ascend")
+        hbm = f"{d['memory_used_mib']:.0f}/ {d['memory_total_mib']:.0f}"
+        out.append(f"| {d['index']:<5} {name:<19} | OK            | {d['power_w']:<11.1f} {'NA':<17} {'0    / 0':<21}|\n")
+        out.append(f"| 0                         | 0000:{0xC1 + d['index']:02X}:00.0  | {d['util_pct']:<11.0f} {'0    / 0':<17} "
+                   f"{hbm:<21}|\n")
+        out.append(_NPU_SEP)
+    return ("".join(out), 0)
+
+
 class SmiBoards:
     """The simulated boards as nvidia-smi reports them, read at wall times ``w`` (seconds) and the
     matching virtual times ``v``: power and utilisation averaged since the previous read."""
@@ -89,4 +120,4 @@ class SmiBoards:
                  "limit_w": m.board.limit_w, "energy_mj": 1000.0 * e / n} for i in range(n)]
 
 
-__all__ = ["DRIVER", "SmiBoards", "answer"]
+__all__ = ["DRIVER", "SmiBoards", "answer", "answer_npu"]
