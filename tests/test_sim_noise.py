@@ -21,7 +21,8 @@ from tests.sim_fixtures import SIM_BIN, SimProcess, free_port
 from vkit.cli import bench_stream, sim_predict
 from vkit.errors import UsageError
 from vkit.sim.starts import next_start
-from vkit.validate.invariants.common import Thresholds
+from vkit.validate.invariants import gauge
+from vkit.validate.invariants.common import FAIL, Thresholds
 
 
 @pytest.mark.unit
@@ -102,10 +103,8 @@ def _misses(measured: dict, preds: list[dict], rel: float, allow_ms: float) -> l
 
 
 def _busy(d: dict) -> bool:
-    """The run's client was saturated, as check_invariants' client_saturation reads it (its CPU or scheduling lag)."""
-    th, cl = Thresholds(), d.get("client") or {}
-    return ((cl.get("cpu_frac_of_one_core") or 0) > th.client_cpu_max
-            or ((cl.get("sched_lag") or {}).get("p99_ms") or 0) > th.sched_lag_max_ms)
+    """The run's client was saturated: check_invariants' own client_saturation check fails on it."""
+    return gauge.check_client_saturation(d, Thresholds(), {})["status"] == FAIL
 
 
 def _measured(url: str) -> dict:

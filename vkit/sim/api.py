@@ -282,6 +282,8 @@ class SimApi:
     def vendor_smi(self, query: str, tool: str) -> dict:
         """``nvidia-smi ARGS`` or ``npu-smi ARGS`` on the simulated boards (``args``: a JSON list; :mod:`vkit.sim.smi`):
         the boards' own vendor's tool answers; the other is not installed on such a machine (exit 127)."""
+        if tool != smi.tool_of(self.opts.gpu.name):
+            return {"stdout": "", "rc": 127}
         try:
             args = json.loads(urllib.parse.parse_qs(query).get("args", ["[]"])[0])
         except ValueError:
@@ -294,10 +296,7 @@ class SimApi:
             gpu, mib = self.opts.gpu, float(1 << 20)
             self.smi = smi.SmiBoards(self.engine.meter, gpu.device_name, gpu.memory_bytes / mib,
                                      round(gpu.memory_bytes * self.opts.gpu_memory_utilization / mib), v, w)
-        ascend = self.opts.gpu.name.startswith("Ascend")
-        if (tool == "npu-smi") != ascend:
-            return {"stdout": "", "rc": 127}
-        out, rc = (smi.answer_npu if ascend else smi.answer)(args, self.smi.devices(w, v))
+        out, rc = smi.ANSWERS[tool](args, self.smi.devices(w, v))
         return {"stdout": out, "rc": rc}
 
     def sim_stats(self, reset: bool = False, requests: bool = False) -> dict:

@@ -93,6 +93,15 @@ def answer_npu(args: list[str], devices: list[dict]) -> tuple[str, int]:
     return ("".join(out), 0)
 
 
+def tool_of(gpu_name: str) -> str:
+    """The vendor tool a machine with these simulated boards has: npu-smi for Ascend boards, else nvidia-smi."""
+    return "npu-smi" if gpu_name.startswith("Ascend") else "nvidia-smi"
+
+
+# each tool's answer to its arguments, on the boards
+ANSWERS = {"nvidia-smi": answer, "npu-smi": answer_npu}
+
+
 class SmiBoards:
     """The simulated boards as nvidia-smi reports them, read at wall times ``w`` (seconds) and the
     matching virtual times ``v``: power and utilisation averaged since the previous read."""
@@ -120,4 +129,4 @@ class SmiBoards:
                  "limit_w": m.board.limit_w, "energy_mj": 1000.0 * e / n} for i in range(n)]
 
 
-__all__ = ["DRIVER", "SmiBoards", "answer", "answer_npu"]
+__all__ = ["ANSWERS", "DRIVER", "SmiBoards", "answer", "answer_npu", "tool_of"]

@@ -202,8 +202,7 @@ def deliver(runner: Runner, goal: dict) -> dict:
         # the reference load, its capacity guarded within CAPACITY_GUARD of the kept one's, is that goal's pick.
         cfg = better.get("config") or {}
         out["recommendation"] = {
-            "config": dict(cfg), "trial_id": better["trial_id"], "decision_id": None, "serve_flags": to_serve_flags(cfg),
-            "serve_command": shlex.join(serve_argv(st.server.launch, cfg)), "kept_config": dict(kept),
+            **deployment(st, cfg, better["trial_id"], None), "kept_config": dict(kept),
             "why": (f"the goal is the most SLO capacity, then interactivity: {better['trial_id']} was confirmed on fresh "
                     "interleaved runs against the kept configuration with a lower mean TPOT at the reference load "
                     f"({better['confirmation'].get('why')}), its capacity guarded within {CAPACITY_GUARD:.0%} of the kept "
@@ -211,15 +210,24 @@ def deliver(runner: Runner, goal: dict) -> dict:
                     "deploy this one for the stated goal")}
         return out
     # The recommendation is the kept configuration: the only one confirmed on fresh interleaved runs.
-    kept_trial = next((t["id"] for t in reversed(st.trials()) if t.get("kept") and t["config"] == kept), "kept")
     searched = out.get("recommendation") or {}
-    rec = {"config": dict(kept), "trial_id": kept_trial, "decision_id": st.kept.get("decision_id"),
-           "serve_flags": to_serve_flags(kept), "serve_command": shlex.join(serve_argv(st.server.launch, kept)),
+    rec = {**deployment(st, kept, kept_trial_id(st), st.kept.get("decision_id")),
            "why": "the kept configuration: every change in it was accepted by the gate on fresh, interleaved runs "
                   "against the configuration it replaced",
            "search_pick": {"trial_id": searched.get("trial_id"), "config": searched.get("config"), "why": searched.get("why")}}
     out["recommendation"] = rec
     return out
+
+
+def kept_trial_id(st: TuneView) -> str:
+    """The last trial that was kept with the configuration kept now ("kept": its baseline, when none)."""
+    return next((t["id"] for t in reversed(st.trials()) if t.get("kept") and t["config"] == st.kept_config), "kept")
+
+
+def deployment(st: TuneView, cfg: dict, trial_id: str, decision_id: str | None) -> dict:
+    """A recommendation's configuration and how to deploy it: its vllm serve flags and whole command."""
+    return {"config": dict(cfg), "trial_id": trial_id, "decision_id": decision_id, "serve_flags": to_serve_flags(cfg),
+            "serve_command": shlex.join(serve_argv(st.server.launch, cfg))}
 
 
 def energy_pick(runner: Runner, pareto: list[dict], st: TuneView) -> dict:
@@ -230,7 +238,7 @@ def energy_pick(runner: Runner, pareto: list[dict], st: TuneView) -> dict:
     req = runner.s.required_capacity
     metric = "ref_j_per_output_token"
     kept = st.kept_config
-    kept_trial = next((t["id"] for t in reversed(st.trials()) if t.get("kept") and t["config"] == kept), "kept")
+    kept_trial = kept_trial_id(st)
     trials = {t["id"]: t for t in st.trials()}
     checks = {c["trial_id"]: c for c in _current_checks(st)}
     ok = [p for p in pareto if (p.get("confirmation") or {}).get("decision") == "accept"
@@ -243,9 +251,8 @@ def energy_pick(runner: Runner, pareto: list[dict], st: TuneView) -> dict:
     kept_carries = _carries_reference(runner, {"runs": b.get("runs") or []}) if b.get("config") == kept else \
         _carries_reference(runner, trials.get(kept_trial) or {})
     cfg = dict((best or {}).get("config") or kept)
-    rec = {"config": cfg, "trial_id": best["trial_id"] if best else kept_trial,
-           "decision_id": None if best else st.kept.get("decision_id"), "serve_flags": to_serve_flags(cfg),
-           "serve_command": shlex.join(serve_argv(st.server.launch, cfg)), "required_capacity": req,
+    rec = {**deployment(st, cfg, best["trial_id"] if best else kept_trial, None if best else st.kept.get("decision_id")),
+           "required_capacity": req,
            "carries_required": bool(best) or kept_carries}
     if best is not None:
         j = (best.get("metrics") or {}).get(metric)
