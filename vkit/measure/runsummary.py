@@ -7,9 +7,9 @@ import datetime as _dt
 import math
 from typing import Any
 
-from vkit.measure.batchse import run_log_se
 from vkit.measure.benchconfig import BenchConfig
 from vkit.measure.client import Result
+from vkit.measure.runse import run_log_se
 from vkit.measure.summary import (
     describe_ms,
     dist,
@@ -200,7 +200,7 @@ def _vkit_fields(cfg: BenchConfig, model: str, results: list[Result], warm: list
 
 
 def _se_log(ok: list[Result]) -> dict[str, float]:
-    """The batch-means SE of each latency statistic's log (vkit.measure.batchse), requests in send order."""
+    """The SE of each latency statistic's log, autocorrelation included (vkit.measure.runse), requests in send order."""
     order = sorted(ok, key=lambda r: r.start)
     return run_log_se({"ttft": [r.ttft for r in order],
                        "tpot": [tpot_of(r.latency, r.ttft, r.completion_tokens) for r in order],

@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from vkit.errors import UsageError
-from vkit.measure.batchse import run_log_se
+from vkit.measure.runse import run_log_se
 from vkit.measure.summary import describe_ms, queue_growth
 from vkit.sim.calibrated import CostParams, PhysCost
 from vkit.sim.config import ServeOptions, resolve

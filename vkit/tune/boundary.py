@@ -21,9 +21,10 @@ one model:
   before it trusts the curve there. A point never becomes a bound by itself: the crossing comes
   from the curve through every point.
 - **σ of a run** per SLO pools the replicates' spread with a prior (``noise``, worth ``PRIOR_DF``
-  degrees of freedom) and adds each run's sampling error: the batch-means SE the run's summary
-  carries (``vkit.se_log``: a queue's latencies are autocorrelated, so the textbook error of a
-  percentile understates it), else the percentile's error from its request count and spread.
+  degrees of freedom) and adds each run's sampling error: the SE the run's summary carries
+  (``vkit.se_log``: the textbook error times the series' integrated autocorrelation time, for a
+  queue's latencies are autocorrelated and the textbook error of a percentile understates it),
+  else the percentile's error from its request count and spread.
 - **The keep-up margin** enters only where a run failed it (a server that keeps up sits at
   ``log(1 / keep_up)`` whatever its load: no distance to the boundary). Where it binds, the load
   below it that kept up is the crossing's lower bound (the chord through the other SLOs' margins
@@ -100,14 +101,14 @@ class Estimate:
 
 # -- sampling error of one run's margin ------------------------------------------------------------
 def sampling_se(summary: dict, key: str) -> float:
-    """The SE of ``log(value)`` of one summary metric from the run's own requests: the batch-means
-    SE the summary carries (``vkit.se_log``), else from its figures alone: a mean's
+    """The SE of ``log(value)`` of one summary metric from the run's own requests: the
+    autocorrelation-aware SE the summary carries (``vkit.se_log``), else from its figures alone: a mean's
     ``std / (mean sqrt n)``; a percentile p's ``sqrt(p (1 - p) / n)`` times the slope of log latency
     against the quantile, read from the run's own percentiles (p90, p95, p99): the sparsity method.
     0 when the summary cannot say (the prior noise then carries it)."""
     own = ((summary.get("vkit") or {}).get("se_log") or {}).get(key)
     if isinstance(own, (int, float)) and own >= 0:
-        return float(own)  # the run's batch-means SE (vkit.measure.batchse): autocorrelation included
+        return float(own)  # the run's own SE (vkit.measure.runse): autocorrelation included
     n = summary.get("completed")
     if not isinstance(n, (int, float)) or n < 2:
         return 0.0
