@@ -124,7 +124,7 @@ def test_a_percentiles_sampling_error_comes_from_the_runs_own_spread():
     assert boundary.sampling_se(tight, "p95_ttft_ms") < boundary.sampling_se(wide, "p95_ttft_ms")
     # sqrt(.95 .05 / 400) x ln(3) / 0.09
     assert boundary.sampling_se(wide, "p95_ttft_ms") == pytest.approx(math.sqrt(0.0475 / 400) * math.log(3) / 0.09)
-    # the run's own batch-means SE wins when the summary carries it
+    # the run's own SE (vkit.measure.runse) wins when the summary carries it
     wide["vkit"] = {"se_log": {"p95_ttft_ms": 0.2}}
     assert boundary.sampling_se(wide, "p95_ttft_ms") == 0.2
 

@@ -21,8 +21,8 @@ largest value) is not a mean. Measured on bench_capacity_interval's cliff and sm
 at 0.95 and 1.0 of their true capacities (80 noise-free runs of 280 and 560 requests each, every
 run's own estimate against the spread of log P95 TTFT across the runs): batch means gave 0.23–0.25
 where the runs spread by 0.42–0.56 (cliff) and 0.11–0.13 against 0.20–0.25 (smooth); τ gives
-0.36–0.48 and 0.15–0.17. (The rest of the spread is between runs: each starts from an idle
-server. The capacity model pools it into its σ.)
+0.37–0.49 and 0.16–0.17 (``python3 bench/bench_runse.py``). The rest of the spread is between
+runs, each started on an idle server; the capacity model pools that part into its σ.
 """
 
 from __future__ import annotations
