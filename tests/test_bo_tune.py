@@ -13,16 +13,16 @@ from vkit.measure.gauge import BenchOptions
 from vkit.state import StateFile, new_state
 from vkit.tune import steps
 from vkit.tune.config import Settings, Workload
-from vkit.tune.runner import Runner
+from vkit.tune.context import Tune, new_tune
 
 pytestmark = pytest.mark.unit
 
 
-def runner(state_path, workload=None) -> Runner:
+def runner(state_path, workload=None) -> Tune:
     sf = StateFile(state_path)
     sf.create(new_state("http://127.0.0.1:9", "m", ["serve", "m"], {"max_num_seqs": 16, "max_num_batched_tokens": 2048}),
               force=True)
-    return Runner(sf, Settings(workload=workload or Workload(BenchOptions(num_prompts=50))), lambda m: None, tool_name="tune")
+    return new_tune(sf, Settings(workload=workload or Workload(BenchOptions(num_prompts=50))), lambda m: None, tool_name="tune")
 
 
 def test_the_space_holds_every_situational_parameter(state_path, tmp_path):

@@ -16,7 +16,7 @@ from vkit.measure.runsummary import completion_rate
 from vkit.state import StateFile, new_state
 from vkit.tune import capacity as cap
 from vkit.tune.config import CapacityObjective, Settings, Workload
-from vkit.tune.runner import Runner
+from vkit.tune.context import Tune, new_tune
 
 pytestmark = pytest.mark.unit
 
@@ -116,10 +116,10 @@ def runner(state_path, tmp_path):
     sf.create(new_state("http://127.0.0.1:9", "m", ["serve", "m"], {"max_num_seqs": 64, "max_num_batched_tokens": 4096}))
     w = Workload(BenchOptions(num_prompts=50, max_concurrency=16))
     objective = CapacityObjective(slo=cap.Slo({"p95_ttft_ms": 1000.0}), plan=cap.Plan())
-    return Runner(sf, Settings(workload=w, capacity=objective), lambda m: None, tool_name="tune")
+    return new_tune(sf, Settings(workload=w, capacity=objective), lambda m: None, tool_name="tune")
 
 
-def _measured(runner: Runner, config: dict, peak: int) -> str:
+def _measured(runner: Tune, config: dict, peak: int) -> str:
     import json
     import os
 
@@ -127,7 +127,7 @@ def _measured(runner: Runner, config: dict, peak: int) -> str:
     path = os.path.join(runner.runs_dir, t["id"], "rep1.json")
     os.makedirs(os.path.dirname(path), exist_ok=True)
     json.dump({"slo_capacity": 50.0, "peak_in_flight": peak}, open(path, "w"))
-    runner.update_trial(t["id"], status="done", valid=True, metrics={"slo_capacity": 50.0},
+    runner.sf.tune.update_trial(t["id"], status="done", valid=True, metrics={"slo_capacity": 50.0},
                         runs=[os.path.relpath(path, runner.sf.dir)])
     return t["id"]
 

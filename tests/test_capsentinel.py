@@ -52,8 +52,8 @@ def test_the_verdict_of_the_runs_at_the_check_load(margins, verdict):
     assert capsentinel.judge(p, _plan()) == verdict
 
 
-class _Runner:
-    """What the sentinel uses of a Runner: the kept configuration's baseline, the state's drift checks."""
+class _Tune:
+    """What the sentinel uses of a Tune: the kept configuration's baseline, the state's drift checks."""
 
     def __init__(self, tmp_path, baseline: dict):
         self.state = {"baseline": baseline, "trials": [{"id": "t003"}], "drift_checks": [], "drift": None,
@@ -80,6 +80,7 @@ class _Runner:
         sf.tune.record_drift_check = record
         self.sf = sf
         self.ledger, self.served = Ledger(sf), Ledger(self.svc)  # the typed reads of both state files
+        self.seat = self  # the restart to the kept configuration
 
     def restore_kept(self, fresh: bool = False) -> None:
         self.restarts += fresh
@@ -103,8 +104,8 @@ def _virtual(params: CostParams | None, key: str):
     return live_measure
 
 
-def _check(tmp_path, monkeypatch, params: CostParams | None, key: str) -> tuple[dict, _Runner]:
-    r = _Runner(tmp_path, {"metrics": {"slo_capacity": TRUTH}, "sigma": {"slo_capacity": SIGMA}})
+def _check(tmp_path, monkeypatch, params: CostParams | None, key: str) -> tuple[dict, _Tune]:
+    r = _Tune(tmp_path, {"metrics": {"slo_capacity": TRUTH}, "sigma": {"slo_capacity": SIGMA}})
     monkeypatch.setattr(cap, "live_measure", _virtual(params, key))
     return capsentinel.sentinel(r), r
 

@@ -15,6 +15,7 @@ from tests.conftest import call
 from tests.sim_fixtures import SimProcess
 from vkit.errors import ExitCode, StateWriteError, UsageError, VkitError
 from vkit.state import ENOSPC_HOOK, StateFile, new_state
+from vkit.tune.ledger import Ledger
 
 
 # -- the invariant checkers catch what they are for (no process) ------------------------------------
@@ -205,17 +206,17 @@ def test_chaos_two_tunes_every_invariant_holds(tmp_path):
 
 # -- what the chaos runs found: no run with a failed request enters a verdict or the kept series ------------
 def _stub_runner(tmp_path, runs):
-    """A Runner with its measurement and state stubbed: ``runs`` are the (summary, check) pairs measured in turn."""
+    """A Tune with its measurement and state stubbed: ``runs`` are the (summary, check) pairs measured in turn."""
     from types import SimpleNamespace
 
     from vkit.measure.gauge import BenchOptions
     from vkit.state import StateFile, new_state
     from vkit.tune.config import Settings, Workload
-    from vkit.tune.runner import Runner
+    from vkit.tune.context import new_tune
 
     sf = StateFile(str(tmp_path / "vkit.json"))
     sf.create(new_state("http://127.0.0.1:1", "m", ["serve", "m"], {}), force=True)
-    r = Runner(sf, Settings(workload=Workload(BenchOptions(num_prompts=5))), lambda m: None, tool_name="tune")
+    r = new_tune(sf, Settings(workload=Workload(BenchOptions(num_prompts=5))), lambda m: None, tool_name="tune")
     it = iter(runs)
 
     def once(label, k, workload=None):
@@ -223,13 +224,14 @@ def _stub_runner(tmp_path, runs):
         return f"runs/{label}/rep{k}.json", doc, check
 
     calls = {"log": [], "repeats": [], "drift": []}
-    r.measurer.once, r.healthy, r.progress = once, lambda url: True, lambda m: None
+    r.measurer.once, r.seat.healthy, r.progress = once, lambda url: True, lambda m: None
     r.log = lambda event, **kw: calls["log"].append(event)
     st = {"service": {"url": "http://127.0.0.1:1"}, "trials": [], "kept": {"config": {}, "repeats": []}, "run_starts": {}}
     tune = SimpleNamespace(add_kept_repeat=calls["repeats"].append, record_run_start=lambda *a, **k: None,
                            record_drift_check=lambda out, change=None: calls["drift"].append(out))
     r.sf = r.svc = SimpleNamespace(read=lambda: st, tune=tune, service=SimpleNamespace(note_fingerprint=lambda *a, **k: None))
-    r.restore_kept, r.load = lambda fresh=False: None, lambda p: {}
+    r.ledger = r.served = Ledger(r.sf)
+    r.seat.restore_kept, r.ledger.load = lambda fresh=False: None, lambda p: {}
     return r, calls
 
 
@@ -282,8 +284,8 @@ def test_a_server_gone_before_the_run_began_is_restarted_like_one_that_died_mid_
         return measured(label, k, workload)
 
     applied = []
-    r.measurer.once, r.healthy = once, lambda url: False
-    r.apply = lambda cfg, fresh=False: (applied.append((cfg, fresh)) or True, {})
+    r.measurer.once, r.seat.healthy = once, lambda url: False
+    r.seat.apply = lambda cfg, fresh=False: (applied.append((cfg, fresh)) or True, {})
     _, doc, check = r.measurer.checked("t003", 2)
     assert check["code"] == 0 and doc["output_throughput"] == 6500.0
     assert applied == [({}, True)] and calls["log"] == ["server_died"]
@@ -306,11 +308,11 @@ def test_a_keep_interrupted_before_its_record_is_finished_not_confirmed_against_
     conf = {"trial_id": "t004", "config": cand, "against": old, "decision": "accept", "why": "+7%", "sequence": ["B", "A", "A", "B"]}
     st = {"kept": {"config": cand, "decision": "gate", "decision_id": "d0042"}, "confirmations": [conf], "trials": [trial]}
     saved, updated, rebased = [], [], []
-    r.sf = SimpleNamespace(read=lambda: st)
+    r.sf = SimpleNamespace(read=lambda: st, tune=SimpleNamespace(update_trial=lambda tid, **kw: updated.append(kw)))
+    r.ledger = Ledger(r.sf)
     r.confirmer.save = lambda c, list_key="confirmations": saved.append(dict(c))
-    r.update_trial = lambda tid, **kw: updated.append(kw)
     r.baselines.rebase = lambda tid, c: rebased.append(tid)
-    r.apply = r.keep = lambda *a, **k: pytest.fail("kept twice or restarted")
+    r.seat.apply = r.seat.keep = lambda *a, **k: pytest.fail("kept twice or restarted")
     r.s = SimpleNamespace(workload=SimpleNamespace(name="main"))
     out = r.confirmer.confirm_and_keep("t004", selected_from=3)
     assert out["decision"] == "kept" and out["decision_id"] == "d0042" and out["sequence"] == ["B", "A", "A", "B"]
@@ -342,15 +344,16 @@ def test_a_run_check_invariants_did_not_pass_eliminates_nothing(tmp_path):
     trial = {"id": "t002", "step": "3", "status": "applied", "config": {"max_num_seqs": 16}, "changes": {"max_num_seqs": 16},
              "runs": [], "checks": [], "repeats_planned": 1}
     base = {"runs": ["runs/b/rep1.json"], "sigma": {"output_throughput": 0.02}}
-    r.sf = SimpleNamespace(read=lambda: {"baseline": base, "trials": [trial]})
-    r.apply = lambda cfg, fresh=False: (True, {})
-    r.load = lambda p: {"output_throughput": 12000.0}
+    updates = []
+    r.sf = SimpleNamespace(read=lambda: {"baseline": base, "trials": [trial]},
+                           tune=SimpleNamespace(update_trial=lambda tid, **f: (updates.append(f), dict(trial, **f))[1]))
+    r.ledger = Ledger(r.sf)
+    r.seat.apply = lambda cfg, fresh=False: (True, {})
+    r.ledger.load = lambda p: {"output_throughput": 12000.0}
     saturated = {"code": 1, "verdict": "anomaly", "findings": ["client_saturation"]}
     r.measurer.measure = lambda tid, k, w=None: ("runs/t002/rep1.json", {"output_throughput": 4000.0, "p95_ttft_ms": 44.0, "failed": 0},
                                         dict(saturated))
     r.s = SimpleNamespace(primary="output_throughput:+", eliminate_below=0.10, screen_repeats=1)
     r.compare.gate = lambda *a, **k: {"decision": "invalid", "why": "gate: the candidate run has an anomaly"}
-    updates = []
-    r.update_trial = lambda tid, **f: (updates.append(f), dict(trial, **f))[1]
     out = r.trials.run("t002")
     assert out["status"] != "eliminated" and out["verdict"] == "invalid", updates

@@ -73,8 +73,8 @@ def test_soak_advice_says_the_numbers_and_the_formula():
     assert none["rate"] is None and none["text"].startswith("no drift rate measured: 2 dated run(s) of the kept configuration over 36 s")
 
 
-class _Runner:
-    """What the tune result's soak recommendation reads of a runner: the kept configuration's series and
+class _Tune:
+    """What the tune result's soak recommendation reads of a tune: the kept configuration's series and
     the gate's threshold on output throughput."""
 
     def __init__(self, docs: list[dict], threshold: float | None):
@@ -97,16 +97,16 @@ def test_the_tune_result_soak_recommendation_is_computed_from_the_kept_series():
     docs = [{"date": (t0 + dt.timedelta(minutes=30 * i)).strftime("%Y%m%d-%H%M%S"), "output_throughput": 5000 * math.exp(-x),
              "duration": 120.0} for i, x in enumerate((0, 0.01, 0.03, 0.03))]
     docs.append({"date": None, "output_throughput": 1.0, "duration": 120.0})  # undated: not in the rate
-    text = assemble.soak(_Runner(docs, 0.041))
+    text = assemble.soak(_Tune(docs, 0.041))
     fastest = 0.022 + T95_2 * 2 * math.sqrt(7e-6)
     hours = math.log1p(0.041) / fastest
     assert "output_throughput -2.20%/h" in text and "over 4 runs in 1.50 h" in text
     assert f"(4.1%, max(2σ, 3%)) in ln(1 + 0.041) / {fastest:.4f} = {hours:.4g} h" in text
     assert f"re-measure the baseline at least every {format_hours(hours)}" in text
     assert f"WINDOW_S={math.ceil(hours * 3600 / 12)}`" in text
-    floor = assemble.soak(_Runner(docs, None))
+    floor = assemble.soak(_Tune(docs, None))
     assert "(3.0%, the 3% floor: no σ measured)" in floor
-    assert assemble.soak(_Runner(docs[:2], 0.041)).startswith("no drift rate measured: 2 dated run(s)")
+    assert assemble.soak(_Tune(docs[:2], 0.041)).startswith("no drift rate measured: 2 dated run(s)")
 
 
 @pytest.mark.e2e

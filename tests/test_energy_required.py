@@ -21,7 +21,7 @@ from vkit.tune import capacity as cap
 from vkit.tune import steps
 from vkit.tune.assemble import goal
 from vkit.tune.config import CapacityObjective, Settings, Workload
-from vkit.tune.runner import Runner
+from vkit.tune.context import Tune, new_tune
 from vkit.tune.steps.common import objectives
 
 pytestmark = pytest.mark.unit
@@ -50,19 +50,19 @@ def runner(tmp_path):
     sf.create(new_state("http://127.0.0.1:9", "m", ["serve", "m"], {"max_num_seqs": 64}))
     objective = CapacityObjective(slo=cap.Slo({"p95_ttft_ms": 1000.0}), plan=cap.Plan())
     s = Settings(workload=Workload(BenchOptions(num_prompts=50)), capacity=objective, required_capacity=20.0)
-    return Runner(sf, s, lambda m: None, tool_name="tune")
+    return new_tune(sf, s, lambda m: None, tool_name="tune")
 
 
-def _doc(runner: Runner, name: str, holds: bool) -> str:
+def _doc(runner: Tune, name: str, holds: bool) -> str:
     path = os.path.join(runner.runs_dir, name + ".json")
     os.makedirs(os.path.dirname(path), exist_ok=True)
     json.dump({"slo_capacity": 30.0, "reference_load": 20.0, "ref_holds": holds}, open(path, "w"))
     return os.path.relpath(path, runner.sf.dir)
 
 
-def _trial(runner: Runner, seqs: int, holds: bool, conf_holds: bool | None = None) -> str:
+def _trial(runner: Tune, seqs: int, holds: bool, conf_holds: bool | None = None) -> str:
     t = runner.trials.new("3", {"max_num_seqs": seqs}, "test")
-    runner.update_trial(t["id"], status="done", valid=True, metrics={"slo_capacity": 30.0},
+    runner.sf.tune.update_trial(t["id"], status="done", valid=True, metrics={"slo_capacity": 30.0},
                         runs=[_doc(runner, f"{t['id']}-s", holds)])
     if conf_holds is not None:
         runner.sf.tune.save_confirmation({"trial_id": t["id"], "against": {"max_num_seqs": 64}, "decision": "accept",

@@ -141,12 +141,12 @@ def test_gate_compares_every_pair_of_runs_that_know_a_field():
 def test_the_tune_runner_notes_each_run_and_warns_once_on_a_change(state_path):
     from vkit.measure.gauge import BenchOptions
     from vkit.tune.config import Settings, Workload
-    from vkit.tune.runner import Runner
+    from vkit.tune.context import new_tune
 
     sf = StateFile(state_path)
     sf.create(new_state("http://127.0.0.1:9", "m", ["serve", "m"], fingerprint=fp_of()))
     warned: list[str] = []
-    r = Runner(sf, Settings(workload=Workload(BenchOptions(num_prompts=5))), lambda m: None, tool_name="tune",
+    r = new_tune(sf, Settings(workload=Workload(BenchOptions(num_prompts=5))), lambda m: None, tool_name="tune",
                warn=warned.append)
     r.measurer.note_environment("runs/b/rep0.json", {"vkit": {"fingerprint": fp_of()}})
     assert warned == []

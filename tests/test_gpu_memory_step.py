@@ -22,7 +22,7 @@ from vkit.sim.profiles import get_gpu, get_model
 from vkit.state import StateFile, new_state
 from vkit.tune import steps
 from vkit.tune.config import Settings, Workload
-from vkit.tune.runner import Runner
+from vkit.tune.context import Tune, new_tune
 
 GiB_T = 79.19  # an 80 GB device as vLLM prints its total
 
@@ -80,51 +80,53 @@ def kv(v: float) -> int:
     return int(round(v * 1_000_000))
 
 
-class StubRunner(Runner):
+class StubServer:
     """No server: a value starts when <= ``start_max`` (CUDA OOM above), and a started value's engine dies
     under the load when > ``load_max`` (check_invariants' server_died); the gate accepts the rest."""
 
-    def __init__(self, sf: StateFile, start_max: float, load_max: float):
-        super().__init__(sf, Settings(workload=Workload(BenchOptions(num_prompts=50))), lambda m: None, tool_name="tune")
-        self.start_max, self.load_max, self.starts = start_max, load_max, []
-        # the step's calls go to the narrow objects: these stand in for the trial, the confirmation and its plan
-        self.trials.run, self.confirmer.confirm_and_keep, self.budget.confirm_plan = (self.run_trial, self.confirm_and_keep,
-                                                                                      self.confirm_plan)
+    def __init__(self, t, start_max: float, load_max: float):
+        self.t, self.start_max, self.load_max, self.starts = t, start_max, load_max, []
 
     def apply(self, config, fresh=False):
         v = config["gpu_memory_utilization"]
         self.starts.append(v)
         if v > self.start_max + 1e-9:
             return False, {"diagnosis": {"kind": "oom", "quote": "torch.OutOfMemoryError: CUDA out of memory."}}
-        with self.sf.transaction() as st:
+        with self.t.sf.transaction() as st:
             st["service"]["running"] = {"pid": 1, "config": dict(config)}
             st["service"]["startup"] = {"kv_cache_tokens": kv(v)}
         return True, {"startup": {"kv_cache_tokens": kv(v)}}
 
     def run_trial(self, tid, **kw):
-        t = self.ledger.trial(tid)
+        t = self.t.ledger.trial(tid)
         v = t["config"]["gpu_memory_utilization"]
         ok, res = self.apply(t["config"], fresh=True)
         su = res.get("startup") or {}
         if v > self.load_max + 1e-9:
-            return self.update_trial(tid, status="invalid", valid=False, verdict=None, startup=su,
-                                     checks=[{"code": 3, "verdict": "invalid", "findings": ["server_died"]}],
-                                     why="invalid measurement (server_died): no verdict")
-        return self.update_trial(tid, status="done", valid=True, verdict="accept", startup=su, checks=[{"code": 0}],
-                                 metrics={"output_throughput": 110.0}, why="stub gate: accept")
+            return self.t.sf.tune.update_trial(tid, status="invalid", valid=False, verdict=None, startup=su,
+                                               checks=[{"code": 3, "verdict": "invalid", "findings": ["server_died"]}],
+                                               why="invalid measurement (server_died): no verdict")
+        return self.t.sf.tune.update_trial(tid, status="done", valid=True, verdict="accept", startup=su, checks=[{"code": 0}],
+                                           metrics={"output_throughput": 110.0}, why="stub gate: accept")
 
     def confirm_and_keep(self, tid, selected_from, **kw):
-        t = self.ledger.trial(tid)
-        with self.sf.transaction() as st:
+        t = self.t.ledger.trial(tid)
+        with self.t.sf.transaction() as st:
             st["kept"]["config"] = dict(t["config"])
-        self.update_trial(tid, kept=True)
+        self.t.sf.tune.update_trial(tid, kept=True)
         return {"decision": "kept", "why": "stub gate: accept", "a_runs": [], "b_runs": []}
 
     def confirm_plan(self, *a, **kw):
         return {"fits": True, "why": "stub"}
 
-    def settle(self):
-        pass
+
+def stub_tune(sf: StateFile, start_max: float, load_max: float) -> tuple[Tune, StubServer]:
+    """A tune whose seat, trials and confirmations are the stub's (the step's calls go to the narrow objects)."""
+    t = new_tune(sf, Settings(workload=Workload(BenchOptions(num_prompts=50))), lambda m: None, tool_name="tune")
+    stub = StubServer(t, start_max, load_max)
+    t.seat.apply, t.seat.settle = stub.apply, lambda: None
+    t.trials.run, t.confirmer.confirm_and_keep, t.budget.confirm_plan = stub.run_trial, stub.confirm_and_keep, stub.confirm_plan
+    return t, stub
 
 
 @pytest.mark.unit
@@ -136,7 +138,7 @@ def test_a_value_that_starts_but_dies_under_the_load_is_rejected_with_its_eviden
         st["service"]["running"] = {"pid": 1, "config": dict(kept)}
         st["service"]["startup"] = {"kv_cache_tokens": kv(0.90)}
         st["baseline"] = {"config": dict(kept), "runs": [], "metrics": {"output_throughput": 100.0}}
-    r = StubRunner(sf, start_max=0.96, load_max=0.93)
+    r, stub = stub_tune(sf, start_max=0.96, load_max=0.93)
     rec = steps.run_gpu_memory_step(r, Policy.load(), lambda m: None, budget=4)
     b = rec["bisection"]
     assert (b["value"], b["starts"], b["step_down_starts"], b["rollbacks"]) == (0.96, 4, 3, 2)
@@ -153,16 +155,16 @@ def test_a_value_that_starts_but_dies_under_the_load_is_rejected_with_its_eviden
     assert k["metric_gain_screening"] == pytest.approx(0.10) and k["decision"] == "kept"
     assert "KV cache 900,000 -> 930,000 tokens (+30,000, +3.3%)" in rec["result"]
     # resumed: the finished step is not run again, and no probe is repeated
-    n = len(r.starts)
+    n = len(stub.starts)
     assert steps.run_gpu_memory_step(r, Policy.load(), lambda m: None, budget=4)["finished"] == rec["finished"]
-    assert len(r.starts) == n
+    assert len(stub.starts) == n
 
 
 @pytest.mark.unit
 def test_a_probe_refused_for_memory_does_not_count_toward_abnormal(tmp_path):
     sf = StateFile(str(tmp_path / "st" / "vkit.json"))
     sf.create(new_state("http://127.0.0.1:9", "m", ["serve", "m"], {"gpu_memory_utilization": 0.90}))
-    r = StubRunner(sf, start_max=0.90, load_max=0.90)
+    r, _ = stub_tune(sf, start_max=0.90, load_max=0.90)
     with sf.transaction() as st:
         st["start_failures"] = 1
     found = steps.find_highest_start(r, 0.90, 0.98, lambda m: None)
@@ -210,7 +212,7 @@ def crowded(tmp_path, monkeypatch):
 
 @pytest.mark.e2e
 def test_on_the_simulator_every_value_starts_and_the_kv_size_is_the_memory_model(svc):
-    r = Runner(svc["sf"], Settings(workload=Workload(BenchOptions(num_prompts=50)), ready_timeout_s=30), lambda m: None,
+    r = new_tune(svc["sf"], Settings(workload=Workload(BenchOptions(num_prompts=50)), ready_timeout_s=30), lambda m: None,
                tool_name="tune")
     # the simulator has no memory held by other processes: 0.98 starts, one start answers
     found = steps.find_highest_start(r, 0.92, 0.98, lambda m: None)
@@ -245,7 +247,7 @@ def test_tune_step_4m_reports_the_kv_gained_next_to_the_throughput_gained(svc):
 def test_one_engine_death_in_a_run_measured_again_is_evidence(tmp_path):
     sf = StateFile(str(tmp_path / "st" / "vkit.json"))
     sf.create(new_state("http://127.0.0.1:9", "m", ["serve", "m"], {"gpu_memory_utilization": 0.90}))
-    r = StubRunner(sf, start_max=0.98, load_max=0.98)
+    r, _ = stub_tune(sf, start_max=0.98, load_max=0.98)
     t = r.trials.new("4m", {"gpu_memory_utilization": 0.95}, "validate")
     t = r.trials.run(t["id"])
     assert steps.load_failure(r, t) == []

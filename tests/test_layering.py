@@ -71,7 +71,7 @@ def library_modules() -> list[tuple[str, str]]:
 
 def test_the_library_never_imports_the_cli():
     mods = library_modules()
-    assert len(mods) > 20 and ("vkit.tune.runner", os.path.join(ROOT, "tune", "runner.py")) in mods
+    assert len(mods) > 20 and ("vkit.tune.context", os.path.join(ROOT, "tune", "context.py")) in mods
     edges = []
     for name, path in mods:
         with open(path, encoding="utf-8") as f:
@@ -184,7 +184,7 @@ def test_stages_import_only_the_stages_before_them():
 
 
 def test_a_stage_importing_a_later_one_is_found():
-    assert stage_violations("from vkit.tune.runner import Runner\n", "vkit.measure.gauge")
+    assert stage_violations("from vkit.tune.context import Tune\n", "vkit.measure.gauge")
     assert stage_violations("from vkit.apply import lifecycle\n", "vkit.validate.formats")
     assert stage_violations("from vkit.apply.policy import same_value\n", "vkit.validate.invariants") == []
 
@@ -300,11 +300,28 @@ def test_no_module_is_over_600_lines():
 
 
 def test_the_tune_driver_stays_a_driver_of_at_most_300_lines():
-    # what it runs lives beside it: the phases on the runner's parts, the run's inputs and results
+    # what it runs lives beside it: the phases on the tune's parts, the run's inputs and results
     # (tune/runplan.py), slots (tune/slotrun.py), the result's assembly (tune/assemble.py)
     shape = _code_shape()
     path = os.path.join(ROOT, "tune", "driver.py")
     assert shape.module_lines(open(path, encoding="utf-8").read()) <= 300
+
+
+def methods_of(source: str, name: str) -> list[str]:
+    """The functions defined in class ``name``'s body (properties included)."""
+    cls = next(n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == name)
+    return [n.name for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+
+
+def test_the_tune_is_a_parameter_object_with_no_methods():
+    # each phase is its own narrow object over it (seat, measurer, trials, ...); the one-object runner is gone
+    assert not os.path.exists(os.path.join(ROOT, "tune", "runner.py"))
+    assert methods_of(open(os.path.join(ROOT, "tune", "context.py"), encoding="utf-8").read(), "Tune") == []
+
+
+def test_a_method_on_a_class_is_found():
+    src = "class Tune:\n    x: int = 0\n\n    @property\n    def ledger(self):\n        return 1\n\n\nclass Other:\n    pass\n"
+    assert methods_of(src, "Tune") == ["ledger"] and methods_of(src, "Other") == []
 
 
 def test_no_class_has_over_25_methods_or_400_code_lines():
@@ -455,11 +472,11 @@ def test_a_loose_comparison_argument_is_found():
 
 def test_a_ray_worker_hosts_a_server_and_one_run_never_a_runner():
     # the node side restarts with vkit.tune.server.ProcessServer and measures with vkit.tune.onerun.OneRun: the
-    # tune's decisions (its Runner and the phases on it) stay on the driver
+    # tune's decisions (its Tune and the phases on it) stay on the driver
     path = os.path.join(ROOT, "tune", "fleet.py")
     names = {name for _, name in imported(open(path, encoding="utf-8").read(), "vkit.tune.fleet")}
     assert "vkit.tune.server.ProcessServer" in names and "vkit.tune.onerun.OneRun" in names
-    assert not any(n == "vkit.tune.runner" or n.startswith("vkit.tune.runner.") for n in names)
+    assert not any(n.split(".")[:3] == ["vkit", "tune", m] for n in names for m in ("context", "seat"))
 
 
 # tests build a tune's objects as tune builds them: no instance conjured past its constructor
@@ -481,5 +498,5 @@ def test_no_test_builds_an_object_without_its_constructor():
 
 
 def test_a_bare_instance_is_found():
-    src = "r = Runner.__new__(Runner)\nm = object.__new__(Measurer)\nx = super().__new__(cls)\nRunner(sf)\n"
-    assert bare_instances(src) == [(1, "Runner"), (2, "Measurer")]
+    src = "r = Tune.__new__(Tune)\nm = object.__new__(Measurer)\nx = super().__new__(cls)\nnew_tune(sf)\n"
+    assert bare_instances(src) == [(1, "Tune"), (2, "Measurer")]

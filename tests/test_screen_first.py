@@ -27,7 +27,7 @@ from vkit.state import StateFile, new_state
 from vkit.tune import capacity as cap
 from vkit.tune import steps
 from vkit.tune.config import CapacityObjective, Settings, Workload
-from vkit.tune.runner import Runner
+from vkit.tune.context import Tune, new_tune
 from vkit.tune.summaries import aggregate
 
 pytestmark = pytest.mark.unit
@@ -44,7 +44,7 @@ class Sim:
     """A server whose SLO capacity is 10 req/s times ``truth[max_num_seqs]``; each start draws its level
     (σ ``between``), each search its own noise (σ ``within``)."""
 
-    def __init__(self, r: Runner, truth: dict[int, float], seed: int, within: float = W, between: float = B):
+    def __init__(self, r: Tune, truth: dict[int, float], seed: int, within: float = W, between: float = B):
         self.r, self.truth, self.rng = r, truth, np.random.default_rng(seed)
         self.within, self.between = within, between
         self.cfg: dict | None = None
@@ -78,23 +78,23 @@ class Sim:
         return did
 
 
-def capacity_tune(tmp_path, truth: dict[int, float], seed: int = 1, confirm_blocks: int = 4, **noise) -> tuple[Runner, Sim]:
+def capacity_tune(tmp_path, truth: dict[int, float], seed: int = 1, confirm_blocks: int = 4, **noise) -> tuple[Tune, Sim]:
     """A tune on the capacity objective whose baseline (4 runs on 3 starts of the kept configuration,
     measured on ``Sim``) carries the σ components ``COMPS``."""
     sf = StateFile(str(tmp_path / "st" / "vkit.json"))
     sf.create(new_state("http://127.0.0.1:9", "m", ["serve", "m"], dict(KEPT)))
     w = Workload(BenchOptions(num_prompts=50, max_concurrency=16))
     objective = CapacityObjective(slo=cap.Slo({"p95_ttft_ms": 1000.0}), plan=cap.Plan())
-    r = Runner(sf, Settings(workload=w, capacity=objective, primary="slo_capacity:+", guards=[], confirm_blocks=confirm_blocks),
+    r = new_tune(sf, Settings(workload=w, capacity=objective, primary="slo_capacity:+", guards=[], confirm_blocks=confirm_blocks),
                lambda m: None, tool_name="tune")
     sim = Sim(r, truth, seed, **noise)
-    r.apply, r.measurer.measure, r.keep = sim.apply, sim.measure, sim.keep
-    r.settle = lambda: None
+    r.seat.apply, r.measurer.measure, r.seat.keep = sim.apply, sim.measure, sim.keep
+    r.seat.settle = lambda: None
     runs = []
     for k, fresh in zip((1, 2, 3, 4), (True, False, True, True), strict=True):
         sim.apply(dict(KEPT), fresh=fresh)
         runs.append(sim.measure("baseline", k)[0])
-    docs = [r.load(p) for p in runs]
+    docs = [r.ledger.load(p) for p in runs]
     with sf.transaction() as st:
         st["baseline"] = {"config": dict(KEPT), "workload": w.describe(), "runs": runs, "checks": [{"code": 0}] * 4,
                           "metrics": aggregate(docs), "sigma": {"slo_capacity": COMPS["slo_capacity"]["total"]},
@@ -112,7 +112,7 @@ def proposer(configs: list[dict]):
     return nxt
 
 
-def run_step(r: Runner, seqs: list[int]) -> dict:
+def run_step(r: Tune, seqs: list[int]) -> dict:
     return steps.run_screening_step(r, "3", proposer([dict(KEPT, max_num_seqs=s) for s in seqs]), lambda m: None, 4,
                                     lambda hist: "the candidates are done")
 

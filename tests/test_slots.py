@@ -18,7 +18,10 @@ from vkit.apply import launcher, slots
 from vkit.errors import UsageError
 from vkit.interrupts import Interrupts
 from vkit.state import StateFile
+from vkit.tune import confirm
 from vkit.tune.compare import Versus
+from vkit.tune.context import new_tune, wire
+from vkit.tune.ledger import Ledger
 
 
 @pytest.mark.unit
@@ -85,35 +88,34 @@ def test_a_state_without_slots_is_one_slot(tmp_path):
     from vkit.measure.gauge import BenchOptions
     from vkit.state import new_state
     from vkit.tune.config import Settings, Workload
-    from vkit.tune.runner import Runner
+    from vkit.tune.context import new_tune, use_first_slot
 
     sf = StateFile(str(tmp_path / "vkit.json"))
     sf.create(new_state("http://127.0.0.1:9", "m", ["serve"], {}))
-    r = Runner(sf, Settings(workload=Workload(BenchOptions())), lambda m: None)
-    assert r.slots() == [] and r.use_first_slot() and r.svc is sf and r.slot is None
+    r = new_tune(sf, Settings(workload=Workload(BenchOptions())), lambda m: None)
+    assert r.ledger.slots() == [] and use_first_slot(r) and r.svc is sf and r.slot is None
 
 
 def _bare_runner(tmp_path, slot_names, effects=None):
-    """A Runner whose state reads come from an in-memory state with slots ``slot_names`` (its measurements
+    """A Tune whose state reads come from an in-memory state with slots ``slot_names`` (its measurements
     stubbed by the caller); built as tune builds one, on a scratch state file."""
     from types import SimpleNamespace
 
     from vkit.measure.gauge import BenchOptions
     from vkit.state import new_state
     from vkit.tune.config import Settings, Workload
-    from vkit.tune.runner import Runner
 
     sf = StateFile(str(tmp_path / "vkit.json"))
     sf.create(new_state("http://127.0.0.1:9", "m", ["serve", "m"], {"max_num_seqs": 4}), force=True)
-    r = Runner(sf, Settings(workload=Workload(BenchOptions())), lambda m: None)
+    r = new_tune(sf, Settings(workload=Workload(BenchOptions())), lambda m: None)
     st = {"slots": [{"name": n, "state": f"slots/{n}.json"} for n in slot_names], "kept": {"config": {"max_num_seqs": 4}},
           "confirmations": [], "trials": [{"id": "t002", "step": "2", "config": {"max_num_seqs": 8}}]}
     if effects is not None:
         st["slot_effects"] = {"metrics": effects}
     r.sf = SimpleNamespace(read=lambda: st, tune=SimpleNamespace(save_confirmation=lambda c, k: None))
     r.slot, r.svc, r.runs_dir = None, r.sf, "runs/run-1"
+    r.ledger = r.served = Ledger(r.sf)
     r.interrupts = Interrupts()
-    r.for_slot = lambda slot: SimpleNamespace(svc=slot["name"], slot=slot["name"], runs_dir=f"runs/run-1/{slot['name']}")
     return r, st
 
 
@@ -144,7 +146,7 @@ def test_the_aa_pass_splits_the_spread_into_within_a_slot_between_slots_and_devi
     r, _ = _bare_runner(tmp_path, ["s0", "s1"])
     docs = {f"{n}/{k}": {"output_throughput": 6000.0 * math.exp(x)} for n, xs in (("s0", (0.0, 0.02)), ("s1", (0.10, 0.12)))
             for k, x in enumerate(xs)}
-    r.load = docs.__getitem__
+    r.ledger.load = docs.__getitem__
     r.budget.components = lambda key="baseline": {"output_throughput": {"within": 0.01, "between": 0.03}}
     monkeypatch.setattr(aa, "primary_metric", lambda runner: "output_throughput")  # slot_effects reads it in its module
     e = steps.slot_effects(r, {"s0": ["s0/0", "s0/1"], "s1": ["s1/0", "s1/1"]})["metrics"]["output_throughput"]
@@ -155,7 +157,7 @@ def test_the_aa_pass_splits_the_spread_into_within_a_slot_between_slots_and_devi
 
 
 @pytest.mark.unit
-def test_confirmation_blocks_run_side_by_side_on_the_slots(tmp_path):
+def test_confirmation_blocks_run_side_by_side_on_the_slots(monkeypatch, tmp_path):
     """B A A B blocks of a confirmation on three slots: blocks 1-3 at once, block k on slot k mod 3, each
     block's four runs on one device (its pairs within a slot); the gate after each group, the record in
     block order; block 4 on s0 again, where the gate decides."""
@@ -164,17 +166,18 @@ def test_confirmation_blocks_run_side_by_side_on_the_slots(tmp_path):
     r, _ = _bare_runner(tmp_path, ["s0", "s1", "s2"])
     where = []
 
-    def for_slot(slot):
-        c = copy.copy(r)
+    def for_slot(t, slot):
+        c = copy.copy(t)
         c.slot, c.runs_dir = slot["name"], f"runs/run-1/{slot['name']}"
-        c.wire()
+        wire(c)
+        c.seat.apply, c.log = t.seat.apply, t.log
         c.measurer.measure = lambda label, k, w=None: (where.append((slot["name"], label, k))
                                                        or (f"{c.runs_dir}/{label}/rep{k}.json", DOC, {"code": 0}))
         return c
 
-    r.for_slot = for_slot
+    monkeypatch.setattr(confirm, "for_slot", for_slot)
     r.budget.confirm_plan = lambda *a, **k: {"fits": True, "blocks": 4, "why": "4 blocks"}
-    r.apply = lambda cfg, fresh=False: (True, {})
+    r.seat.apply = lambda cfg, fresh=False: (True, {})
     r.progress = r.log = lambda *a, **k: None
     gates = []
     verdicts = iter(["undecided", "accept"])

@@ -16,7 +16,7 @@ from vkit.measure.gauge import BenchOptions
 from vkit.state import StateFile, new_state, now_iso
 from vkit.tune import steps
 from vkit.tune.config import Settings, Workload
-from vkit.tune.runner import Runner
+from vkit.tune.context import Tune, new_tune
 from vkit.tune.steps import ablation
 
 pytestmark = pytest.mark.unit
@@ -57,14 +57,14 @@ def test_workload_priorities_read_from_the_prompt_file(tmp_path):
     assert steps.workload_priorities(Workload(BenchOptions(num_prompts=4))) == []
 
 
-def _runner(tmp_path, kept: dict) -> Runner:
+def _runner(tmp_path, kept: dict) -> Tune:
     sf = StateFile(str(tmp_path / "st" / "vkit.json"))
     sf.create(new_state("http://127.0.0.1:9", "m", ["serve", "m"], kept))
-    return Runner(sf, Settings(workload=Workload(BenchOptions(num_prompts=50)), slo={"p95_ttft_ms": 2000}),
+    return new_tune(sf, Settings(workload=Workload(BenchOptions(num_prompts=50)), slo={"p95_ttft_ms": 2000}),
                   lambda m: None, tool_name="tune")
 
 
-def _add_step3(runner: Runner, sweep: dict[int, float], tokens: int) -> None:
+def _add_step3(runner: Tune, sweep: dict[int, float], tokens: int) -> None:
     with runner.sf.transaction() as st:
         for i, (seqs, thr) in enumerate(sweep.items()):
             st["trials"].append({"id": f"t{i:03d}", "step": "3", "status": "done", "valid": True, "verdict": "undecided",
@@ -110,13 +110,13 @@ def test_step5_measures_each_flip_on_its_own_workload_and_nothing_when_none(tmp_
     def run_trial(tid, versus, repeats=None):
         calls.append(("trial", r.ledger.trial(tid)["config"], versus.key, versus.workload.name))
         assert versus.metrics(r.s) == ("p99_ttft_ms:-", ["output_throughput:+:5%"])  # the flips' own metrics, not the tune's
-        r.update_trial(tid, status="done", valid=True, verdict="reject", metrics={"p99_ttft_ms": 1.0})
+        r.sf.tune.update_trial(tid, status="done", valid=True, verdict="reject", metrics={"p99_ttft_ms": 1.0})
         return r.ledger.trial(tid)
 
     monkeypatch.setattr(r.baselines, "measure", lambda versus, **kw: calls.append(("baseline", versus.key, versus.workload.name)))
     monkeypatch.setattr(r.budget, "confirm_plan", lambda *a, **kw: {"fits": True})
     monkeypatch.setattr(r.trials, "run", run_trial)
-    monkeypatch.setattr(r, "settle", lambda: None)
+    monkeypatch.setattr(r.seat, "settle", lambda: None)
     rec = steps.run_step5(r, mixed, lambda m: None)
     assert calls == [
         ("baseline", "baseline_mixed", "mixed"),

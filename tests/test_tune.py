@@ -272,8 +272,8 @@ def test_drift_between_trials_is_detected_and_the_baseline_remeasured(svc):
     from vkit.cli import _tuneargs as ta
     from vkit.cli._common import IO
     from vkit.tune.config import Settings
+    from vkit.tune.context import new_tune
     from vkit.tune.driver import check_drift
-    from vkit.tune.runner import Runner
 
     # drift counted from now: every restart (each sentinel is a fresh start) sees the machine as slow as it has become
     init(svc, "max_num_seqs=16", extra=("--sim-drift", "4", "--sim-drift-since", f"{time.time():.0f}", "--sim-noise", "0.005"))
@@ -281,7 +281,7 @@ def test_drift_between_trials_is_detected_and_the_baseline_remeasured(svc):
     ns = SimpleNamespace(num_prompts=60, concurrency=16, input_len=256, output_len=64, vocab_size=32000,
                          stall_timeout=60.0, seed=1, mixed_long_len=None)
     main, _ = ta.workloads(ns, "sim-8b")  # the workload exactly as tune builds it
-    runner = Runner(sf, Settings(workload=main, baseline_repeats=4, ready_timeout_s=30), lambda m: None, tool_name="tune")
+    runner = new_tune(sf, Settings(workload=main, baseline_repeats=4, ready_timeout_s=30), lambda m: None, tool_name="tune")
     io = IO(prog="tune", out=_io.StringIO(), err=_io.StringIO(), verbosity=0)
     with sf.leases.hold(runner.owner, 600, "tune"):
         first = runner.baselines.measure()

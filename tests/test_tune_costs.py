@@ -19,15 +19,15 @@ from vkit.measure.gauge import BenchOptions
 from vkit.state import StateFile, new_state, now_iso
 from vkit.tune import steps
 from vkit.tune.config import Settings, Workload
-from vkit.tune.runner import Runner
+from vkit.tune.context import Tune, new_tune
 
 pytestmark = pytest.mark.unit
 
 
-def make_runner(state_path, **settings) -> Runner:
+def make_tune(state_path, **settings) -> Tune:
     sf = StateFile(state_path)
     sf.create(new_state("http://127.0.0.1:9", "m", ["serve", "m"], {"max_num_seqs": 64}))
-    return Runner(sf, Settings(workload=Workload(BenchOptions(num_prompts=50)), **settings), lambda m: None, tool_name="tune")
+    return new_tune(sf, Settings(workload=Workload(BenchOptions(num_prompts=50)), **settings), lambda m: None, tool_name="tune")
 
 
 def test_sigma_parts_split_runs_by_server_start_with_the_anova_answer():
@@ -61,7 +61,7 @@ def test_the_gate_sigma_carries_the_whole_process_level_for_runs_sharing_one_pro
 
 
 def test_the_baseline_sigma_has_both_parts_when_its_runs_span_two_starts(state_path, tmp_path):
-    r = make_runner(state_path, baseline_repeats=4)
+    r = make_tune(state_path, baseline_repeats=4)
     runs = []
     for i, (tp, start) in enumerate([(100.0, "1:1"), (102.0, "1:1"), (95.0, "2:2"), (96.0, "2:2")]):
         p = os.path.join(r.runs_dir, f"b{i}.json")
@@ -82,19 +82,19 @@ def test_the_baseline_sigma_has_both_parts_when_its_runs_span_two_starts(state_p
 
 def test_settle_rolls_back_in_production_only(state_path):
     calls = []
-    prod = make_runner(state_path, sandbox=False)
-    prod.restore_kept = lambda fresh=False: calls.append("restore")
-    prod.settle()
+    prod = make_tune(state_path, sandbox=False)
+    prod.seat.restore_kept = lambda fresh=False: calls.append("restore")
+    prod.seat.settle()
     assert calls == ["restore"]
-    sandbox = Runner(prod.sf, Settings(workload=prod.s.workload, sandbox=True), lambda m: None)
-    sandbox.restore_kept = lambda fresh=False: calls.append("sandbox restore")
-    sandbox.settle()
+    sandbox = new_tune(prod.sf, Settings(workload=prod.s.workload, sandbox=True), lambda m: None)
+    sandbox.seat.restore_kept = lambda fresh=False: calls.append("sandbox restore")
+    sandbox.seat.settle()
     assert calls == ["restore"]
 
 
 def test_the_eta_and_the_time_budget_come_from_the_timed_restarts_and_runs(state_path):
     said = []
-    r = make_runner(state_path, screen_repeats=2, time_budget_s=3600.0)
+    r = make_tune(state_path, screen_repeats=2, time_budget_s=3600.0)
     assert r.budget.costs() is None and steps.over_time(r, "2", 3, said.append) is None and not said
     for s in (30.0, 50.0):
         r.sf.tune.add_time("restart", s)
@@ -141,9 +141,9 @@ def test_a_promise_run_the_client_could_not_keep_up_with_is_run_again_before_ste
     from vkit.tune.config import CapacityObjective
 
     objective = CapacityObjective(slo=cap.Slo({"p95_ttft_ms": 1000.0}), plan=cap.Plan(tolerance=0.1), verify_seconds=10.0)
-    r = make_runner(state_path, capacity=objective)
-    monkeypatch.setattr(r, "apply", lambda config, fresh=False: (True, {}))
-    monkeypatch.setattr(r, "restore_kept", lambda fresh=False: None)
+    r = make_tune(state_path, capacity=objective)
+    monkeypatch.setattr(r.seat, "apply", lambda config, fresh=False: (True, {}))
+    monkeypatch.setattr(r.seat, "restore_kept", lambda fresh=False: None)
     lagging = {"p99": 7.0}  # ms: beyond the plan's 5 ms, the client's fault, not the server's
     offered = []
 
@@ -174,9 +174,9 @@ def test_baseline_runs_are_spread_over_three_starts_by_default():
 
 @pytest.mark.parametrize("repeats,starts,groups", [(4, None, [2, 1, 1]), (3, None, [2, 1]), (6, 2, [3, 3]), (4, 1, [4])])
 def test_the_baseline_measures_on_the_starts_it_plans_and_resumes_on_them(state_path, repeats, starts, groups):
-    r = make_runner(state_path, baseline_repeats=repeats, baseline_starts=starts)
+    r = make_tune(state_path, baseline_repeats=repeats, baseline_starts=starts)
     process = {"n": 1}
-    r.restore_kept = lambda fresh=False: None
+    r.seat.restore_kept = lambda fresh=False: None
 
     def apply(config, fresh=False):
         process["n"] += 1
@@ -194,7 +194,7 @@ def test_the_baseline_measures_on_the_starts_it_plans_and_resumes_on_them(state_
         r.sf.tune.record_run_start(rel, f"start-{process['n']}")
         return rel, doc, {"code": 0, "verdict": "valid"}
 
-    r.apply, r.measurer.measure = apply, measure
+    r.seat.apply, r.measurer.measure = apply, measure
     with pytest.raises(KeyboardInterrupt):
         r.baselines.measure()
     assert len(r.sf.read()["baseline"]["runs"]) == 1  # the interrupted run was not recorded
@@ -214,9 +214,9 @@ def test_a_promise_at_the_boundary_is_not_verified_there(state_path, monkeypatch
 
     objective = CapacityObjective(slo=cap.Slo({"p95_ttft_ms": 1000.0}), plan=cap.Plan(tolerance=0.1, repeats=3, noise=0.05),
                                   verify_seconds=10.0)
-    r = make_runner(state_path, capacity=objective)
-    monkeypatch.setattr(r, "apply", lambda config, fresh=False: (True, {}))
-    monkeypatch.setattr(r, "restore_kept", lambda fresh=False: None)
+    r = make_tune(state_path, capacity=objective)
+    monkeypatch.setattr(r.seat, "apply", lambda config, fresh=False: (True, {}))
+    monkeypatch.setattr(r.seat, "restore_kept", lambda fresh=False: None)
     offered = []
 
     def live(opts, url, out_dir, plan, command=None, interrupts=None, launch_argv=None, bench=None):
@@ -266,9 +266,9 @@ def test_a_promise_held_on_a_run_shorter_than_eight_request_lifetimes_is_run_aga
     assert run_seconds(10.0, 100.0) == 80.0  # a lifetime read under overload is the queue's: 8 x the setting at most
     objective = CapacityObjective(slo=cap.Slo({"p95_ttft_ms": 1000.0}), plan=cap.Plan(tolerance=0.1, noise=0.03),
                                   verify_seconds=10.0)
-    r = make_runner(state_path, capacity=objective)
-    monkeypatch.setattr(r, "apply", lambda config, fresh=False: (True, {}))
-    monkeypatch.setattr(r, "restore_kept", lambda fresh=False: None)
+    r = make_tune(state_path, capacity=objective)
+    monkeypatch.setattr(r.seat, "apply", lambda config, fresh=False: (True, {}))
+    monkeypatch.setattr(r.seat, "restore_kept", lambda fresh=False: None)
     sent = []
 
     def live(opts, url, out_dir, plan, command=None, interrupts=None, launch_argv=None, bench=None):

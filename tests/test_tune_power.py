@@ -18,7 +18,7 @@ from vkit.measure.gauge import BenchOptions
 from vkit.state import StateFile, new_state
 from vkit.tune import steps
 from vkit.tune.config import Settings, Workload
-from vkit.tune.runner import Runner
+from vkit.tune.context import Tune, new_tune
 
 pytestmark = pytest.mark.unit
 
@@ -58,14 +58,14 @@ def test_at_the_planned_pairs_the_rule_separates_zero_from_the_threshold_with_th
     assert min(float(np.mean(lo1 > 0)), float(np.mean(hf1 < gap))) < 0.8
 
 
-def runner_with(state_path, comps: dict, **settings) -> Runner:
+def runner_with(state_path, comps: dict, **settings) -> Tune:
     sf = StateFile(state_path)
     sf.create(new_state("http://127.0.0.1:9", "m", ["serve", "m"], {"max_num_seqs": 64}), force=True)
     with sf.transaction() as st:
         st["baseline"] = {"config": {"max_num_seqs": 64}, "runs": [], "components": comps,
                           "sigma": {m: c.get("total") for m, c in comps.items()}}
         st["sigma_components"] = comps
-    return Runner(sf, Settings(workload=Workload(BenchOptions(num_prompts=50)), **settings), lambda m: None, tool_name="tune")
+    return new_tune(sf, Settings(workload=Workload(BenchOptions(num_prompts=50)), **settings), lambda m: None, tool_name="tune")
 
 
 def comp(w: float, b: float, w_ci=None, b_ci=None) -> dict:
@@ -119,7 +119,7 @@ def test_an_underpowered_confirmation_measures_nothing_and_an_underpowered_step_
     comps = {"output_throughput": comp(0.01, 0.005), "p95_ttft_ms": comp(0.25, 0.1, w_ci=[0.2, 0.5], b_ci=[0.05, 0.4])}
     r = runner_with(state_path, comps, confirm_blocks=2)
     calls = []
-    r.apply = lambda config, fresh=False: calls.append("apply") or (True, {})
+    r.seat.apply = lambda config, fresh=False: calls.append("apply") or (True, {})
     r.measurer.measure = lambda *a, **k: calls.append("measure")
     t = r.trials.new("2", {"max_num_seqs": 128}, "test")
     conf = r.confirmer.confirm_and_keep(t["id"], selected_from=3)
@@ -129,10 +129,10 @@ def test_an_underpowered_confirmation_measures_nothing_and_an_underpowered_step_
     # confirmation is refused: the guard's σ is far too large for its tolerance, whatever the winner's effect
     def screened(tid, **kw):
         calls.append("screen")
-        return r.update_trial(tid, status="done", valid=True, verdict="accept", metrics={"output_throughput": 150.0},
+        return r.sf.tune.update_trial(tid, status="done", valid=True, verdict="accept", metrics={"output_throughput": 150.0},
                               gate={"primary": {"metric": "output_throughput", "estimate_log": math.log(1.5), "sigma": 0.011}})
 
-    r.trials.run, r.settle = screened, lambda: None
+    r.trials.run, r.seat.settle = screened, lambda: None
     proposals = iter([SimpleNamespace(config={"max_num_seqs": 256}, reason="test", audit={})])
     rec = steps.run_screening_step(r, "3", lambda hist: next(proposals, None), lambda m: None, 3, lambda hist: "done")
     assert calls == ["screen"] and len(rec["trials"]) == 1 and rec["confirmed"]["decision"] == "underpowered"

@@ -94,7 +94,7 @@ def _run(args: argparse.Namespace, io: IO) -> int:
     ctx = ta.context(args, io, TOOL)
     adv = ta.advisor_of(args, sf, io, TOOL)
     if args.advise:
-        io.emit_json(advisor.advise_once(driver.make_runner(sf, settings, ctx), adv))
+        io.emit_json(advisor.advise_once(driver.make_tune(sf, settings, ctx), adv))
     elif args.deliver:
         confirm = (args.yes or args.sandbox) and args.confirm_front > 0
         io.emit_json(driver.deliver(sf, settings, ctx, confirm_front=args.confirm_front if confirm else 0))

@@ -1,7 +1,7 @@
 """The search library of ``sweep``: where to measure next, and what to deliver.
 
 Pure library: never prints, never exits, keeps no module-level state; every answer is a
-function of its inputs and a seed. The trial runner (``vkit.tune.runner``, driven by ``vkit.tune.steps``) evaluates what
+function of its inputs and a seed. The tune (``vkit.tune.context``, driven by ``vkit.tune.steps``) evaluates what
 :func:`propose` or :class:`StagedPlan` ask for and hands back :class:`Observation` records;
 :func:`deliver` turns the history into the Pareto configurations, the knee and the
 recommendation. ``runbook/search.md`` explains the methods and the benchmark behind the

@@ -33,8 +33,8 @@ from vkit.measure.serverapi import Server
 from vkit.search import advisor as advice
 from vkit.state import StateFile
 from vkit.tune import steps as tuning
+from vkit.tune.context import Tune
 from vkit.tune.ledger import Ledger
-from vkit.tune.runner import Runner
 
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 
@@ -171,7 +171,7 @@ class Advisor:
 
 
 # -- the search's proposals -------------------------------------------------------------------------
-def proposal_inputs(runner: Runner, hist: list[search.Observation]) -> dict:
+def proposal_inputs(runner: Tune, hist: list[search.Observation]) -> dict:
     """What the advisor is shown: the Bayesian search's space with the policy's bounds, the kept
     configuration and its baseline, every measured trial, the objectives, the SLO, the fixed premises."""
     st = runner.ledger.tune()
@@ -183,7 +183,7 @@ def proposal_inputs(runner: Runner, hist: list[search.Observation]) -> dict:
                                   advice.rules_from_policy(runner.policy, frozen))
 
 
-def ask_proposal(runner: Runner, advisor: Advisor, hist: list[search.Observation], step: str) -> search.Proposal | None:
+def ask_proposal(runner: Tune, advisor: Advisor, hist: list[search.Observation], step: str) -> search.Proposal | None:
     """The advisor's proposal for ``step``, or None (refused or failed: both logged with the reason)."""
     inputs = proposal_inputs(runner, hist)
     rec = advisor.ask("propose", advice.proposal_messages(inputs), inputs, advice.parse_proposal, step=step,
@@ -200,12 +200,12 @@ def ask_proposal(runner: Runner, advisor: Advisor, hist: list[search.Observation
                                   "temperature": 0, "notes": rec["notes"]})
 
 
-def advised_proposer(advisor: Advisor, step: str = "bo") -> Callable[[Runner, Callable], Callable]:
+def advised_proposer(advisor: Advisor, step: str = "bo") -> Callable[[Tune, Callable], Callable]:
     """A wrapper for a step's proposer: every ``every``-th proposal of ``step`` is asked of the
     advisor first; when it is refused or fails, the wrapped proposer proposes."""
     every = advisor.s.every
 
-    def wrap(runner: Runner, nxt: Callable[[list], Any]) -> Callable[[list], Any]:
+    def wrap(runner: Tune, nxt: Callable[[list], Any]) -> Callable[[list], Any]:
         def propose(hist: list[search.Observation]) -> Any:
             n = len([h for h in hist if h.step == step]) + 1  # the proposal about to be made
             if every > 0 and n % every == 0:
@@ -237,7 +237,7 @@ def explain_step(sf: StateFile, slo: dict, advisor: Advisor, rec: dict) -> dict:
             "model": out.get("model"), "note": "advice only: no decision depends on it"}
 
 
-def advise_once(runner: Runner, advisor: Advisor) -> dict:
+def advise_once(runner: Tune, advisor: Advisor) -> dict:
     """``sweep --advise``: the advisor's next proposal from the trials so far, logged; nothing is run."""
     prop = ask_proposal(runner, advisor, tuning.observations(runner), "bo")
     return {"proposal": prop.to_dict() if prop is not None else None, "call": advisor.calls[-1],

@@ -12,9 +12,9 @@ from vkit.state import now_iso
 from vkit.tune import steps as tuning
 from vkit.tune.compare import Versus
 from vkit.tune.config import Settings
+from vkit.tune.context import Tune
 from vkit.tune.ledger import Status, first
 from vkit.tune.result import TuneResult
-from vkit.tune.runner import Runner
 from vkit.tune.steps.twinsearch import restarts_spent, twin_table
 
 
@@ -56,7 +56,7 @@ def sigma_text(comp: dict) -> str:
             f"{comp.get('runs')} runs on {comp.get('groups')} starts")
 
 
-def recommended_capacity(runner: Runner, rec: dict) -> dict:
+def recommended_capacity(runner: Tune, rec: dict) -> dict:
     """The recommendation's capacity over its searches: the kept configuration's (its baseline, or the
     trial that became it), or the goal's other pick's (its trial and its delivery confirmation)."""
     st = runner.ledger.tune()
@@ -71,16 +71,16 @@ def recommended_capacity(runner: Runner, rec: dict) -> dict:
     return capacity_of(runner, kept_runs or (kept_trial or {}).get("runs") or [])
 
 
-def server_info(runner: Runner) -> dict:
+def server_info(runner: Tune) -> dict:
     """The server's version facts, from the baseline's first run ({} when there is none)."""
     b = runner.ledger.record("baseline")
     try:
-        return runner.load(b["runs"][0])["vkit"]["server"].get("version_info") or {}
+        return runner.ledger.load(b["runs"][0])["vkit"]["server"].get("version_info") or {}
     except (KeyError, IndexError, OSError, ValueError):
         return {}
 
 
-def build_result(runner: Runner, settings: Settings, t0: float) -> TuneResult:
+def build_result(runner: Tune, settings: Settings, t0: float) -> TuneResult:
     """The tune result of the state as it is now (``t0``: when the run started)."""
     st = runner.ledger.tune()
     svc = st.server
@@ -170,7 +170,7 @@ def build_result(runner: Runner, settings: Settings, t0: float) -> TuneResult:
     )
 
 
-def soak(runner: Runner) -> str:
+def soak(runner: Tune) -> str:
     """The soak recommendation from the drift rate measured on the kept configuration's runs (the
     series the sentinel judges), against the gate's threshold on output throughput at the σ its
     confirmations use (``drift.soak_advice``)."""
@@ -201,15 +201,15 @@ def timings(t: dict, total_s: float, restarts: int) -> dict:
             "run_s": round(ms, 1), "other_s": round(max(0.0, total_s - rs - ms), 1)}
 
 
-def lengths(runner: Runner, baseline: dict) -> dict | None:
+def lengths(runner: Tune, baseline: dict) -> dict | None:
     """The request set's token-length distributions, from the baseline's first run."""
     try:
-        return (runner.load((baseline.get("runs") or [])[0]).get("vkit") or {}).get("lengths")
+        return (runner.ledger.load((baseline.get("runs") or [])[0]).get("vkit") or {}).get("lengths")
     except (IndexError, OSError, ValueError):
         return None
 
 
-def capacity_of(runner: Runner, runs: list[str]) -> dict:
+def capacity_of(runner: Tune, runs: list[str]) -> dict:
     """A configuration's capacity over its searches (capacity documents): the figure to promise
     (the lowest clear hold over the searches, req/s offered, and the output tok/s measured there),
     the estimate the gate compares (geometric mean) and its spread, the binding SLO, and the curve
@@ -217,7 +217,7 @@ def capacity_of(runner: Runner, runs: list[str]) -> dict:
     docs = []
     for p in runs or []:
         try:
-            d = runner.load(p)
+            d = runner.ledger.load(p)
         except (OSError, ValueError):
             continue
         if "slo_capacity" in d:

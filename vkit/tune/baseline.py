@@ -14,13 +14,13 @@ from vkit.tune.config import start_sizes
 from vkit.tune.summaries import KEY_METRICS, aggregate, brief, capacity_unit
 
 if TYPE_CHECKING:
-    from vkit.tune.runner import Runner
+    from vkit.tune.context import Tune
 
 
 class Baselines:
     """The baselines of a tune (``baseline`` and any other key): measured, finished (means, σ and its components), rebased."""
 
-    def __init__(self, r: Runner):
+    def __init__(self, r: Tune):
         self.r = r
 
     def measure(self, force: bool = False, versus: Versus = MAIN, config: dict | None = None) -> dict:
@@ -37,9 +37,9 @@ class Baselines:
             b = {"config": kept, "workload": w.describe(), "runs": [], "checks": [], "generation": gen, "started": now_iso()}
             self.r.sf.tune.set_baseline(key, b)
         if config is None:
-            self.r.restore_kept(fresh=not b["runs"] and not self._only_step1_on_it())
+            self.r.seat.restore_kept(fresh=not b["runs"] and not self._only_step1_on_it())
         else:
-            ok, res = self.r.apply(kept, fresh=not b["runs"])
+            ok, res = self.r.seat.apply(kept, fresh=not b["runs"])
             if not ok:
                 raise VkitError(f"the configuration to measure as {key} does not start: {res.get('message')}", ExitCode.UNAVAILABLE)
         label = f"{key}-g{b['generation']}"
@@ -53,7 +53,7 @@ class Baselines:
                 span = f"runs {k}-{ends[j]}" if sizes[j] > 1 else f"run {k}"
                 self.r.progress(f"{key}: {span} on server start {j + 1} of {len(sizes)} "
                               "(σ within one process and between restarts)")
-                ok, res = self.r.apply(kept, fresh=True)
+                ok, res = self.r.seat.apply(kept, fresh=True)
                 if not ok:
                     raise VkitError(f"the configuration to measure as {key} does not start again: {res.get('message')}",
                                     ExitCode.UNAVAILABLE)
@@ -92,7 +92,7 @@ class Baselines:
         """The baseline's means and σ (per metric, relative) from its runs, recorded as final. With
         runs on two or more server starts, σ has two parts (``components``): within one process
         and between restarts; ``sigma`` is then the sd of one run on a new process (both parts)."""
-        docs = [self.r.load(p) for p in b["runs"]]
+        docs = [self.r.ledger.load(p) for p in b["runs"]]
         need_energy(self.r.s.energy_metrics(), docs)
         known = self.r.ledger.tune().run_starts
         starts = [known.get(p) for p in b["runs"]]

@@ -12,13 +12,13 @@ from vkit.decide.power import Effect, budget_plan
 from vkit.tune.compare import MAIN, Versus
 
 if TYPE_CHECKING:
-    from vkit.tune.runner import Runner
+    from vkit.tune.context import Tune
 
 
 class Budget:
     """Runs per candidate, blocks per confirmation and seconds per trial, from the σ components and the costs measured so far."""
 
-    def __init__(self, r: Runner):
+    def __init__(self, r: Tune):
         self.r = r
 
     def costs(self) -> tuple[float, float] | None:

@@ -27,7 +27,7 @@ from vkit.state import now_iso
 from vkit.tune import capacity as _cap
 
 if TYPE_CHECKING:
-    from vkit.tune.runner import Runner
+    from vkit.tune.context import Tune
 
 Z = 2.0  # the check's load: Z σ below the kept capacity
 RUNS = 2  # at most this many runs a check
@@ -56,7 +56,7 @@ def judge(point: _cap.Point, plan: _cap.Plan) -> str | None:
     return None
 
 
-def sentinel(runner: Runner) -> dict:
+def sentinel(runner: Tune) -> dict:
     """The check (see the module's docstring), recorded as a drift check; on a drift, the change
     (``drift``, the alarm time that resets the kept series) as the series sentinel records one."""
     c = runner.s.capacity
@@ -68,7 +68,7 @@ def sentinel(runner: Runner) -> dict:
     if at is None:
         return _record(runner, dict(base, changed=False, why="no capacity with a σ in the baseline: no drift verdict"))
     load, cap, sigma = at
-    runner.restore_kept(fresh=True)
+    runner.seat.restore_kept(fresh=True)
     w = runner.s.workload
     d = os.path.join(runner.runs_dir, "sentinel")
     k = 1 + (len(os.listdir(d)) if os.path.isdir(d) else 0)  # never overwrite an earlier check
@@ -101,7 +101,7 @@ def sentinel(runner: Runner) -> dict:
     return _record(runner, out, drift=out["changed"])
 
 
-def _record(runner: Runner, out: dict, drift: bool = False) -> dict:
+def _record(runner: Tune, out: dict, drift: bool = False) -> dict:
     """The check in the state's drift checks and the decision log; a drift also as the change (the
     alarm time that resets the kept series), as the series sentinel records one."""
     now = now_iso()

@@ -14,7 +14,7 @@ from vkit.tune.summaries import capacity_checker, plain
 
 if TYPE_CHECKING:
     from vkit.tune.config import Settings, Workload
-    from vkit.tune.runner import Runner
+    from vkit.tune.context import Tune
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ class Compare:
     """gate's verdict on two sets of runs, at the σ components of the baseline they are measured against (and
     the devices' spread when the two sides ran on different slots)."""
 
-    def __init__(self, r: Runner):
+    def __init__(self, r: Tune):
         self.r = r
 
     def gate(self, baseline: list[str], candidate: list[str], fresh: bool = False, selected_from: int = 1,
@@ -84,9 +84,9 @@ class Compare:
                 # (σ_baseline as the seeds define it), not the clustered σ the test must use
                 one = comparison_sigma(comps[m], 1) if comps.get(m) else v
                 thr[m] = float(min(one, v)) if isinstance(one, (int, float)) and one > 0 else float(v)
-        runs = {"fresh" if fresh else "candidate": [self.r.abs_path(p) for p in candidate]}
+        runs = {"fresh" if fresh else "candidate": [self.r.ledger.abs_path(p) for p in candidate]}
         try:
-            inp = _gate.GateInput(baseline=[self.r.abs_path(p) for p in baseline], primary=_gate.parse_metric(primary, "primary"),
+            inp = _gate.GateInput(baseline=[self.r.ledger.abs_path(p) for p in baseline], primary=_gate.parse_metric(primary, "primary"),
                                   guards=_gate.parse_guards(guards), selected_from=selected_from, sigma_pool=pool, sigma_threshold=thr,
                                   policy=self.r.policy, **runs)
             res = plain(_gate.decide(inp, checker=capacity_checker if self.r.s.capacity is not None else None))
@@ -97,7 +97,7 @@ class Compare:
 
     def slots_of(self, runs: list[str]) -> set[str]:
         """The slots whose servers measured ``runs`` (their folder under runs/), empty without slots."""
-        names = {s["name"] for s in self.r.slots(live=False)}
+        names = {s["name"] for s in self.r.ledger.slots(live=False)}
         return {part for p in runs for part in p.replace(os.sep, "/").split("/") if part in names}
 
     def slot_sigma(self, baseline: list[str], candidate: list[str]) -> dict:

@@ -2,25 +2,21 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from vkit.apply.policy import to_serve_flags
 from vkit.decide.power import Effect
 from vkit.errors import ExitCode
 from vkit.state import now_iso
 from vkit.tune.compare import MAIN, Versus
 from vkit.tune.config import Workload
+from vkit.tune.context import Tune, for_slot
 from vkit.tune.ledger import first
 from vkit.tune.summaries import brief
-
-if TYPE_CHECKING:
-    from vkit.tune.runner import Runner
 
 
 class Confirmer:
     """Confirmations of a step's winner (kept on accept) and of delivered configurations (nothing kept)."""
 
-    def __init__(self, r: Runner):
+    def __init__(self, r: Tune):
         self.r = r
 
     def confirm_and_keep(self, tid: str, selected_from: int, versus: Versus = MAIN, effect: Effect | None = None) -> dict:
@@ -41,17 +37,17 @@ class Confirmer:
                 # the keep's id first: a stop between its log line and the state finds it again on the rerun
                 conf["keep_id"] = self.r.sf.log.new_id()
                 self.save(conf)
-            ok, _ = self.r.apply(t["config"])
+            ok, _ = self.r.seat.apply(t["config"])
             if not ok:
                 conf["decision"] = "start_failed"
                 self.save(conf)
                 return conf
-            did = self.r.keep(reason=f"gate accepted {tid} on fresh interleaved runs: {conf.get('why')}", decision="gate",
+            did = self.r.seat.keep(reason=f"gate accepted {tid} on fresh interleaved runs: {conf.get('why')}", decision="gate",
                             decision_id=conf["keep_id"])
         conf["decision"] = "kept"
         conf["decision_id"] = did
         self.save(conf)
-        self.r.update_trial(tid, kept=True, decision_id=did)
+        self.r.sf.tune.update_trial(tid, kept=True, decision_id=did)
         self.r.progress(f"KEEP {tid}: {' '.join(to_serve_flags(t['changes']))} ({did})")
         if versus.on_main_workload(self.r.s):
             self.r.baselines.rebase(tid, conf)
@@ -106,7 +102,7 @@ class Confirmer:
         g: dict = {}
         block = len(conf["sequence"]) // 4
         while block < blocks:
-            live = self.r.slots()
+            live = self.r.ledger.slots()
             if len(live) > 1 and len(conf["sequence"]) % 4 == 0:
                 # q blocks at once, block k on slot k mod q: each block's pairs within one device, the verdict over all
                 group = list(range(block, min(blocks, block + len(live))))
@@ -135,13 +131,13 @@ class Confirmer:
 
     def _block_here(self, conf: dict, block: int, cfgs: tuple[dict, dict], label: str, workload: Workload | None,
                     list_key: str) -> tuple[str, str] | None:
-        """One B A A B block on this runner's server, each run recorded as it ends (resumable mid-block);
+        """One B A A B block on this tune's server, each run recorded as it ends (resumable mid-block);
         (decision, why) when a start failed or a run was invalid."""
         for j, arm in enumerate(self.BLOCK):
             if block * 4 + j < len(conf["sequence"]):
                 continue  # measured before an interruption
             prev = conf["sequence"][-1] if conf["sequence"] else None
-            ok, res = self.r.apply(cfgs[0] if arm == "B" else cfgs[1], fresh=prev != arm)
+            ok, res = self.r.seat.apply(cfgs[0] if arm == "B" else cfgs[1], fresh=prev != arm)
             if not ok:
                 return "start_failed", f"the {'candidate' if arm == 'B' else 'kept configuration'} did not start: {res.get('message')}"
             k = len(conf["b_runs" if arm == "B" else "a_runs"]) + 1
@@ -155,10 +151,10 @@ class Confirmer:
         return None
 
     def run_block(self, block: int, cfgs: tuple[dict, dict], label: str, workload: Workload | None, fresh: bool) -> dict:
-        """Block ``block`` of B A A B on this runner's slot (a thread's body): its runs, or what stopped it."""
+        """Block ``block`` of B A A B on this tune's slot (a thread's body): its runs, or what stopped it."""
         runs, prev = [], (None if fresh else "B")  # the slot's last block ended on B: it goes on from that server
         for j, arm in enumerate(self.BLOCK):
-            ok, res = self.r.apply(cfgs[0] if arm == "B" else cfgs[1], fresh=prev != arm)
+            ok, res = self.r.seat.apply(cfgs[0] if arm == "B" else cfgs[1], fresh=prev != arm)
             if not ok:
                 return {"bad": ("start_failed", f"the {'candidate' if arm == 'B' else 'kept configuration'} did not start on "
                                                 f"slot {self.r.slot}: {res.get('message')}")}
@@ -178,7 +174,7 @@ class Confirmer:
 
         q = len(live)
         with self.r.interrupts.every_section(), ThreadPoolExecutor(max_workers=len(group)) as ex:
-            futs = [ex.submit(self.r.for_slot(live[b % q]).confirmer.run_block, b, cfgs, label, workload, b < q) for b in group]
+            futs = [ex.submit(for_slot(self.r, live[b % q]).confirmer.run_block, b, cfgs, label, workload, b < q) for b in group]
             outs = [f.result() for f in futs]
         for b, out in zip(group, outs, strict=True):
             if out.get("bad"):

@@ -25,9 +25,9 @@ from vkit.tune import capsentinel, knowledge
 from vkit.tune import steps as tuning
 from vkit.tune.assemble import build_result, goal, recommended_capacity, server_info, sigma_text
 from vkit.tune.config import Settings, Workload
+from vkit.tune.context import Tune, new_tune
 from vkit.tune.ledger import Ledger
 from vkit.tune.result import TuneResult
-from vkit.tune.runner import Runner
 from vkit.tune.runplan import Replay, RunContext, StepRun, Tuned, TunePlan
 from vkit.tune.slotrun import on_first_slot, slot_leases, stop_other_slots, take_out_failed_slot
 
@@ -43,16 +43,16 @@ def held(sf: StateFile, ctx: RunContext) -> Iterator[StateFile]:
         yield sf
 
 
-def make_runner(sf: StateFile, s: Settings, ctx: RunContext, run_id: str | None = None) -> Runner:
-    """A runner whose measurements go to runs/<run_id>/ beside the state (when given), its restarts
+def make_tune(sf: StateFile, s: Settings, ctx: RunContext, run_id: str | None = None) -> Tune:
+    """A tune whose measurements go to runs/<run_id>/ beside the state (when given), its restarts
     under ``ctx.owner``'s lease; with slots, on the first slot in service (``on_first_slot``)."""
-    r = Runner(sf, s, ctx.progress, tool_name=ctx.tool, owner=ctx.owner, policy=ctx.policy, interrupts=ctx.interrupts,
-               warn=ctx.warn, backend=ctx.backend)
+    r = new_tune(sf, s, ctx.progress, tool_name=ctx.tool, owner=ctx.owner, policy=ctx.policy, interrupts=ctx.interrupts,
+                 warn=ctx.warn, backend=ctx.backend)
     if run_id:
         r.runs_dir = os.path.join(sf.dir, "runs", run_id)
         os.makedirs(r.runs_dir, exist_ok=True)
     if ctx.ray:
-        if not r.slots(live=False):
+        if not r.ledger.slots(live=False):
             raise UsageError("--ray serves the state's slots on the cluster's nodes: this state has none (state init --slots N "
                              "or --slots-file FILE, with a node per slot where it matters)")
         from vkit.tune.fleet import Fleet
@@ -61,7 +61,7 @@ def make_runner(sf: StateFile, s: Settings, ctx: RunContext, run_id: str | None 
     return on_first_slot(r)
 
 
-def check_drift(runner: Runner, warn: Callable[[str], None]) -> dict:
+def check_drift(runner: Tune, warn: Callable[[str], None]) -> dict:
     """The drift sentinel between two steps; on a change the baseline is measured again. Under the
     capacity objective, the kept configuration at the low end of its capacity's interval (one or two
     runs: ``vkit.tune.capsentinel``), not a whole capacity search."""
@@ -81,7 +81,7 @@ def check_drift(runner: Runner, warn: Callable[[str], None]) -> dict:
 def tune(sf: StateFile, settings: Settings, mixed: Workload, plan: TunePlan, ctx: RunContext,
          write_report: Callable[[TuneResult, str], dict] | None = None,
          on_abnormal: Callable[[str | None], None] | None = None,
-         advise: Callable[[Runner, Callable], Callable] | None = None) -> Tuned:
+         advise: Callable[[Tune, Callable], Callable] | None = None) -> Tuned:
     """The whole tuning run under the lease — LEASE → (step 1) → BASELINE → the staged steps or the
     Bayesian search, with a drift check after each → (step 5) → CONVERGE — resumed when the state
     holds an unfinished run with the same settings. ``mixed`` is step 5's workload. The result goes
@@ -92,7 +92,7 @@ def tune(sf: StateFile, settings: Settings, mixed: Workload, plan: TunePlan, ctx
     t0 = (ctx.backend or PROCESS).now()  # the run's time on its backend's clock (virtual: simulated seconds)
     with held(sf, ctx), slot_leases(sf, ctx):
         run_id = _open_run(sf, settings, plan, ctx)
-        runner = make_runner(sf, settings, ctx, run_id=run_id)
+        runner = make_tune(sf, settings, ctx, run_id=run_id)
         while True:
             try:
                 result = _drive(runner, settings, mixed, plan, ctx, run_id, t0, advise)
@@ -139,8 +139,8 @@ def _open_run(sf: StateFile, settings: Settings, plan: TunePlan, ctx: RunContext
     return Ledger(sf).tune().tune["run_id"]
 
 
-def _drive(runner: Runner, settings: Settings, mixed: Workload, plan: TunePlan, ctx: RunContext, run_id: str,
-           t0: float, advise: Callable[[Runner, Callable], Callable] | None = None) -> TuneResult:
+def _drive(runner: Tune, settings: Settings, mixed: Workload, plan: TunePlan, ctx: RunContext, run_id: str,
+           t0: float, advise: Callable[[Tune, Callable], Callable] | None = None) -> TuneResult:
     """The run's machine states, from LEASE to CONVERGE, and its knowledge-base entry."""
     sf, steps, main = runner.sf, plan.steps, settings.workload
     sf.service.set_machine_state("LEASE")
@@ -200,7 +200,7 @@ def _drive(runner: Runner, settings: Settings, mixed: Workload, plan: TunePlan, 
         tuning.confirm_front(runner, goal(settings), plan.confirm_front, ctx.progress)
     if settings.capacity is not None and settings.capacity.verify_seconds > 0:
         _verify_promise(runner, settings, ctx)
-    runner.restore_kept()  # the tune ends on the kept configuration (a no-op when it already runs)
+    runner.seat.restore_kept()  # the tune ends on the kept configuration (a no-op when it already runs)
     result = build_result(runner, settings, t0)
     if not runner.ledger.tune().tune.get("kb_recorded"):
         knowledge.record(kb, kb_key, kb_work, tuning.kb_observations(runner), result.recommendation, run_id, tuning.kb_twin(runner))
@@ -208,7 +208,7 @@ def _drive(runner: Runner, settings: Settings, mixed: Workload, plan: TunePlan, 
     return result
 
 
-def _verify_promise(runner: Runner, settings: Settings, ctx: RunContext) -> dict | None:
+def _verify_promise(runner: Tune, settings: Settings, ctx: RunContext) -> dict | None:
     """The recommendation's promised capacity run for ``verify_seconds`` (resumed: a verification of
     the same configuration already recorded in this run is kept)."""
     sf = runner.sf
@@ -240,7 +240,7 @@ def _knowledge(sf: StateFile, kb: str, key: dict, work: dict, mode: str, progres
 # -- sweep ----------------------------------------------------------------------------------------
 def sweep_step(sf: StateFile, settings: Settings, ctx: RunContext, step: str | None, mode: str = "staged",
                budget: int = 8, seed: int = 1, staged_candidates: str = "policy",
-               advise: Callable[[Runner, Callable], Callable] | None = None, acquisition: str = "auto",
+               advise: Callable[[Tune, Callable], Callable] | None = None, acquisition: str = "auto",
                patience: int = tuning.BO_PATIENCE, batch_lie: str = "kb") -> StepRun:
     """One staged step (``step`` 2, 3 or 4) or, with ``mode`` bo, the Bayesian search, under the
     lease: the baseline first (resumed when measured), then screening, confirmation, KEEP or REVERT.
@@ -248,7 +248,7 @@ def sweep_step(sf: StateFile, settings: Settings, ctx: RunContext, step: str | N
     if mode != "bo" and step is None:
         raise UsageError("a staged sweep needs its step (2, 3 or 4)")
     with held(sf, ctx), slot_leases(sf, ctx):
-        runner = make_runner(sf, settings, ctx, run_id=Ledger(sf).tune().tune.get("run_id") or "sweep")
+        runner = make_tune(sf, settings, ctx, run_id=Ledger(sf).tune().tune.get("run_id") or "sweep")
         runner.baselines.measure()
         tuning.guard_anomalies(runner)
         if mode == "bo":
@@ -260,7 +260,7 @@ def sweep_step(sf: StateFile, settings: Settings, ctx: RunContext, step: str | N
         else:
             nxt, stop = tuning.staged_proposer(runner, ctx.policy, step, staged_candidates)
             rec = tuning.run_screening_step(runner, step, nxt, ctx.progress, budget, stop)
-        runner.restore_kept()  # a sweep ends on the kept configuration
+        runner.seat.restore_kept()  # a sweep ends on the kept configuration
     st = Ledger(sf).tune()
     return StepRun(step=rec, trials=st.trials(step=rec["step"]), kept=st.kept)
 
@@ -272,10 +272,10 @@ def deliver(sf: StateFile, settings: Settings, ctx: RunContext, confirm_front: i
     confirm = confirm_front > 0
     # re-confirming the front restarts the server: under the lease, like any trial; reading needs none
     with (held(sf, ctx) if confirm else contextlib.nullcontext(sf)):
-        runner = make_runner(sf, settings, ctx, run_id="deliver" if confirm else None)
+        runner = make_tune(sf, settings, ctx, run_id="deliver" if confirm else None)
         if confirm:
             tuning.confirm_front(runner, goal(settings), confirm_front, ctx.progress)
-            runner.restore_kept()
+            runner.seat.restore_kept()
         return tuning.deliver(runner, goal(settings))
 
 
@@ -283,7 +283,7 @@ def ablate(sf: StateFile, settings: Settings, ctx: RunContext) -> dict:
     """Under the lease: each parameter of the last kept multi-parameter change measured alone
     against the configuration it replaced (``steps.run_ablation``)."""
     with held(sf, ctx):
-        runner = make_runner(sf, settings, ctx, run_id="ablate")
+        runner = make_tune(sf, settings, ctx, run_id="ablate")
         return tuning.run_ablation(runner, ctx.progress)
 
 

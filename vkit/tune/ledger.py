@@ -10,9 +10,11 @@ about (pending, ranked, finished, probing) are named once, here.
 
 from __future__ import annotations
 
+import os
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Iterable, TypedDict
 
+from vkit.jsonio import read_json_file
 from vkit.state import launch_argv
 
 if TYPE_CHECKING:
@@ -238,6 +240,18 @@ class Ledger:
     def raw(self) -> dict:
         """The whole document, for a library function outside vkit.tune that reads one."""
         return self.f.read()
+
+    def slots(self, live: bool = True) -> list[dict]:
+        """The state's slots in order (``live``: those not taken out); [] for a state without slots."""
+        return self.tune().slots(live)
+
+    def abs_path(self, rel: str) -> str:
+        """A run's path recorded relative to the state's folder, made absolute."""
+        return rel if os.path.isabs(rel) else os.path.join(self.f.dir, rel)
+
+    def load(self, rel: str) -> dict:
+        """A run's summary (``OSError``, ``ValueError`` propagate: a caller may skip a damaged run)."""
+        return read_json_file(self.abs_path(rel))[0]
 
 
 def first(items: Iterable[Any], **match: Any) -> Any:

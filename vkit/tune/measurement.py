@@ -14,14 +14,14 @@ from vkit.tune.onerun import OneRun
 from vkit.tune.summaries import relative
 
 if TYPE_CHECKING:
-    from vkit.tune.runner import Runner
+    from vkit.tune.context import Tune
 
 
 class Measurer:
     """The runs of a tune: one bench_stream run (or one capacity search) of the running configuration, validated,
     measured again when the client was busy or the server died, its server start recorded."""
 
-    def __init__(self, r: Runner):
+    def __init__(self, r: Tune):
         self.r = r
 
     # Anomalies that say the *client or machine* was busy, not that the server misbehaved: worth one re-measure.
@@ -72,9 +72,9 @@ class Measurer:
         for attempt in range(1, last + 1):
             try:
                 path, doc, check = self.once(label, k, workload)
-                died = bool(doc.get("failed")) and not self.r.healthy(self.r.served.url())
+                died = bool(doc.get("failed")) and not self.r.seat.healthy(self.r.served.url())
             except VkitError as e:
-                if e.code != ExitCode.UNAVAILABLE or self.r.healthy(self.r.served.url()):
+                if e.code != ExitCode.UNAVAILABLE or self.r.seat.healthy(self.r.served.url()):
                     raise
                 # the server was gone before the run began (killed between two runs): the same path as a death mid-run
                 doc, died = {"failed": 1, "vkit": {"errors": {" ".join(str(e).split())[:200]: 1}}}, True
@@ -108,10 +108,10 @@ class Measurer:
         errs = "; ".join(f"{n}x {m}" for m, n in sorted((doc.get("vkit") or {}).get("errors", {}).items(), key=lambda kv: -kv[1])[:2])
         self.r.progress(f"{label} run {k}: the server died during the measurement ({errs}); restarting it and measuring again")
         self.r.log("server_died", label=label, run=k, config=cfg, errors=(doc.get("vkit") or {}).get("errors"))
-        ok, res = self.r.apply(cfg, fresh=True)
+        ok, res = self.r.seat.apply(cfg, fresh=True)
         if ok:
             path, doc2, check = self.once(label, k, workload)
-            if not (doc2.get("failed") and not self.r.healthy(st.url)):
+            if not (doc2.get("failed") and not self.r.seat.healthy(st.url)):
                 return path, doc2, check
         if cfg == st.kept["config"]:
             reason = (f"the server of the kept configuration died during measurements twice ({errs}); "
@@ -125,7 +125,7 @@ class Measurer:
     def once(self, label: str, k: int, workload: Workload | None = None) -> tuple[str, dict, dict]:
         """One run (or capacity search) of the running configuration: on the slot's Ray worker when it is
         served there, else here (``vkit.tune.onerun``)."""
-        if self.r.remote():
+        if self.r.seat.remote():
             path, doc, check = self.r.fleet.call(self.r, "measure", label, k, workload)
             return path, doc, check
         return self.one_run().once(label, k, workload)
@@ -135,5 +135,5 @@ class Measurer:
         return OneRun(r.s, r.ledger, r.served, r.runs_dir, r.backend, r.interrupts, r.progress)
 
     def bench(self, cfg, records: str, output: str) -> dict:
-        """One bench_stream run on this runner's backend (its files written, its summary returned)."""
+        """One bench_stream run on this tune's backend (its files written, its summary returned)."""
         return self.one_run().bench(cfg, records, output)

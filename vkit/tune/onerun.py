@@ -4,7 +4,7 @@
 capacity objective's, of the configuration a server runs now: its files under the runs folder, the
 summary, and check_invariants' (or the capacity checker's) verdict. It re-measures nothing and records
 nothing in the state: the tune's measurer (``vkit.tune.measurement``) does that around it, on the
-driver. The tune's runner makes one per measurement, and a Ray worker makes one beside its slot's
+driver. The tune's measurer makes one per measurement, and a Ray worker makes one beside its slot's
 server (``vkit.tune.fleet``).
 """
 

@@ -13,7 +13,7 @@ from vkit.tune import capacity as _cap
 from vkit.tune.summaries import relative
 
 if TYPE_CHECKING:
-    from vkit.tune.runner import Runner
+    from vkit.tune.context import Tune
 
 
 # Runs at one load before it is called unclear, and in all. Two runs' spread is one degree of freedom:
@@ -66,7 +66,7 @@ def run_seconds(verify_seconds: float, lifetime: float | None) -> float:
 class Promise:
     """The capacity objective's promise, verified."""
 
-    def __init__(self, r: Runner):
+    def __init__(self, r: Tune):
         self.r = r
 
     def verify(self, config: dict, rate: float) -> dict:
@@ -92,7 +92,7 @@ class Promise:
         out_dir = os.path.join(self.r.runs_dir, "promise")
         run = _cap.live_measure(opts, self.r.served.url(), out_dir, plan, command=["--state", self.r.sf.path],
                                 interrupts=self.r.interrupts, launch_argv=self.r.ledger.server().launch_argv, bench=self.r.measurer.bench)
-        ok, res = self.r.apply(dict(config), fresh=True)
+        ok, res = self.r.seat.apply(dict(config), fresh=True)
         if not ok:
             raise VkitError(f"the recommended configuration does not start: {res.get('message')}", ExitCode.UNAVAILABLE)
         runs, verified, load, down, life = [], None, plan.snap(rate), 0, None
@@ -139,7 +139,7 @@ class Promise:
             point = _cap.Point(load)
             down += 1
         if config != self.r.ledger.kept_config():
-            self.r.restore_kept()
+            self.r.seat.restore_kept()
         longest = max((x["seconds"] for x in runs if x["load"] == verified), default=c.verify_seconds)
         out = {"config": dict(config), "searched": rate, "verified": verified, "seconds": c.verify_seconds,
                "held_seconds": longest if verified is not None else None, "runs": runs,

@@ -10,7 +10,7 @@ from vkit.errors import ExitCode
 from vkit.state import now_iso
 
 if TYPE_CHECKING:
-    from vkit.tune.runner import Runner
+    from vkit.tune.context import Tune
 
 
 SENTINEL_CHECKS = 4  # sentinel checks a tune makes (after steps 2, 3, 4 and 5): the level check's Bonferroni count
@@ -19,18 +19,18 @@ SENTINEL_CHECKS = 4  # sentinel checks a tune makes (after steps 2, 3, 4 and 5):
 class Sentinel:
     """The tune's drift sentinel over the kept configuration's series."""
 
-    def __init__(self, r: Runner):
+    def __init__(self, r: Tune):
         self.r = r
 
     def kept_series(self) -> list[tuple[str, dict]]:
-        return kept_series(self.r.ledger.raw(), self.r.load)
+        return kept_series(self.r.ledger.raw(), self.r.ledger.load)
 
     def check(self) -> dict:
         """Re-measure the kept configuration once and look for a level change in everything measured
         of it since the last alarm (``kept_series``); on a change, the alarm time resets the series."""
         from vkit.decide.drift import MIN_RUNS, detect, level_check
 
-        self.r.restore_kept(fresh=True)
+        self.r.seat.restore_kept(fresh=True)
         st = self.r.ledger.tune()
         d = os.path.join(self.r.runs_dir, "sentinel")
         k = 1 + (sum(1 for f in os.listdir(d) if f.endswith(".json")) if os.path.isdir(d) else 0)  # never overwrite

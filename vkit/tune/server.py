@@ -5,7 +5,7 @@ time under ``--virtual``): the service's, or a slot's. Its lifecycle (``lifecycl
 lease, the candidate, post-start verification, rollback, ABNORMAL) works on the server's own state
 file ``svc``; the kept configuration and the frozen parameters come from the tune's state file,
 copied into a slot's before each restart, and the restart's time is accounted there. The tune's
-runner holds one (``Runner.server``) and a Ray worker holds one beside its slot's server
+seat holds one (``vkit.tune.seat.Seat.server``) and a Ray worker holds one beside its slot's server
 (``vkit.tune.fleet``): the same code restarts a server wherever it runs.
 """
 

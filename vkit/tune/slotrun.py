@@ -9,15 +9,15 @@ from typing import Iterator
 
 from vkit.errors import Abnormal, ExitCode, VkitError
 from vkit.state import StateFile
+from vkit.tune.context import Tune, for_slot, use_first_slot
 from vkit.tune.ledger import Ledger
-from vkit.tune.runner import Runner
 from vkit.tune.runplan import RunContext
 
 
-def on_first_slot(runner: Runner) -> Runner:
-    """The runner of the serial phases (baseline, confirmations, steps 1, 4m, 5, delivery): on the first
+def on_first_slot(runner: Tune) -> Tune:
+    """The tune of the serial phases (baseline, confirmations, steps 1, 4m, 5, delivery): on the first
     slot in service when the state has slots, else on the service itself."""
-    if not runner.use_first_slot():
+    if not use_first_slot(runner):
         raise Abnormal("every slot of this state has been taken out (see `state show`): fix them, then "
                        "`state --slot-in NAME` and rerun the same command to continue")
     return runner
@@ -32,8 +32,8 @@ def slot_leases(sf: StateFile, ctx: RunContext) -> Iterator[None]:
         yield
 
 
-def take_out_failed_slot(runner: Runner, e: VkitError) -> Runner | None:
-    """The serial phases' slot went ABNORMAL (``e``): taken out, and the runner of the next slot in
+def take_out_failed_slot(runner: Tune, e: VkitError) -> Tune | None:
+    """The serial phases' slot went ABNORMAL (``e``): taken out, and the tune of the next slot in
     service returned (the phase resumes from the state there); None when it is not a slot's failure or
     no slot is left."""
     if e.code != ExitCode.UNAVAILABLE or runner.slot is None:
@@ -51,16 +51,16 @@ def take_out_failed_slot(runner: Runner, e: VkitError) -> Runner | None:
         return None
 
 
-def stop_other_slots(runner: Runner) -> None:
+def stop_other_slots(runner: Tune) -> None:
     """At the end of a run, the slots other than the serial phases' stop their servers (they served
     the run's trials, nothing else); the first slot stays on the kept configuration."""
     from vkit.apply.lifecycle import Lifecycle
 
-    for s in runner.slots(live=False):
+    for s in runner.ledger.slots(live=False):
         if s["name"] != runner.slot:
-            other = runner.for_slot(s)
+            other = for_slot(runner, s)
             with contextlib.suppress(VkitError):
-                if other.remote():
+                if other.seat.remote():
                     runner.fleet.call(other, "stop")
                     runner.fleet.release(s["name"])
                 else:

@@ -40,7 +40,7 @@ def brief(doc: dict) -> str:
 
 
 def bench_failed(e: VkitError) -> VkitError:
-    """A measurement's error as the runner reports it: bench_stream's exit code, unreachable as 4."""
+    """A measurement's error as the tune reports it: bench_stream's exit code, unreachable as 4."""
     return VkitError(f"bench_stream failed (exit {int(e.code)}): {' '.join(str(e).split())}",
                      ExitCode.UNAVAILABLE if e.code == 4 else e.code)
 

@@ -12,13 +12,13 @@ from vkit.tune.ledger import FINISHED, RANKED, Status, first
 from vkit.tune.summaries import aggregate, brief, gmean, summary_metrics
 
 if TYPE_CHECKING:
-    from vkit.tune.runner import Runner
+    from vkit.tune.context import Tune
 
 
 class Trials:
     """The trials of a tune: proposed, skipped without a restart, or run and screened."""
 
-    def __init__(self, r: Runner):
+    def __init__(self, r: Tune):
         self.r = r
 
     def cannot_differ(self, config: dict) -> tuple[str, str | None] | None:
@@ -59,7 +59,7 @@ class Trials:
         peak = 0
         for p in runs:
             try:
-                d = self.r.load(p)
+                d = self.r.ledger.load(p)
             except (OSError, ValueError):
                 return None
             if "slo_capacity" in d:
@@ -84,7 +84,7 @@ class Trials:
             metrics, valid = {}, False  # refused by vLLM: infeasible, as a start failure would be
         self.r.log("skip", trial=t["id"], config=config, why=why, same_as=same_as)
         self.r.progress(f"{t['id']} step {step}: skipped, no restart: {why}")
-        return self.r.update_trial(t["id"], status=Status.SKIPPED, valid=valid, metrics=metrics, verdict=None, why=why,
+        return self.r.sf.tune.update_trial(t["id"], status=Status.SKIPPED, valid=valid, metrics=metrics, verdict=None, why=why,
                                  same_as=same_as, finished=now_iso())
 
     # -- a trial ----------------------------------------------------------------
@@ -104,19 +104,19 @@ class Trials:
         b = self.r.ledger.record(baseline_key)  # {} before BASELINE (step 1): measured, not gated
         if t["status"] == Status.PROPOSED:
             self.r.progress(f"{tid} step {t['step']}: apply {' '.join(to_serve_flags(t['changes'])) or '(kept)'}")
-            ok, res = self.r.apply(t["config"], fresh=True)
+            ok, res = self.r.seat.apply(t["config"], fresh=True)
             if not ok:
                 diag = res.get("diagnosis") or {}
-                return self.r.update_trial(tid, status=Status.START_FAILED, valid=False, verdict="reject", finished=now_iso(),
+                return self.r.sf.tune.update_trial(tid, status=Status.START_FAILED, valid=False, verdict="reject", finished=now_iso(),
                                          why=f"start failed: {diag.get('quote') or res.get('message')}", diagnosis=diag)
-            t = self.r.update_trial(tid, status=Status.APPLIED, startup=res.get("startup") or {})
+            t = self.r.sf.tune.update_trial(tid, status=Status.APPLIED, startup=res.get("startup") or {})
         else:
-            ok, res = self.r.apply(t["config"])  # resumed: make sure it is what runs
+            ok, res = self.r.seat.apply(t["config"])  # resumed: make sure it is what runs
             if not ok:
                 diag = res.get("diagnosis") or {}
-                return self.r.update_trial(tid, status=Status.START_FAILED, valid=False, verdict="reject", finished=now_iso(),
+                return self.r.sf.tune.update_trial(tid, status=Status.START_FAILED, valid=False, verdict="reject", finished=now_iso(),
                                          why=f"start failed: {diag.get('quote') or res.get('message')}", diagnosis=diag)
-        base_docs = [self.r.load(p) for p in b["runs"]] if b else []
+        base_docs = [self.r.ledger.load(p) for p in b["runs"]] if b else []
         pm = versus.primary_of(self.r.s).split(":")[0]
         pm = pm if pm in ("output_throughput", "slo_capacity", "slo_capacity_per_kw") else "output_throughput"  # elimination: higher is better
         base_tp = gmean([d.get(pm) for d in base_docs]) or 0.0
@@ -125,17 +125,17 @@ class Trials:
             repeats = t.get("repeats_planned")
             if repeats is None:
                 repeats, why_n = self.r.budget.screen_size(baseline_key) if b else (self.r.s.screen_repeats, "no baseline yet")
-                t = self.r.update_trial(tid, repeats_planned=repeats, repeats_why=why_n)
+                t = self.r.sf.tune.update_trial(tid, repeats_planned=repeats, repeats_why=why_n)
         while len(t["runs"]) < repeats:
             k = len(t["runs"]) + 1
             path, doc, check = self.r.measurer.measure(tid, k, workload)
             t["runs"].append(path)
             t["checks"].append(check)
-            t = self.r.update_trial(tid, runs=t["runs"], checks=t["checks"])
+            t = self.r.sf.tune.update_trial(tid, runs=t["runs"], checks=t["checks"])
             self.r.progress(f"{tid} run {k}: {brief(doc)}"
                           + ("" if check["code"] == 0 else f"  [{check['verdict']}: {', '.join(check.get('findings') or [])}]"))
             if check["code"] == ExitCode.INVALID:
-                return self.r.update_trial(tid, status=Status.INVALID, valid=False, verdict=None, finished=now_iso(),
+                return self.r.sf.tune.update_trial(tid, status=Status.INVALID, valid=False, verdict=None, finished=now_iso(),
                                          metrics=summary_metrics(doc),
                                          why=f"invalid measurement ({', '.join(check.get('findings') or [])}): no verdict")
             cut = max(4 * sig_tp, self.r.s.eliminate_below)
@@ -143,19 +143,19 @@ class Trials:
             # only a run check_invariants passed shows a clearly worse candidate (a busy client's run does not)
             if k == 1 and check["code"] == 0 and base_tp and (doc.get(pm) or 0.0) < base_tp * (1 - cut):
                 self.r.progress(f"{tid} eliminated: {doc[pm] / base_tp - 1:+.1%} {what} vs the baseline")
-                return self.r.update_trial(tid, status=Status.ELIMINATED, valid=True, verdict="reject", finished=now_iso(),
+                return self.r.sf.tune.update_trial(tid, status=Status.ELIMINATED, valid=True, verdict="reject", finished=now_iso(),
                                          metrics=summary_metrics(doc),
                                          why=f"eliminated after 1 run: {(doc.get(pm) or 0.0) / base_tp - 1:+.1%} {what} vs the "
                                              f"baseline, beyond -{cut:.0%}; no full repeats for a clearly worse candidate")
-        docs = [self.r.load(p) for p in t["runs"]]
+        docs = [self.r.ledger.load(p) for p in t["runs"]]
         valid = all(c["code"] == 0 for c in t["checks"])
         if not b:
-            return self.r.update_trial(tid, status=Status.DONE, valid=valid, metrics=aggregate(docs), verdict=None,
+            return self.r.sf.tune.update_trial(tid, status=Status.DONE, valid=valid, metrics=aggregate(docs), verdict=None,
                                      why=t.get("why") or "measured; no baseline yet to gate against", finished=now_iso())
         g = self.r.compare.gate(b["runs"], t["runs"], versus=versus)
         verdict = g.get("decision")
         why = g.get("why") or ""
         self.r.progress(f"{tid} screened: {verdict} — {why}")
-        return self.r.update_trial(tid, status=Status.DONE, valid=valid, metrics=aggregate(docs), verdict=verdict, why=why,
+        return self.r.sf.tune.update_trial(tid, status=Status.DONE, valid=valid, metrics=aggregate(docs), verdict=verdict, why=why,
                                  gate={k: g.get(k) for k in ("decision", "why", "primary", "more_runs", "warnings", "exit_code")},
                                  finished=now_iso())

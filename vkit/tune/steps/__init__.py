@@ -1,4 +1,4 @@
-"""The tuning order of seed 000, driven through the per-trial state machine of ``vkit.tune.runner``.
+"""The tuning order of seed 000, driven through the per-trial state machine of ``vkit.tune.context``.
 
 Step 1 max-model-len (start-up success, KV capacity, TTFT stability) → frozen; step 2
 max-num-batched-tokens with max-num-seqs fixed; step 3 max-num-seqs at the best budget with

@@ -8,13 +8,13 @@ from typing import Any, Callable
 
 from vkit.errors import ExitCode, VkitError
 from vkit.state import now_iso
-from vkit.tune.runner import Runner
+from vkit.tune.context import Tune, for_slot
 from vkit.tune.steps.common import primary_metric
 
 AA_REPEATS = 2  # runs of the kept configuration on each slot in the A/A pass
 
 
-def baseline_beside_aa(runner: Runner, progress: Callable[[str], None], repeats: int = AA_REPEATS) -> dict:
+def baseline_beside_aa(runner: Tune, progress: Callable[[str], None], repeats: int = AA_REPEATS) -> dict:
     """The A/A pass over the slots (once a tune): the kept configuration started afresh on every live
     slot at once (so shared host and PCIe contention is in it) and measured ``repeats`` times on
     each. A one-way random-effects analysis of the log metric per slot gives the spread between slots
@@ -45,28 +45,28 @@ def baseline_beside_aa(runner: Runner, progress: Callable[[str], None], repeats:
     return b
 
 
-def _aa_recorded(runner: Runner) -> tuple[dict | None, list[dict], dict]:
+def _aa_recorded(runner: Tune) -> tuple[dict | None, list[dict], dict]:
     """(the A/A pass recorded for the kept configuration, or None; the live slots; the kept configuration)."""
     st = runner.ledger.tune()
-    live = runner.slots()
+    live = runner.ledger.slots()
     kept = st.kept_config
     done = st.record("slot_effects")  # the whole record (config, finished, metrics)
     return (done if done and done.get("config") == kept and done.get("finished") else None), live, kept
 
 
-def _first_start_runs(runner: Runner, runs: list[str], slot: str) -> list[str]:
+def _first_start_runs(runner: Tune, runs: list[str], slot: str) -> list[str]:
     """The runs of ``runs`` measured on ``slot`` by the first server start among them."""
     known = runner.ledger.tune().run_starts
     mine = [p for p in runs if slot in runner.compare.slots_of([p]) and known.get(p)]
     return [p for p in mine if known[p] == known[mine[0]]] if mine else []
 
 
-def _aa_on(runner: Runner, slot: dict, kept: dict, repeats: int) -> list[str] | str:
+def _aa_on(runner: Tune, slot: dict, kept: dict, repeats: int) -> list[str] | str:
     """A thread's body: the kept configuration started afresh on ``slot`` and measured ``repeats``
     times; its valid runs, or why the slot failed (ABNORMAL, unreachable, does not start)."""
-    r = runner.for_slot(slot)
+    r = for_slot(runner, slot)
     try:
-        ok, res = r.apply(dict(kept), fresh=True)
+        ok, res = r.seat.apply(dict(kept), fresh=True)
         if not ok:
             return f"the kept configuration does not start on it: {res.get('message')}"
         paths = []
@@ -81,7 +81,7 @@ def _aa_on(runner: Runner, slot: dict, kept: dict, repeats: int) -> list[str] | 
         return " ".join(str(e).split())
 
 
-def _aa_record(runner: Runner, got: dict[str, list[str] | str], kept: dict, progress: Callable[[str], None]) -> dict:
+def _aa_record(runner: Tune, got: dict[str, list[str] | str], kept: dict, progress: Callable[[str], None]) -> dict:
     """Slots that failed the pass taken out; the slot effects of the others recorded and logged."""
     runs = {n: v for n, v in got.items() if isinstance(v, list)}
     for name, why in sorted((n, v) for n, v in got.items() if isinstance(v, str)):
@@ -102,13 +102,13 @@ def _aa_record(runner: Runner, got: dict[str, list[str] | str], kept: dict, prog
     return rec
 
 
-def slot_effects(runner: Runner, runs: dict[str, list[str]]) -> dict:
+def slot_effects(runner: Tune, runs: dict[str, list[str]]) -> dict:
     """Per metric: each slot's level relative to the mean of the slots, σ within a slot, σ between
     slots (one-way random effects on logs: (MS_between - MS_within) / n, floored at 0) and the
     device part (σ between slots² less the baseline's between-restart σ², floored at 0)."""
     import numpy as np
 
-    docs = {n: [runner.load(p) for p in ps] for n, ps in runs.items()}
+    docs = {n: [runner.ledger.load(p) for p in ps] for n, ps in runs.items()}
     comps = runner.budget.components()
     out: dict[str, Any] = {}
     names = [n for n in runs if len(docs[n]) >= 2]

@@ -8,11 +8,11 @@ from vkit import search
 from vkit.errors import Rejected
 from vkit.state import now_iso
 from vkit.tune.compare import Versus
-from vkit.tune.runner import Runner
+from vkit.tune.context import Tune
 from vkit.tune.steps.common import finished_step, primary_metric, record_step
 
 
-def _last_multi_keep(runner: Runner) -> tuple[dict, dict, dict, list] | None:
+def _last_multi_keep(runner: Tune) -> tuple[dict, dict, dict, list] | None:
     """The latest keep whose change moved several parameters: (its log event, the configuration
     before, the one kept, the one-parameter variants), or None."""
     keeps = [e for e in runner.sf.log.read() if e.get("event") == "keep"]
@@ -25,7 +25,7 @@ def _last_multi_keep(runner: Runner) -> tuple[dict, dict, dict, list] | None:
     return None
 
 
-def auto_ablate(runner: Runner, step: str, progress: Callable[[str], None]) -> dict | None:
+def auto_ablate(runner: Tune, step: str, progress: Callable[[str], None]) -> dict | None:
     """After ``step`` kept a change of several parameters at once, the attribution runs by itself
     (seed 000's one-switch control): once per keep, resumable, recorded with the step."""
     rec = finished_step(runner, step) or {}
@@ -54,7 +54,7 @@ def auto_ablate(runner: Runner, step: str, progress: Callable[[str], None]) -> d
     return out
 
 
-def run_ablation(runner: Runner, progress: Callable[[str], None]) -> dict:
+def run_ablation(runner: Tune, progress: Callable[[str], None]) -> dict:
     """The seed's missing one-switch control: when the last kept change moved several parameters
     at once, measure each one alone against the configuration it replaced, so the report can say
     which switch produced the gain (on the run's primary metric: throughput or SLO capacity)."""
@@ -86,7 +86,7 @@ def run_ablation(runner: Runner, progress: Callable[[str], None]) -> dict:
                      "metric": pm, "change": gain, "why": t.get("why")})
         progress(f"ablate {param}: {prev.get(param)} -> {new.get(param)} alone: "
                  + (f"{gain:+.1%} {pm}, " if gain is not None else "") + f"gate {t.get('verdict')}")
-    runner.restore_kept()
+    runner.seat.restore_kept()
     out = {"decision_id": e["id"], "previous": prev, "kept": new, "switches": rows,
            "attribution": [r["param"] for r in rows if r["verdict"] == "accept"]}
     runner.sf.tune.record_ablation(dict(out, finished=now_iso()))

@@ -6,9 +6,9 @@ import math
 
 from vkit import search
 from vkit.errors import ExitCode, Rejected, VkitError
+from vkit.tune.context import Tune
 from vkit.tune.ledger import FINISHED, PENDING, Status
 from vkit.tune.measurement import Measurer
-from vkit.tune.runner import Runner
 
 OBJECTIVES = [search.Objective("output_throughput", "max"), search.Objective("p95_ttft_ms", "min")]
 # The capacity objective: SLO capacity (req/s), and interactivity as mean TPOT at the reference load
@@ -23,7 +23,7 @@ ENERGY_OBJECTIVE = search.Objective("j_per_output_token", "min")
 REQUIRED_OBJECTIVES = [search.Objective("slo_capacity", "max"), search.Objective("ref_j_per_output_token", "min")]
 
 
-def objectives(runner: Runner) -> list[search.Objective]:
+def objectives(runner: Tune) -> list[search.Objective]:
     """The search's objectives for this run's objective (throughput at one load, SLO capacity, SLO capacity
     per kW, or J per output token at a required capacity), J per output token at the capacity beside them with
     --energy-axis."""
@@ -38,11 +38,11 @@ def objectives(runner: Runner) -> list[search.Objective]:
     return objs + ([ENERGY_OBJECTIVE] if s.energy_axis else [])
 
 
-def primary_metric(runner: Runner) -> str:
+def primary_metric(runner: Tune) -> str:
     return objectives(runner)[0].name
 
 
-def search_slo(runner: Runner) -> dict | None:
+def search_slo(runner: Tune) -> dict | None:
     """The SLO as the search sees it: a constraint on the throughput objective; inside the capacity
     objective already (a capacity is the highest load meeting it), so none on top."""
     return None if runner.s.capacity is not None else (runner.s.slo or None)
@@ -52,7 +52,7 @@ STEP_NAMES = {"1": "max-model-len", "2": "max-num-batched-tokens", "3": "max-num
               "twin": "twin-guided search (the calibrated simulator ranks, the server confirms)"}
 
 
-def observations(runner: Runner, steps: tuple[str, ...] | None = None) -> list[search.Observation]:
+def observations(runner: Tune, steps: tuple[str, ...] | None = None) -> list[search.Observation]:
     """Finished trials as the search sees them (screening means; infeasible when they did not start)."""
     st = runner.ledger.tune()
     slo = search_slo(runner)
@@ -71,7 +71,7 @@ def observations(runner: Runner, steps: tuple[str, ...] | None = None) -> list[s
         reps = []
         for p in t.get("runs") or []:
             try:
-                d = runner.load(p)
+                d = runner.ledger.load(p)
                 reps.append({o.name: d.get(o.name) for o in objs})
             except (OSError, ValueError):
                 continue
@@ -80,24 +80,24 @@ def observations(runner: Runner, steps: tuple[str, ...] | None = None) -> list[s
     return out
 
 
-def finished_step(runner: Runner, step: str) -> dict | None:
+def finished_step(runner: Tune, step: str) -> dict | None:
     for s in runner.ledger.tune().steps:
         if s["step"] == step and s.get("finished"):
             return s
     return None
 
 
-def record_step(runner: Runner, rec: dict) -> None:
+def record_step(runner: Tune, rec: dict) -> None:
     runner.sf.tune.record_step(rec)
 
 
-def open_trial(runner: Runner, step: str) -> dict | None:
+def open_trial(runner: Tune, step: str) -> dict | None:
     """A trial of this step that an interruption left unfinished."""
     pending = runner.ledger.trials(step=step, status=PENDING)
     return pending[0] if pending else None
 
 
-def guard_anomalies(runner: Runner) -> None:
+def guard_anomalies(runner: Tune) -> None:
     """Seed: a baseline with an invariant anomaly (e.g. prefill slower than decode) blocks steps 2–4:
     fix the path first — headroom is not a reason to use it now."""
     b = runner.ledger.record("baseline")

@@ -11,12 +11,12 @@ from vkit.apply.launcher import serve_argv
 from vkit.apply.policy import to_serve_flags
 from vkit.tune.compare import Versus
 from vkit.tune.config import Workload
+from vkit.tune.context import Tune
 from vkit.tune.ledger import TuneView, first
-from vkit.tune.runner import Runner
 from vkit.tune.steps.common import objectives, observations
 
 
-def _front(runner: Runner, goal: dict) -> tuple[dict, list[search.Observation]]:
+def _front(runner: Tune, goal: dict) -> tuple[dict, list[search.Observation]]:
     """The search's delivery over every screened configuration plus the kept one."""
     st = runner.ledger.tune()
     # a member whose claim the gate rejected on fresh runs was a screening artefact: out of the front
@@ -41,7 +41,7 @@ def _front(runner: Runner, goal: dict) -> tuple[dict, list[search.Observation]]:
 _NOT_CONFIRMED = ("reject", "invalid", "start_failed")
 
 
-def _carries_reference(runner: Runner, trial: dict) -> bool:
+def _carries_reference(runner: Tune, trial: dict) -> bool:
     """Every capacity search of the trial (or of the one it is the same as) held the SLO at the reference load."""
     if trial.get("same_as"):
         src = first(runner.ledger.trials(), id=trial["same_as"])
@@ -49,7 +49,7 @@ def _carries_reference(runner: Runner, trial: dict) -> bool:
     docs = []
     for p in trial.get("runs") or []:
         try:
-            docs.append(runner.load(p))
+            docs.append(runner.ledger.load(p))
         except (OSError, ValueError):
             return False
     return bool(docs) and all(d.get("ref_holds", True) for d in docs)
@@ -86,7 +86,7 @@ def _claim(point: dict, kept_obj: dict, objs: list[search.Objective]) -> tuple[s
 CAPACITY_GUARD = 0.05
 
 
-def claim_guards(runner: Runner, primary: str) -> list[str]:
+def claim_guards(runner: Tune, primary: str) -> list[str]:
     # j-per-token: capacity may be traded for joules down to the required load, which every search measures
     # (ref_holds); no guard relative to the kept configuration's capacity
     if runner.s.capacity is not None and not primary.startswith("slo_capacity") and runner.s.objective != "j-per-token":
@@ -94,7 +94,7 @@ def claim_guards(runner: Runner, primary: str) -> list[str]:
     return []
 
 
-def confirm_front(runner: Runner, goal: dict, limit: int, progress: Callable[[str], None]) -> list[dict]:
+def confirm_front(runner: Tune, goal: dict, limit: int, progress: Callable[[str], None]) -> list[dict]:
     """Re-confirm (measure) up to ``limit`` delivered configurations that are not the kept one, each on its own
     claim (the objective it screened better on) against the kept configuration, on fresh interleaved
     runs with the gate (the winner's curse: a screening mean is biased up). Resumable; the
@@ -139,17 +139,17 @@ def confirm_front(runner: Runner, goal: dict, limit: int, progress: Callable[[st
         done.append(conf)
     srv = runner.served.server()
     if measured or srv.running.get("config") not in (None, srv.kept["config"]):
-        runner.settle()  # once, after the last candidate (or one left running by an interrupted run)
+        runner.seat.settle()  # once, after the last candidate (or one left running by an interrupted run)
     return done
 
 
-def versus_kept(runner: Runner, conf: dict) -> dict:
+def versus_kept(runner: Tune, conf: dict) -> dict:
     """Each objective's relative difference, candidate vs kept, over a confirmation's fresh runs (the
     claim is the gate's; the others are shown so a trade-off's price is seen on the same runs)."""
     out: dict = {}
     try:
-        a = [runner.load(p) for p in conf.get("a_runs") or []]
-        b = [runner.load(p) for p in conf.get("b_runs") or []]
+        a = [runner.ledger.load(p) for p in conf.get("a_runs") or []]
+        b = [runner.ledger.load(p) for p in conf.get("b_runs") or []]
     except (OSError, ValueError):
         return out
     for o in objectives(runner):
@@ -160,7 +160,7 @@ def versus_kept(runner: Runner, conf: dict) -> dict:
     return out
 
 
-def deliver(runner: Runner, goal: dict) -> dict:
+def deliver(runner: Tune, goal: dict) -> dict:
     """3–5 Pareto configurations with dominance rates, the knee, the recommendation, the flags.
     Reads the state only: a member is ``confirmed`` when it is the kept configuration or the gate
     accepted its claim on fresh interleaved runs (:func:`confirm_front`); one whose claim the gate
@@ -230,7 +230,7 @@ def deployment(st: TuneView, cfg: dict, trial_id: str, decision_id: str | None) 
             "serve_command": shlex.join(serve_argv(st.server.launch, cfg))}
 
 
-def energy_pick(runner: Runner, pareto: list[dict], st: TuneView) -> dict:
+def energy_pick(runner: Tune, pareto: list[dict], st: TuneView) -> dict:
     """--objective j-per-token: the configuration with the fewest J per output token at the required load among
     those that carry it. A front member qualifies when the gate accepted its J/token claim on fresh interleaved
     runs against the kept configuration and every search of it, screening and confirmation, held the SLO at
@@ -273,7 +273,7 @@ def energy_pick(runner: Runner, pareto: list[dict], st: TuneView) -> dict:
     return rec
 
 
-def more_interactive(runner: Runner, pareto: list[dict]) -> dict | None:
+def more_interactive(runner: Tune, pareto: list[dict]) -> dict | None:
     """The front member whose interactivity claim (guarded on capacity) the gate accepted on fresh
     interleaved runs, the lowest mean TPOT at the reference load among them; None when there is none."""
     ok = [p for p in pareto if (p.get("confirmation") or {}).get("decision") == "accept"

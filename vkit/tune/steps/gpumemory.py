@@ -8,8 +8,8 @@ from vkit.apply import launcher
 from vkit.apply.policy import Policy
 from vkit.search import gpumem
 from vkit.state import now_iso
+from vkit.tune.context import Tune
 from vkit.tune.ledger import PROBING, Status
-from vkit.tune.runner import Runner
 from vkit.tune.steps.common import STEP_NAMES, finished_step, primary_metric, record_step
 from vkit.tune.steps.delivery import versus_kept
 from vkit.tune.steps.screening import refuse_underpowered, screened_effect
@@ -21,7 +21,7 @@ GMU = "gpu_memory_utilization"
 MEMORY_KINDS = ("oom", "gpu_memory_taken")
 
 
-def gpu_memory_bounds(runner: Runner, policy: Policy) -> tuple[float, float, str]:
+def gpu_memory_bounds(runner: Tune, policy: Policy) -> tuple[float, float, str]:
     """(the value known to start, the highest allowed, where the first came from): the kept
     configuration's value, else what the kept server reported in its baseline (``cache_config_info``),
     else the policy's min; the policy's max (S4: 0.98, auto_tune.sh's first value)."""
@@ -34,19 +34,19 @@ def gpu_memory_bounds(runner: Runner, policy: Policy) -> tuple[float, float, str
     b = st.record("baseline")
     if b.get("config") == kept and b.get("runs"):
         try:
-            cc = ((runner.load(b["runs"][0]).get("vkit") or {}).get("server") or {}).get("cache_config") or {}
+            cc = ((runner.ledger.load(b["runs"][0]).get("vkit") or {}).get("server") or {}).get("cache_config") or {}
             return float(cc[GMU]), hi, "the kept server's default, from its cache_config_info"
         except (OSError, ValueError, KeyError, TypeError):
             pass
     return float(rule.get("min", 0.5)), hi, "the policy's min (the kept server's own value is not known)"
 
 
-def kept_kv_tokens(runner: Runner) -> int | None:
+def kept_kv_tokens(runner: Tune) -> int | None:
     """The KV-cache size (tokens) the kept configuration's last start logged (vLLM's ``GPU KV cache size``):
     the running server's when it is the kept one, else the latest start of it in the decision log."""
     st = runner.served.server()
     kept = st.kept["config"]
-    if runner.running_config() == kept and st.startup.get("kv_cache_tokens"):
+    if runner.seat.running_config() == kept and st.startup.get("kv_cache_tokens"):
         return st.startup["kv_cache_tokens"]
     for e in reversed(runner.svc.log.read()):
         cfg = e.get("kept") if e.get("event") == "rolled_back" else e.get("candidate") if e.get("event") == "applied" else None
@@ -62,14 +62,14 @@ def _probe_record(t: dict) -> gpumem.Probe:
                         quote=diag.get("quote"))
 
 
-def _probes(runner: Runner, kept: dict) -> list[dict]:
+def _probes(runner: Tune, kept: dict) -> list[dict]:
     """This step's start probes of the kept configuration (every parameter but the value the same)."""
     rest = {k: v for k, v in kept.items() if k != GMU}
     return [t for t in runner.ledger.trials(step="4m") if t.get("probe")
             and {k: v for k, v in t["config"].items() if k != GMU} == rest]
 
 
-def probe_start(runner: Runner, value: float, progress: Callable[[str], None]) -> gpumem.Probe:
+def probe_start(runner: Tune, value: float, progress: Callable[[str], None]) -> gpumem.Probe:
     """One start of the kept configuration at ``gpu_memory_utilization`` ``value`` (restart_with_rollback:
     a failure rolls back to the kept configuration), recorded as a probe trial; resumable. A failure
     diagnosed as memory (``MEMORY_KINDS``) is the answer the probe asks for: it is logged and not
@@ -82,17 +82,17 @@ def probe_start(runner: Runner, value: float, progress: Callable[[str], None]) -
         return _probe_record(t)
     if t is None:
         t = runner.trials.new("4m", cfg, f"start probe: does {GMU} {value} start, and what KV cache does it log?")
-        runner.update_trial(t["id"], probe=True)
+        runner.sf.tune.update_trial(t["id"], probe=True)
     progress(f"{t['id']} step 4m: start probe {GMU} {value}")
-    ok, res = runner.apply(cfg, fresh=True)
+    ok, res = runner.seat.apply(cfg, fresh=True)
     if ok:
         su = res.get("startup") or {}
         kv = su.get("kv_cache_tokens")
-        t = runner.update_trial(t["id"], status=Status.PROBE_STARTED, startup=su, finished=now_iso(),
+        t = runner.sf.tune.update_trial(t["id"], status=Status.PROBE_STARTED, startup=su, finished=now_iso(),
                                 why=f"started; GPU KV cache size {kv:,} tokens" if kv else "started (no KV cache size in the log)")
     else:
         diag = res.get("diagnosis") or {}
-        t = runner.update_trial(t["id"], status=Status.PROBE_FAILED, valid=False, diagnosis=diag, finished=now_iso(),
+        t = runner.sf.tune.update_trial(t["id"], status=Status.PROBE_FAILED, valid=False, diagnosis=diag, finished=now_iso(),
                                 why=f"does not start ({diag.get('kind')}): {diag.get('quote') or res.get('message')}")
         if diag.get("kind") in MEMORY_KINDS:
             runner.svc.service.forgive_start_failure()
@@ -103,7 +103,7 @@ def probe_start(runner: Runner, value: float, progress: Callable[[str], None]) -
     return _probe_record(t)
 
 
-def find_highest_start(runner: Runner, lo: float, hi: float, progress: Callable[[str], None]) -> dict:
+def find_highest_start(runner: Tune, lo: float, hi: float, progress: Callable[[str], None]) -> dict:
     """The highest ``gpu_memory_utilization`` in [lo, hi] that starts (``lo`` known to start), to 0.01, by
     bisection on real starts (``vkit.search.gpumem``): the answer, its KV-cache size, the probes, the
     starts used and auto_tune.sh's count for the same answer. A probe that fails for another reason than
@@ -129,9 +129,9 @@ def find_highest_start(runner: Runner, lo: float, hi: float, progress: Callable[
             "step_down_starts": gpumem.step_down_starts(best, hi), "monotone": gpumem.monotone(lo, probes), "stopped": stopped}
 
 
-def load_failure(runner: Runner, t: dict) -> list[str]:
+def load_failure(runner: Tune, t: dict) -> list[str]:
     """The evidence that a configuration which started failed under the load (empty: none): the engine
-    died during one of its measurements (the runner's ``server_died`` log event, once is enough; check_invariants'
+    died during one of its measurements (the tune's ``server_died`` log event, once is enough; check_invariants'
     ``server_died`` when it died again after the restart), requests failed (a run's failed count, or a capacity
     search's load points refused for failed requests), or the server no longer answers /health after the
     measurement (its log's last error quoted)."""
@@ -145,7 +145,7 @@ def load_failure(runner: Runner, t: dict) -> list[str]:
             ev.append(f"the engine died during run {e.get('run')}" + (f" ({errs})" if errs else "") + ": restarted and measured again")
     for p in t.get("runs") or []:
         try:
-            d = runner.load(p)
+            d = runner.ledger.load(p)
         except (OSError, ValueError):
             continue
         if isinstance(d.get("failed"), int) and d["failed"] > 0:
@@ -157,7 +157,7 @@ def load_failure(runner: Runner, t: dict) -> list[str]:
                 ev.append(f"{p}: at load {pt.get('load')}: {bad[0]}")
     st = runner.served.server()
     run = st.running
-    if run.get("config") == t["config"] and t.get("runs") and not runner.healthy(st.url):
+    if run.get("config") == t["config"] and t.get("runs") and not runner.seat.healthy(st.url):
         quote = launcher.diagnose(launcher.tail(run["log"]))["quote"] if run.get("log") else ""
         ev.append("the server no longer answers /health after the measurement" + (f"; its log: {quote}" if quote else ""))
     return ev
@@ -174,7 +174,7 @@ def _kv_text(kv: dict) -> str:
     return f"KV cache {a:,} -> {b:,} tokens ({b - a:+,}, {b / a - 1:+.1%})"
 
 
-def run_gpu_memory_step(runner: Runner, policy: Policy, progress: Callable[[str], None], budget: int) -> dict:
+def run_gpu_memory_step(runner: Tune, policy: Policy, progress: Callable[[str], None], budget: int) -> dict:
     """Step 4m (policy S4, before step 4's grid): the highest ``gpu_memory_utilization`` that starts
     (:func:`find_highest_start`), then validated under the load through the normal trial path
     (screening against the kept configuration, then the fresh interleaved confirmation and KEEP or
@@ -219,14 +219,14 @@ def run_gpu_memory_step(runner: Runner, policy: Policy, progress: Callable[[str]
     rec.update(kv_cache=kv, validations=validations, result=result,
                trials=[t["id"] for t in runner.ledger.trials(step="4m")],
                stop_rule=search_text + (f"; validated under the load: {'; '.join(v['summary'] for v in validations)}" if validations else ""))
-    runner.settle()
+    runner.seat.settle()
     rec["finished"] = now_iso()
     record_step(runner, rec)
     progress(f"step 4m done: {result}; {search_text}")
     return rec
 
 
-def _validation_trial(runner: Runner, cfg: dict, value: float) -> dict:
+def _validation_trial(runner: Tune, cfg: dict, value: float) -> dict:
     """The validation trial of ``cfg`` (resumed when recorded). When the server runs ``cfg`` on the process
     a start probe left (it served post_start_verify's short request only), that process is measured:
     no restart."""
@@ -237,12 +237,12 @@ def _validation_trial(runner: Runner, cfg: dict, value: float) -> dict:
     last_start = st.server.candidate.get("config")  # the service's candidate, as the same read found it
     t = runner.trials.new("4m", cfg, f"validate {GMU} {value} under the load: screening against the kept configuration")
     probe = next((x for x in reversed(_probes(runner, st.kept_config)) if x["status"] == Status.PROBE_STARTED), None)
-    if probe is not None and probe["config"] == cfg and runner.running_config() == cfg and last_start == cfg:
-        t = runner.update_trial(t["id"], status=Status.APPLIED, startup=probe.get("startup") or {}, reused_probe=probe["id"])
+    if probe is not None and probe["config"] == cfg and runner.seat.running_config() == cfg and last_start == cfg:
+        t = runner.sf.tune.update_trial(t["id"], status=Status.APPLIED, startup=probe.get("startup") or {}, reused_probe=probe["id"])
     return t
 
 
-def _validate_gpu_memory(runner: Runner, lo: float, found: dict, kv: dict, kv_kept: int | None, base_pm: float | None,
+def _validate_gpu_memory(runner: Tune, lo: float, found: dict, kv: dict, kv_kept: int | None, base_pm: float | None,
                          budget: int, validations: list[dict], progress: Callable[[str], None]) -> tuple[str, dict]:
     """Screen, then confirm, the found value; a load failure rejects it with its evidence and the next
     candidate is the midpoint (0.01 grid) between the kept value and it."""
@@ -271,7 +271,7 @@ def _validate_gpu_memory(runner: Runner, lo: float, found: dict, kv: dict, kv_ke
             elif after:
                 ev = after
         if ev:
-            runner.update_trial(t["id"], verdict="reject", load_failure=ev,
+            runner.sf.tune.update_trial(t["id"], verdict="reject", load_failure=ev,
                                 why=f"starts but fails under the load: {'; '.join(ev)}")
             row.update(rejected=True, evidence=ev, summary=f"{cand} rejected under the load ({ev[0]})")
             validations.append(row)

@@ -6,8 +6,8 @@ from typing import Callable
 
 from vkit import search
 from vkit.apply.policy import Policy
+from vkit.tune.context import Tune
 from vkit.tune.ledger import Status
-from vkit.tune.runner import Runner
 from vkit.tune.steps.common import finished_step, objectives, observations, search_slo
 from vkit.tune.steps.delivery import workload_concurrency
 from vkit.tune.steps.step5 import workload_priorities
@@ -16,7 +16,7 @@ from vkit.tune.steps.step5 import workload_priorities
 OCTAVE_BOUNDS = {"max_num_batched_tokens": (256, 32768), "max_num_seqs": (8, 512)}
 
 
-def staged_proposer(runner: Runner, policy: Policy, step: str, candidates: str = "policy") -> tuple[Callable, Callable]:
+def staged_proposer(runner: Tune, policy: Policy, step: str, candidates: str = "policy") -> tuple[Callable, Callable]:
     st = runner.ledger.tune()
     names = ["max_num_batched_tokens", "max_num_seqs"]
     octaves = candidates == "octaves"
@@ -33,11 +33,11 @@ def staged_proposer(runner: Runner, policy: Policy, step: str, candidates: str =
     return plan.next, plan.stop_reason
 
 
-def _staged_plan(runner: Runner, space: list, base: dict, step: str, conc: int | None, opts: dict) -> search.StagedPlan:
+def _staged_plan(runner: Tune, space: list, base: dict, step: str, conc: int | None, opts: dict) -> search.StagedPlan:
     return search.StagedPlan(space, base, objectives(runner), search_slo(runner), steps=(step,), load_concurrency=conc, **opts)
 
 
-def step3_knee(runner: Runner, space: list, base: dict, conc: int | None, opts: dict) -> int | None:
+def step3_knee(runner: Tune, space: list, base: dict, conc: int | None, opts: dict) -> int | None:
     """Step 3's knee as its finished sweep shows it (the same plan replayed over the measured
     trials), or None when step 3 has not finished or found no knee."""
     if finished_step(runner, "3") is None:
@@ -59,7 +59,7 @@ def prior_observations(entries: list[dict]) -> list[search.Observation]:
     return out
 
 
-def kb_observations(runner: Runner) -> list[dict]:
+def kb_observations(runner: Tune) -> list[dict]:
     return [{"config": h.config, "objectives": h.objectives, "feasible": h.feasible, "slo_ok": h.slo_ok, "trial_id": h.trial_id}
             for h in observations(runner) if h.step in ("2", "3", "4", "bo")]
 
@@ -76,7 +76,7 @@ BO_PATIENCE = 4  # early stop: this many evaluations in a row without a screened
 CAPACITY_ACQUISITION = "cei"
 
 
-def bo_space(runner: Runner, policy: Policy) -> list:
+def bo_space(runner: Tune, policy: Policy) -> list:
     """The Bayesian search's space for this run (``BO_NAMES``, frozen parameters left out)."""
     names = list(BO_NAMES) + (["scheduling_policy"] if len(workload_priorities(runner.s.workload)) >= 2 else [])
     rows = {r["param"] for r in (policy.data if hasattr(policy, "data") else policy).get("situational", [])}
@@ -85,7 +85,7 @@ def bo_space(runner: Runner, policy: Policy) -> list:
                                     bounds={k: v for k, v in BO_BOUNDS.items() if k in names})
 
 
-def bo_stalled(runner: Runner, patience: int = BO_PATIENCE) -> int | None:
+def bo_stalled(runner: Tune, patience: int = BO_PATIENCE) -> int | None:
     """The evaluations in a row, at the end of this run's Bayesian search, whose screening gate did
     not accept a gain over the kept configuration, when there are at least ``patience`` of them."""
     trials = [t for t in runner.ledger.trials(step="bo") if t["status"] != Status.SKIPPED and t.get("finished")]
@@ -97,13 +97,13 @@ def bo_stalled(runner: Runner, patience: int = BO_PATIENCE) -> int | None:
     return run if patience and run >= patience else None
 
 
-def bo_acquisition(runner: Runner, acquisition: str) -> str:
+def bo_acquisition(runner: Tune, acquisition: str) -> str:
     """The acquisition a Bayesian search of this run uses: ``auto`` under the capacity objective
     becomes :data:`CAPACITY_ACQUISITION`; anything else is as asked."""
     return CAPACITY_ACQUISITION if acquisition == "auto" and runner.s.capacity is not None else acquisition
 
 
-def bo_proposer(runner: Runner, policy: Policy, budget: int, seed: int,
+def bo_proposer(runner: Tune, policy: Policy, budget: int, seed: int,
                 prior: list[search.Observation] | None = None, acquisition: str = "auto",
                 patience: int = BO_PATIENCE, batch_lie: str = "kb") -> tuple[Callable, Callable]:
     st = runner.ledger.tune()

@@ -15,8 +15,8 @@ from vkit.decide.specs import parse_metric
 from vkit.errors import ExitCode, VkitError
 from vkit.state import now_iso
 from vkit.tune.compare import MAIN, Versus
+from vkit.tune.context import Tune, for_slot, use_first_slot
 from vkit.tune.ledger import PENDING, RANKED, Status
-from vkit.tune.runner import Runner
 from vkit.tune.steps.common import (
     STEP_NAMES,
     finished_step,
@@ -29,7 +29,7 @@ from vkit.tune.steps.common import (
 )
 
 
-def run_screening_step(runner: Runner, step: str, proposer: Callable[[list], Any], progress: Callable[[str], None],
+def run_screening_step(runner: Tune, step: str, proposer: Callable[[list], Any], progress: Callable[[str], None],
                        budget: int, stop_text: Callable[[list], str]) -> dict:
     """Propose → trial (APPLY/VERIFY/VALIDATE/GATE-screen) until the proposer is done or the budget is
     spent; then confirm the best screened candidate (fresh, interleaved), its blocks planned for its
@@ -38,7 +38,7 @@ def run_screening_step(runner: Runner, step: str, proposer: Callable[[list], Any
     done = finished_step(runner, step)
     if done:
         return done
-    if len(runner.slots()) > 1:
+    if len(runner.ledger.slots()) > 1:
         stop = _screen_on_slots(runner, step, proposer, progress, budget, stop_text)
     else:
         stop = _screen_one_at_a_time(runner, step, proposer, progress, budget, stop_text)
@@ -57,21 +57,21 @@ def run_screening_step(runner: Runner, step: str, proposer: Callable[[list], Any
         rec["result"] = (f"kept {best['id']} ({' '.join(to_serve_flags(best['changes']))})" if conf.get("decision") == "kept"
                          else f"best screened {best['id']} not kept: {conf.get('decision')} — {conf.get('why')}")
         refuse_underpowered(runner, rec, conf, progress)
-    runner.settle()
+    runner.seat.settle()
     rec["finished"] = now_iso()
     record_step(runner, rec)
     progress(f"step {step} done: {rec['result']}; stop rule: {stop}")
     return rec
 
 
-def _spent(runner: Runner, step: str, running: bool = False) -> int:
+def _spent(runner: Tune, step: str, running: bool = False) -> int:
     """Trials of ``step`` that count toward its budget: the finished ones (a skipped candidate cost no
     restart: it does not), and with ``running`` those proposed or running too."""
     counted = {Status.DONE, Status.ELIMINATED, Status.START_FAILED, Status.INVALID} | (PENDING if running else set())
     return len(runner.ledger.trials(step=step, status=counted))
 
 
-def _out_of_budget(runner: Runner, step: str, budget: int, progress: Callable[[str], None], running: bool = False) -> str | None:
+def _out_of_budget(runner: Tune, step: str, budget: int, progress: Callable[[str], None], running: bool = False) -> str | None:
     """Why ``step`` proposes no more candidates (its trial budget or its time spent), or None."""
     spent = _spent(runner, step, running)
     if spent >= budget:
@@ -79,7 +79,7 @@ def _out_of_budget(runner: Runner, step: str, budget: int, progress: Callable[[s
     return over_time(runner, step, budget - spent, progress)
 
 
-def lies(runner: Runner, pending: list[dict], hist: list[search.Observation] | None = None) -> list[search.Observation]:
+def lies(runner: Tune, pending: list[dict], hist: list[search.Observation] | None = None) -> list[search.Observation]:
     """Batch proposals: the configurations proposed but not yet measured, as observations a proposer
     reads as measured and promising (the best value of each objective so far, a maximised one 10 % above
     it), so it proposes the next configuration of its plan instead of the same one again and does not
@@ -103,7 +103,7 @@ def lies(runner: Runner, pending: list[dict], hist: list[search.Observation] | N
     return out
 
 
-def _screen_on_slots(runner: Runner, step: str, proposer: Callable[[list], Any], progress: Callable[[str], None],
+def _screen_on_slots(runner: Tune, step: str, proposer: Callable[[list], Any], progress: Callable[[str], None],
                      budget: int, stop_text: Callable[[list], str]) -> str:
     """Screening on the slots, asynchronously: every live slot measures a trial, and when one ends its
     outcome is logged and the next candidate is proposed at once on the history as it then stands
@@ -113,9 +113,9 @@ def _screen_on_slots(runner: Runner, step: str, proposer: Callable[[list], Any],
     finished in; outcomes that end together are logged in trial-id order."""
     flight: dict[str, tuple[dict, Future]] = {}
     spent_out: str | None = None  # the budget or the time is spent: no new proposal
-    with runner.interrupts.every_section(), ThreadPoolExecutor(max_workers=max(1, len(runner.slots(live=False)))) as ex:
+    with runner.interrupts.every_section(), ThreadPoolExecutor(max_workers=max(1, len(runner.ledger.slots(live=False)))) as ex:
         while True:
-            live = runner.slots()
+            live = runner.ledger.slots()
             if not live:
                 raise VkitError("every slot has been taken out (see `state show`); fix them, then `state --slot-in NAME` and "
                                 "rerun the same command to continue", ExitCode.UNAVAILABLE)
@@ -141,12 +141,12 @@ def _screen_on_slots(runner: Runner, step: str, proposer: Callable[[list], Any],
             for tid in sorted(t for t, (_, f) in flight.items() if f in ended):
                 slot, f = flight.pop(tid)
                 _after_trial(runner, tid, slot, f.result(), progress)
-            if not runner.use_first_slot():
+            if not use_first_slot(runner):
                 raise VkitError("every slot has been taken out (see `state show`): fix them, then `state --slot-in NAME` and "
                                 "rerun the same command to continue", ExitCode.UNAVAILABLE)
 
 
-def _propose_on_slots(runner: Runner, step: str, proposer: Callable[[list], Any], flight: dict, slots: int) -> str | None:
+def _propose_on_slots(runner: Tune, step: str, proposer: Callable[[list], Any], flight: dict, slots: int) -> str | None:
     """The next trial's id, proposed with the trials in flight as lies (a candidate that cannot differ
     is skipped with its reason); None when the proposer has nothing now."""
     inflight = sorted(flight)
@@ -164,7 +164,7 @@ def _propose_on_slots(runner: Runner, step: str, proposer: Callable[[list], Any]
         return runner.trials.new(step, prop.config, prop.reason, audit)["id"]
 
 
-def _waiting_trials(runner: Runner, step: str, flight: dict, live: list[dict], free: list[dict]) -> list[tuple[str, dict]]:
+def _waiting_trials(runner: Tune, step: str, flight: dict, live: list[dict], free: list[dict]) -> list[tuple[str, dict]]:
     """Trials of ``step`` proposed but not running (a resumed tune's, or one whose slot failed under it),
     each with a free slot it has not tried; one that no live slot is left for is marked, with the reason."""
     out, free = [], list(free)
@@ -173,7 +173,7 @@ def _waiting_trials(runner: Runner, step: str, flight: dict, live: list[dict], f
             continue
         tried = set(t.get("slots_tried") or [])
         if all(x["name"] in tried for x in live):
-            runner.update_trial(t["id"], status=Status.INVALID, valid=False, verdict=None, finished=now_iso(),
+            runner.sf.tune.update_trial(t["id"], status=Status.INVALID, valid=False, verdict=None, finished=now_iso(),
                                 why=f"not measured: the slots it was tried on ({', '.join(sorted(tried))}) failed "
                                     "under it, and no other slot is left")
             continue
@@ -184,14 +184,14 @@ def _waiting_trials(runner: Runner, step: str, flight: dict, live: list[dict], f
     return out
 
 
-def _trial_on_slot(runner: Runner, slot: dict, tid: str) -> tuple[str, str | None]:
+def _trial_on_slot(runner: Tune, slot: dict, tid: str) -> tuple[str, str | None]:
     """One trial on one slot's server (a thread's body): ("ok" | "slot_down" | "slot_fault", why)."""
-    r = runner.for_slot(slot)
+    r = for_slot(runner, slot)
     t = runner.ledger.trial(tid)
-    runner.update_trial(tid, slot=slot["name"], slots_tried=[*(t.get("slots_tried") or []), slot["name"]])
+    runner.sf.tune.update_trial(tid, slot=slot["name"], slots_tried=[*(t.get("slots_tried") or []), slot["name"]])
     try:
         t = r.trials.run(tid)
-        r.settle()
+        r.seat.settle()
     except VkitError as e:
         if e.code != ExitCode.UNAVAILABLE:
             raise
@@ -201,7 +201,7 @@ def _trial_on_slot(runner: Runner, slot: dict, tid: str) -> tuple[str, str | Non
     return "ok", None
 
 
-def _after_trial(runner: Runner, tid: str, slot: dict, res: tuple[str, str | None], progress: Callable[[str], None]) -> None:
+def _after_trial(runner: Tune, tid: str, slot: dict, res: tuple[str, str | None], progress: Callable[[str], None]) -> None:
     kind, why = res
     name = slot["name"]
     t = runner.ledger.trial(tid)
@@ -210,7 +210,7 @@ def _after_trial(runner: Runner, tid: str, slot: dict, res: tuple[str, str | Non
         runner.log("screened", trial=tid, slot=name, status=t["status"], verdict=t.get("verdict"))
         return
     n = runner.sf.slots.failed(name, why or kind)
-    ab = runner.for_slot(slot).served.server().abnormal
+    ab = for_slot(runner, slot).served.server().abnormal
     if kind == "slot_down" or ab.get("flag") or n >= 2:
         reason = (f"ABNORMAL: {ab.get('reason')}" if ab.get("flag") else why) + f" ({n} failure(s) in a row on this slot)"
         did = runner.log("slot_out", slot=name, reason=reason, trial=tid)
@@ -220,21 +220,21 @@ def _after_trial(runner: Runner, tid: str, slot: dict, res: tuple[str, str | Non
     runner.log("slot_failed", trial=tid, slot=name, why=why, retry=len(tried) < 2)
     if len(tried) < 2:
         progress(f"{tid}: {why}; measured again on another slot")
-        runner.update_trial(tid, status=Status.PROPOSED, runs=[], checks=[], valid=None, verdict=None, metrics={}, finished=None,
+        runner.sf.tune.update_trial(tid, status=Status.PROPOSED, runs=[], checks=[], valid=None, verdict=None, metrics={}, finished=None,
                             failed_on=[*(t.get("failed_on") or []), {"slot": name, "why": why, "runs": t.get("runs") or [],
                                                                     "status": t["status"]}])
     elif t["status"] in PENDING:
-        runner.update_trial(tid, status=Status.INVALID, valid=False, verdict=None, finished=now_iso(),
+        runner.sf.tune.update_trial(tid, status=Status.INVALID, valid=False, verdict=None, finished=now_iso(),
                             why=f"not measured: its slots ({', '.join(tried)}) failed under it; last: {why}")
 
 
-def _screened_here(runner: Runner, tid: str) -> None:
-    """One trial on this runner's server, its outcome logged (``screened``) as on slots."""
+def _screened_here(runner: Tune, tid: str) -> None:
+    """One trial on this tune's server, its outcome logged (``screened``) as on slots."""
     t = runner.trials.run(tid)
     runner.log("screened", trial=tid, slot=runner.slot, status=t["status"], verdict=t.get("verdict"))
 
 
-def _screen_one_at_a_time(runner: Runner, step: str, proposer: Callable[[list], Any], progress: Callable[[str], None],
+def _screen_one_at_a_time(runner: Tune, step: str, proposer: Callable[[list], Any], progress: Callable[[str], None],
                           budget: int, stop_text: Callable[[list], str]) -> str:
     n = 0
     while True:
@@ -257,11 +257,11 @@ def _screen_one_at_a_time(runner: Runner, step: str, proposer: Callable[[list], 
             continue
         t = runner.trials.new(step, prop.config, prop.reason, prop.audit)
         _screened_here(runner, t["id"])
-        runner.settle()
+        runner.seat.settle()
         n += 1
     return stop
 
-def _screened_log_ratio(runner: Runner, t: dict, spec: Any, key: str) -> float | None:
+def _screened_log_ratio(runner: Tune, t: dict, spec: Any, key: str) -> float | None:
     """Trial ``t``'s effect on the primary as its screening measured it: the screening gate's log-ratio
     estimate against baseline ``key`` (positive: better); from the means when no gate recorded one."""
     est = ((t.get("gate") or {}).get("primary") or {}).get("estimate_log")
@@ -273,7 +273,7 @@ def _screened_log_ratio(runner: Runner, t: dict, spec: Any, key: str) -> float |
     return spec.direction * math.log(mine / base) if ok else None
 
 
-def screened_effect(runner: Runner, t: dict, rivals: list[dict], versus: Versus = MAIN) -> power.Effect | None:
+def screened_effect(runner: Tune, t: dict, rivals: list[dict], versus: Versus = MAIN) -> power.Effect | None:
     """The winner ``t``'s screened effect and the sd of its screening mean (per-run σ at its runs on one
     process, over √n: within²/n + between²), for the confirmation to plan for after the winner's-curse
     correction (:class:`power.Effect`). The correction counts the contenders: the winner and those of
@@ -298,7 +298,7 @@ def screened_effect(runner: Runner, t: dict, rivals: list[dict], versus: Versus 
     return power.Effect(observed=obs, k=1 + len(near), sigma=sd, sigma_low=min(sd, low / math.sqrt(n)), trial_id=t["id"])
 
 
-def refuse_underpowered(runner: Runner, rec: dict, conf: dict, progress: Callable[[str], None]) -> None:
+def refuse_underpowered(runner: Tune, rec: dict, conf: dict, progress: Callable[[str], None]) -> None:
     """A step whose best screened candidate cannot be confirmed within the budget (its confirmation,
     planned for its screened effect less the winner's curse, was refused before any run): the step's
     record carries the plan, and the stop rule and the log say so. The screening was run first: its
@@ -315,7 +315,7 @@ def refuse_underpowered(runner: Runner, rec: dict, conf: dict, progress: Callabl
     progress(f"step {rec['step']}: {conf.get('trial_id')} not confirmed: {plan.get('why')}")
 
 
-def over_time(runner: Runner, step: str, left: int, progress: Callable[[str], None]) -> str | None:
+def over_time(runner: Tune, step: str, left: int, progress: Callable[[str], None]) -> str | None:
     """The ETA of the step from the restarts and runs timed so far, said on stderr and kept in the
     state (``tune.eta``); with ``--time-budget``, the stop rule when one more candidate and the
     step's confirmation would not finish within it (None: go on)."""
@@ -336,7 +336,7 @@ def over_time(runner: Runner, step: str, left: int, progress: Callable[[str], No
             f"with the confirmation ({conf / 60:.1f} min) would not fit; {left} candidate(s) of step {step} given up")
 
 
-def _best_screened(runner: Runner, step: str) -> dict | None:
+def _best_screened(runner: Tune, step: str) -> dict | None:
     """The step's candidate with the highest screening primary (throughput, or SLO capacity) among
     those the screening gate did not reject and that meet the SLO."""
     slo = search_slo(runner) or {}

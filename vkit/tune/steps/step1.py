@@ -10,8 +10,8 @@ from vkit.errors import ExitCode, Rejected, VkitError
 from vkit.state import now_iso
 from vkit.tune.compare import Versus
 from vkit.tune.config import Workload
+from vkit.tune.context import Tune
 from vkit.tune.ledger import PENDING, Status
-from vkit.tune.runner import Runner
 from vkit.tune.steps.common import STEP_NAMES, finished_step, record_step
 
 # Step 1's TTFT stability: P95 / mean TTFT of one run. A wait with an exponential tail (plain
@@ -20,7 +20,7 @@ from vkit.tune.steps.common import STEP_NAMES, finished_step, record_step
 STEP1_TTFT_RATIO = math.log(20.0)
 
 
-def run_step1(runner: Runner, candidates: list[int], need_len: int, target_concurrency: int,
+def run_step1(runner: Tune, candidates: list[int], need_len: int, target_concurrency: int,
               progress: Callable[[str], None]) -> dict:
     """max-model-len: the smallest candidate >= the business length (plus margin) that starts,
     has room for the target concurrency and a stable TTFT (P95 / mean TTFT at most
@@ -54,7 +54,7 @@ def run_step1(runner: Runner, candidates: list[int], need_len: int, target_concu
         su = t.get("startup") or {}
         cap = su.get("kv_cache_tokens")
         conc = (cap / L) if cap else None
-        docs = [runner.load(p) for p in t.get("runs") or []]
+        docs = [runner.ledger.load(p) for p in t.get("runs") or []]
         stab = max((d["p95_ttft_ms"] / d["mean_ttft_ms"] for d in docs if d.get("mean_ttft_ms")), default=None)
         room = t["status"] == Status.DONE and (conc is None or conc >= target_concurrency)
         stable = stab is not None and stab <= STEP1_TTFT_RATIO
@@ -63,7 +63,7 @@ def run_step1(runner: Runner, candidates: list[int], need_len: int, target_concu
         notes.append((f"{L}: starts, KV {cap} tokens = {conc:.1f} full-length sequences, P95/mean TTFT {stab:.2f} "
                       f"({'stable' if stable else 'unstable'}: threshold {STEP1_TTFT_RATIO:.2f})") if cap and stab is not None
                      else f"{L}: {t['status']}")
-        runner.update_trial(t["id"], why=notes[-1])
+        runner.sf.tune.update_trial(t["id"], why=notes[-1])
         if room:
             roomy.append(L)
         if room and stable:
@@ -79,10 +79,10 @@ def run_step1(runner: Runner, candidates: list[int], need_len: int, target_concu
         raise Rejected("no max-model-len candidate starts with room for the target concurrency: " + "; ".join(notes))
     kept = runner.ledger.kept_config()
     if kept.get("max_model_len") != chosen:
-        runner.apply(dict(kept, max_model_len=chosen))
-        did = runner.keep(reason=f"step 1: max-model-len {chosen} is {why} (a business decision, frozen from now on)", decision="step1")
+        runner.seat.apply(dict(kept, max_model_len=chosen))
+        did = runner.seat.keep(reason=f"step 1: max-model-len {chosen} is {why} (a business decision, frozen from now on)", decision="step1")
         t1 = next(x for x in runner.ledger.trials(step="1") if x["config"].get("max_model_len") == chosen)
-        runner.update_trial(t1["id"], kept=True, decision_id=did)
+        runner.sf.tune.update_trial(t1["id"], kept=True, decision_id=did)
     runner.sf.tune.freeze("max_model_len", chosen)
     rec = {"step": "1", "name": STEP_NAMES["1"], "finished": now_iso(), "chosen": chosen, "notes": notes, "checks": checks,
            "ttft_threshold": STEP1_TTFT_RATIO, "stop_rule": f"{why}: {chosen}{_ttft_text(checks, chosen)}; frozen"}
@@ -98,7 +98,7 @@ def _ttft_text(checks: list[dict], chosen: int) -> str:
     return "" if r is None else f" (P95/mean TTFT {r:.2f} against the threshold ln 20 = {STEP1_TTFT_RATIO:.2f})"
 
 
-def step1_workload(runner: Runner) -> Workload | None:
+def step1_workload(runner: Tune) -> Workload | None:
     """Step 1 judges start-up, KV room and TTFT stability on the closed-loop gauge at the target
     concurrency, whatever the objective (a capacity search would answer another question)."""
     w = runner.s.workload

@@ -8,8 +8,8 @@ from typing import Any, Callable
 from vkit.state import now_iso
 from vkit.tune.compare import Versus
 from vkit.tune.config import Workload
+from vkit.tune.context import Tune
 from vkit.tune.ledger import Status
-from vkit.tune.runner import Runner
 from vkit.tune.steps.common import STEP_NAMES, finished_step, record_step
 from vkit.tune.steps.screening import refuse_underpowered, screened_effect
 from vkit.tune.steps.step1 import step1_workload
@@ -49,7 +49,7 @@ def step5_flips(kept: dict, priorities: list[int]) -> tuple[list[tuple[str, Any]
     return flips, not_run
 
 
-def run_step5(runner: Runner, mixed: Workload, progress: Callable[[str], None]) -> dict:
+def run_step5(runner: Tune, mixed: Workload, progress: Callable[[str], None]) -> dict:
     """Behaviour flags as a validation (seed 000, step 5): each production flag the kept configuration
     has off is turned on and measured on a mixed long/short workload; the priority policy is measured
     on the business's own prompts, and only when they carry priority classes. A flip must not buy
@@ -105,7 +105,7 @@ def run_step5(runner: Runner, mixed: Workload, progress: Callable[[str], None]) 
             results.append(f"{', '.join(f'{n}={v}' for n, v in arm_flips)}: no flip improved P99 TTFT without costing throughput")
     rec.update(trials=[t["id"] for t in trials], result="; ".join(results),
                stop_rule=f"{len(flips)} flag flip(s) validated ({', '.join(f'{n}={v}' for n, v in flips)}); not run: {'; '.join(not_run) or 'none'}")
-    runner.settle()
+    runner.seat.settle()
     rec["finished"] = now_iso()
     record_step(runner, rec)
     progress(f"step 5 done: {rec['result']}")

@@ -28,8 +28,8 @@ from typing import Callable
 
 from vkit import search
 from vkit.apply.policy import Policy
+from vkit.tune.context import Tune, service_logs
 from vkit.tune.ledger import Status
-from vkit.tune.runner import Runner
 from vkit.tune.twin import Prediction, Twin, profile_path
 
 STEP = "twin"
@@ -59,9 +59,9 @@ def twin_space(policy: Policy, kept: dict, frozen: dict | None = None) -> list[d
     return [{"max_num_batched_tokens": t, "max_num_seqs": s} for t in axes["max_num_batched_tokens"] for s in axes["max_num_seqs"]]
 
 
-def restarts_spent(runner: Runner) -> int:
+def restarts_spent(runner: Tune) -> int:
     """Server starts so far (every start the decision logs hold: applies, rollbacks, failed starts)."""
-    return sum(1 for log in runner.service_logs() for e in log.read() if e.get("event") in ("applied", "rolled_back", "start_failed"))
+    return sum(1 for log in service_logs(runner) for e in log.read() if e.get("event") in ("applied", "rolled_back", "start_failed"))
 
 
 def _key(config: dict) -> str:
@@ -69,9 +69,9 @@ def _key(config: dict) -> str:
 
 
 class TwinSearch:
-    """The proposer and stop rule of the twin step over one runner (a proposer object: ``next``, ``stop_reason``)."""
+    """The proposer and stop rule of the twin step over one tune (a proposer object: ``next``, ``stop_reason``)."""
 
-    def __init__(self, runner: Runner, policy: Policy, max_restarts: int | None, progress: Callable[[str], None],
+    def __init__(self, runner: Tune, policy: Policy, max_restarts: int | None, progress: Callable[[str], None],
                  refit: bool = False, prior: dict | None = None):
         self.runner, self.policy, self.max_restarts, self.progress = runner, policy, max_restarts, progress
         self.refit = refit  # --twin-refit: refit on every measured trial's load points as they come
@@ -222,7 +222,7 @@ def twin_replay(records: list[dict], base_dir: str) -> dict | None:
     return {"proposals": len(props), "identical": len(props) - len(rows), "differences": rows}
 
 
-def twin_proposer(runner: Runner, policy: Policy, plan, progress: Callable[[str], None],
+def twin_proposer(runner: Tune, policy: Policy, plan, progress: Callable[[str], None],
                   prior: dict | None = None) -> tuple[Callable, Callable]:
     """The twin step's proposer and stop rule under ``plan`` (a TunePlan: --max-restarts, --twin-refit); ``prior``:
     :func:`prior_twin` of the knowledge base's matching entries."""
@@ -230,7 +230,7 @@ def twin_proposer(runner: Runner, policy: Policy, plan, progress: Callable[[str]
     return ts.next, ts.stop_reason
 
 
-def kb_twin(runner: Runner) -> dict | None:
+def kb_twin(runner: Tune) -> dict | None:
     """This run's last twin fit for the knowledge base (its parameters, profile sha256, error), None without one (a
     fit of an earlier run in the same decision log, its profile in that run's directory, is not this run's)."""
     from vkit.sim.calibrated import load_profile
@@ -252,7 +252,7 @@ def prior_twin(entries: list[dict]) -> dict | None:
     return None
 
 
-def twin_table(runner: Runner) -> dict | None:
+def twin_table(runner: Tune) -> dict | None:
     """The twin's predictions beside what the server measured (the result's ``capacity.twin``): the
     profile, every twin proposal (its prediction and interval when proposed, the trial's measured
     capacity, whether it fell inside) and the rank correlation over the measured ones; None when the
