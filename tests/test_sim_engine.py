@@ -454,3 +454,41 @@ def test_simulation_is_deterministic_without_noise():
 
     assert run() == run()
     assert math.isfinite(run()[0])
+
+
+def test_the_block_pool_hands_out_blocks_in_vllms_free_queue_order():
+    """The pool keeps the never-used blocks as a count: under random takes, frees and prefix-cache
+    touches it hands out the same blocks in the same order as vLLM's queue of every block, here one
+    OrderedDict entry per block (front: taken first; a freed block joins the end)."""
+    import random
+    from collections import OrderedDict
+
+    from vkit.sim.engine import BlockPool
+
+    rng = random.Random(7)
+    pool, queue = BlockPool(40, enable_caching=True), OrderedDict((b, None) for b in range(1, 40))
+    held: list[list[int]] = []
+    freed: list[int] = []  # freed blocks a prefix-cache hit may take back out of the queue
+    for _ in range(3000):
+        op = rng.random()
+        if op < 0.45 and pool.num_free():
+            n = rng.randint(1, min(5, pool.num_free()))
+            want = [queue.popitem(last=False)[0] for _ in range(n)]
+            got = pool.take(n)
+            assert got == want
+            held.append(got)
+        elif op < 0.85 and held:
+            blocks = held.pop(rng.randrange(len(held)))
+            pool.release(reversed(blocks))
+            for b in reversed(blocks):
+                queue[b] = None
+            freed.extend(blocks)
+        elif freed:
+            b = freed.pop(rng.randrange(len(freed)))
+            if b in queue and pool.ref[b] == 0:
+                pool.touch([b])
+                del queue[b]
+                held.append([b])
+        assert pool.num_free() == len(queue)
+    assert pool.usage() == pytest.approx(1 - len(queue) / 39)
+    assert BlockPool(1, False).num_free() == 0 and BlockPool(0, False).num_free() == 0

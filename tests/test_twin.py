@@ -25,6 +25,21 @@ TUNE = ["--virtual", "--sandbox", "--objective", "capacity", "--search", "twin",
         "--vocab-size", "2000", "--json"]
 
 
+def small_space(tmp_path, monkeypatch) -> None:
+    """The packaged policy with two token budgets and four sequence counts as candidates: the twin ranks 12
+    configurations rather than 40 (each a bisection of simulated runs), and every rule it follows is the same."""
+    data = json.load(open(Policy.load().source))
+    for row in data["situational"]:
+        if row["param"] == "max_num_batched_tokens":
+            row["candidates"] = [8192]
+        elif row["param"] == "max_num_seqs":
+            row["candidates"] = [64, 128]
+    path = tmp_path / "params.json"
+    path.write_text(json.dumps(data))
+    monkeypatch.setenv("VKIT_POLICY", str(path))
+    assert len(twin_space(Policy.load(str(path)), {"max_num_batched_tokens": 2048, "max_num_seqs": 16})) == 12
+
+
 def res_report(tmp_path) -> str:
     import glob
 
@@ -97,6 +112,7 @@ def test_search_twin_needs_the_capacity_objective_and_a_positive_restart_budget(
 def test_a_twin_guided_tune_calibrates_proposes_with_intervals_and_respects_its_restart_budget(tmp_path, monkeypatch):
     path = str(tmp_path / "state.json")
     monkeypatch.setenv("VKIT_STATE", path)
+    small_space(tmp_path, monkeypatch)
     r = call("state", "init", "--url", "http://127.0.0.1:1", "--model", "sim-8b", "--set", "max_num_batched_tokens=2048",
              "--set", "max_num_seqs=16", "--set", "max_model_len=1024", "--", *SIM)
     assert r.code == 0, r.err
@@ -179,6 +195,7 @@ def test_the_report_shows_the_twins_predictions_beside_the_measurements():
 def test_twin_refit_fits_again_on_each_measured_trials_load_points_and_replays(tmp_path, monkeypatch):
     path = str(tmp_path / "state.json")
     monkeypatch.setenv("VKIT_STATE", path)
+    small_space(tmp_path, monkeypatch)
     r = call("state", "init", "--url", "http://127.0.0.1:1", "--model", "sim-8b", "--set", "max_num_batched_tokens=2048",
              "--set", "max_num_seqs=16", "--", *SIM)
     assert r.code == 0, r.err

@@ -96,13 +96,14 @@ def _records(results: list[Result], warm: list[Result], ok: list[Result], t0: fl
     of the successful measured ones."""
     records = []
     phase: dict[str, list[float]] = {"prefill_tok_s": [], "prefill_isolated_tok_s": [], "decode_tok_s": []}
+    warm_ids, ok_ids = {id(x) for x in warm}, {id(x) for x in ok}  # each request's own result (a list's `in` compared fields: n² of them)
     for r in results + warm:
         req = getattr(r, "request", None)
         tp = tpot_of(r.latency, r.ttft, r.completion_tokens) if r.ok else None
         rec = {
             "i": r.index,
             "id": r.rid,
-            "warmup": r in warm,
+            "warmup": id(r) in warm_ids,
             "ok": r.ok,
             "status": r.status,
             "error": r.error,
@@ -122,7 +123,7 @@ def _records(results: list[Result], warm: list[Result], ok: list[Result], t0: fl
             "class": (getattr(req, "extra", None) or {}).get("class"),
             "priority": (getattr(req, "extra", None) or {}).get("priority"),
         }
-        if r.ok and r in ok:
+        if r.ok and id(r) in ok_ids:
             if r.prompt_tokens and r.ttft:
                 rec["prefill_tok_s"] = r.prompt_tokens / r.ttft
                 phase["prefill_tok_s"].append(rec["prefill_tok_s"])
