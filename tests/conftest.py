@@ -6,6 +6,8 @@ import importlib
 import io
 import os
 import sys
+import threading
+import time
 
 import pytest
 
@@ -86,6 +88,15 @@ def pytest_configure(config):
 
 def pytest_runtest_logstart(nodeid, location):
     _NOW["test"] = nodeid
+    _NOW["threads"] = set(threading.enumerate())
+
+
+def threads_left(before: set, grace_s: float = 5.0) -> list[str]:
+    """The threads started since ``before`` still alive after up to ``grace_s`` (each given time to end)."""
+    deadline = time.monotonic() + grace_s
+    for t in set(threading.enumerate()) - before:
+        t.join(timeout=max(0.0, deadline - time.monotonic()))
+    return sorted(t.name for t in set(threading.enumerate()) - before if t.is_alive())
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -98,3 +109,9 @@ def pytest_runtest_makereport(item, call):
     if started and rep.passed:
         rep.outcome = "failed"
         rep.longrepr = f"{item.nodeid} starts processes ({str(started[0])[:160]}) but is not marked e2e"
+    # a thread an in-process test leaves running stays in the suite's process: every later fan-out there (the
+    # twin's fit and ranking, vkit.sim.fanout) then runs serially, as it must beside another thread
+    left = threads_left(_NOW.get("threads") or set())
+    if left and rep.passed:
+        rep.outcome = "failed"
+        rep.longrepr = f"{item.nodeid} leaves thread(s) running: {', '.join(left)[:200]}"

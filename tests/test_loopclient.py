@@ -44,7 +44,25 @@ class RawServer:
         self.connections = 0
         self.requests: list[bytes] = []
         self.rng = random.Random(5)
-        threading.Thread(target=self._serve, daemon=True).start()
+        self.threads = [threading.Thread(target=self._serve, daemon=True)]
+        self.conns: list[socket.socket] = []
+        self.threads[0].start()
+
+    def __enter__(self) -> "RawServer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        """Stop accepting, close every connection, and join the threads: a thread left alive in the test
+        process makes every later fan-out there (vkit.sim.fanout, the twin's fit and ranking) run serially."""
+        for s in [self.sock, *self.conns]:
+            try:
+                s.shutdown(socket.SHUT_RDWR)  # wakes a thread blocked in accept or recv on it
+            except OSError:
+                pass
+            s.close()
+        for t in list(self.threads):
+            t.join(timeout=5)
+        assert not any(t.is_alive() for t in self.threads), "a RawServer thread outlived the test"
 
     @property
     def url(self) -> str:
@@ -57,11 +75,16 @@ class RawServer:
             except OSError:
                 return
             self.connections += 1
-            threading.Thread(target=self._conn, args=(conn,), daemon=True).start()
+            self.conns.append(conn)
+            self.threads.append(threading.Thread(target=self._conn, args=(conn,), daemon=True))
+            self.threads[-1].start()
 
     def _read_request(self, conn, buf: bytes):
         while b"\r\n\r\n" not in buf:
-            d = conn.recv(65536)
+            try:
+                d = conn.recv(65536)
+            except OSError:  # closed by __exit__
+                return None, b""
             if not d:
                 return None, b""
             buf += d
@@ -98,6 +121,20 @@ class RawServer:
                 return
 
 
+@pytest.fixture
+def raw_server():
+    """RawServer(script), closed with its threads at the test's end."""
+    made: list[RawServer] = []
+
+    def make(script) -> RawServer:
+        made.append(RawServer(script))
+        return made[-1]
+
+    yield make
+    for srv in made:
+        srv.__exit__(None, None, None)
+
+
 def _drive(lc: LoopClient, n: int, stream: bool = True, timeout: float = 10.0):
     out = []
     t = time.time()
@@ -109,10 +146,10 @@ def _drive(lc: LoopClient, n: int, stream: bool = True, timeout: float = 10.0):
 SSE_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
 
 
-def test_split_chunked_stream_then_keepalive_reuse_then_retry_after_idle_close():
+def test_split_chunked_stream_then_keepalive_reuse_then_retry_after_idle_close(raw_server):
     body = _events(5)
     whole = b'{"id": "cmpl-w", "choices": [{"text": "abc", "finish_reason": "length"}], "usage": {"prompt_tokens": 7, "completion_tokens": 3}}'
-    srv = RawServer([
+    srv = raw_server([
         ("keep", SSE_HEAD + _chunked(body, 7)),
         ("keep", b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(whole) + whole),
         ("drop", b""),  # the server closed the idle connection: resent once on a new one
@@ -138,9 +175,9 @@ def test_split_chunked_stream_then_keepalive_reuse_then_retry_after_idle_close()
     lc.close()
 
 
-def test_errors_are_recorded_not_raised():
+def test_errors_are_recorded_not_raised(raw_server):
     err = b'{"error": {"message": "too long", "type": "BadRequestError", "code": 400}}'
-    srv = RawServer([
+    srv = raw_server([
         ("keep", b"HTTP/1.1 400 Bad Request\r\nContent-Length: %d\r\n\r\n" % len(err) + err),
         ("close", SSE_HEAD + _chunked(_events(4)[:60], 2)),  # cut mid-event, no terminating chunk
         ("keep", SSE_HEAD + _chunked(b"data: {oops\n\n", 1)),
@@ -157,7 +194,7 @@ def test_errors_are_recorded_not_raised():
     lc.close()
 
 
-def test_unreachable_and_stalled():
+def test_unreachable_and_stalled(raw_server):
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
@@ -167,7 +204,7 @@ def test_unreachable_and_stalled():
     (r,) = _drive(lc, 1)
     assert not r.ok and f"cannot connect to 127.0.0.1:{port}" in r.error
     lc.close()
-    srv = RawServer([("keep", SSE_HEAD + b"5\r\ndata:")])  # then silence
+    srv = raw_server([("keep", SSE_HEAD + b"5\r\ndata:")])  # then silence
     lc = LoopClient(srv.url, stall_timeout=0.5)
     lc.start("/v1/completions", b"{}", stream=True, chat=False)
     (r,) = _drive(lc, 1)
