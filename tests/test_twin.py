@@ -26,8 +26,9 @@ TUNE = ["--virtual", "--sandbox", "--objective", "capacity", "--search", "twin",
 
 
 def small_space(tmp_path, monkeypatch) -> None:
-    """The packaged policy with two token budgets and four sequence counts as candidates: the twin ranks 12
-    configurations rather than 40 (each a bisection of simulated runs), and every rule it follows is the same."""
+    """The packaged policy with one token budget (8192) and two sequence counts (64, 128) as candidates: with
+    the kept values and the doublings past the largest, the twin ranks 2 x 6 = 12 configurations rather than
+    40 (each a bisection of simulated runs), and every rule it follows is the same."""
     data = json.load(open(Policy.load().source))
     for row in data["situational"]:
         if row["param"] == "max_num_batched_tokens":
