@@ -197,3 +197,104 @@ def test_a_live_simulators_point_is_read_in_the_servers_own_time(tmp_path):
     assert live.speed == 4.0 and live.rate == pytest.approx(virt.rate)
     assert live.ttft_s == pytest.approx(virt.ttft_s) and live.tpot_s == pytest.approx(virt.tpot_s)
     assert live.arrivals == pytest.approx(virt.arrivals)
+
+
+TINY = {"architectures": ["LlamaForCausalLM"], "vocab_size": 2048, "hidden_size": 128, "intermediate_size": 256,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4, "head_dim": 32,
+        "max_position_embeddings": 4096, "torch_dtype": "bfloat16", "tie_word_embeddings": False}
+
+
+def tiny_model(tmp_path, **changes) -> str:
+    """A model directory with the real-vLLM tests' tiny Llama's config.json (tests/vllm_cpu/make_tiny_model.py)."""
+    d = tmp_path / "tiny-llama"
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "config.json").write_text(json.dumps({**TINY, **changes}))
+    return str(d)
+
+
+def test_a_model_directorys_config_json_is_its_profile(tmp_path):
+    """An unknown model on a real server is a local directory: its config.json is its profile. The tiny Llama has
+    852,608 parameters (per layer q, k, v, o 4 x 128 x 128 + gate, up, down 3 x 128 x 256 + two norms 2 x 128 =
+    164,096; two layers, two 2,048 x 128 tables, the final norm 128) and 1,024 KV bytes a token (K and V x 2 layers
+    x 4 heads x 32 x 2 bytes); a config without a field the profile needs is a one-line usage error naming it."""
+    from vkit.errors import UsageError
+    from vkit.sim.profiles import get_model
+
+    m = get_model(tiny_model(tmp_path))
+    assert m.params == 852_608 and m.body_params == 852_608 - 2 * 2048 * 128 and m.kv_bytes_per_token() == 1024
+    assert m.name == os.path.abspath(tmp_path / "tiny-llama") and m.max_position_embeddings == 4096
+    with pytest.raises(UsageError, match="hidden_size"):
+        get_model(tiny_model(tmp_path / "bad", hidden_size=None))
+
+
+def _real_point_state(tmp_path, kind: str) -> str:
+    """A state whose baseline recorded one load point of a real server (no simulator in its version_info),
+    launched as ``vllm serve DIR`` with engine flags, on a host whose fingerprint found accelerator ``kind``."""
+    path = _point_file(tmp_path / "p")
+    doc = json.load(open(path))
+    info = doc["vkit"]["server"]["version_info"]
+    doc["vkit"]["server"]["version_info"] = {k: v for k, v in info.items() if not k.startswith("sim") and k != "virtual"}
+    json.dump(doc, open(path, "w"))
+    pts = tmp_path / "tune" / "runs" / "b" / "rep1-points"
+    shutil.copytree(os.path.dirname(path), pts / "rate-6")
+    model = tiny_model(tmp_path)
+    state = {"service": {"model": model, "launch": {"argv": ["vllm", "serve", model, "--max-model-len", "1024",
+                                                             "--max-num-batched-tokens", "512", "--no-enable-prefix-caching"]}},
+             "fingerprint": {"accelerator": {"kind": kind}},
+             "baseline": {"config": {"max_num_seqs": 3, "max_num_batched_tokens": 1024}, "runs": ["runs/b/rep1.json"]}}
+    (tmp_path / "tune" / "vkit.json").write_text(json.dumps(state))
+    return str(tmp_path / "tune" / "vkit.json")
+
+
+def test_a_real_servers_points_are_read_as_its_model_directory_on_the_host_cpu(tmp_path):
+    """A real server's load points name no simulator: the state's served model directory and, where its fingerprint
+    found no accelerator, the host CPU serve them; the launch's engine flags are the point's, the tuned configuration
+    over them. On a host with a GPU the device is not guessed: the point is refused, saying what to give."""
+    from vkit.sim.profiles import get_model
+
+    state = _real_point_state(tmp_path / "cpu", "none")
+    (p,), refused = points_from_state(state)
+    assert refused == [] and p.model == get_model(str(tmp_path / "cpu" / "tiny-llama")).name and p.gpu == "CPU"
+    assert p.serve["max_model_len"] == 1024 and p.serve["max_num_seqs"] == 3 and p.serve["enable_prefix_caching"] is False
+    assert p.serve["max_num_batched_tokens"] == 1024  # the configuration's, not the launch's 512
+    state = _real_point_state(tmp_path / "gpu", "nvidia")
+    pts, (why,) = points_from_state(state)
+    assert pts == [] and "say which model and GPU served it" in why
+
+
+def test_a_simulators_points_keep_its_own_model_and_gpu_on_a_cpu_host(tmp_path):
+    """The host's fallback is for real servers only: a simulator's point on a CPU-only host is still its simulated GPU."""
+    path = _point_file(tmp_path / "p")
+    pts = tmp_path / "tune" / "runs" / "b" / "rep1-points"
+    shutil.copytree(os.path.dirname(path), pts / "rate-6")
+    state = {"service": {"model": tiny_model(tmp_path), "launch": {"argv": []}}, "fingerprint": {"accelerator": {"kind": "none"}},
+             "baseline": {"config": {}, "runs": ["runs/b/rep1.json"]}}
+    (tmp_path / "tune" / "vkit.json").write_text(json.dumps(state))
+    (p,), _ = points_from_state(str(tmp_path / "tune" / "vkit.json"))
+    assert (p.model, p.gpu) == ("llama-3.1-8b", "H200")
+
+
+def test_a_host_cpus_hidden_costs_are_recovered_from_its_load_points(tmp_path):
+    """The tiny Llama on the host CPU, its engine's CPU time hidden (per decode step 0.6 ms, per mixed step 4 ms,
+    per scheduled request 20 us, mfu 0.3 of the nominal peak): loads of one configuration at 3 rates (queueing at the
+    top one) fitted from the defaults with the CPU's free parameters replay every point within 3 % and pin down
+    the two step overheads within 10 % (the roofline's defaults miss the points by tens of percent)."""
+    from vkit.sim.loadfit import CPU_FREE, free_for
+
+    assert free_for("CPU") == CPU_FREE and free_for("H200") != CPU_FREE
+    model = tiny_model(tmp_path)
+    hidden = CostParams(mfu=0.3, decode_step_overhead_s=6e-4, mixed_step_overhead_s=4e-3, per_req_overhead_s=2e-5)
+    pts = []
+    for k, rate in enumerate((5.0, 15.0, 30.0)):
+        arr = _poisson_arrivals(random.Random(k), rate, 80, exact=True)
+        pts.append(LoadPoint(source=f"cpu-{rate:g}", model=model, gpu="CPU", tp=1, quantization=None,
+                             serve={"max_model_len": 2048, "max_num_batched_tokens": 2048, "max_num_seqs": 3},
+                             rate=rate, arrivals=[a - arr[0] for a in arr], prompt_lens=[128] * 80, output_lens=[64] * 80,
+                             measured=[True] * 80, ttft_s=0.0, tpot_s=0.0))
+    for p, (ttft, tpot) in zip(pts, PointProblem(pts).predict(hidden), strict=True):
+        p.ttft_s, p.tpot_s = float(ttft), float(tpot)
+    res = fit_points(PointProblem(pts), names=CPU_FREE, max_nfev=30)
+    assert res["errors"]["before"]["ttft"]["mape_pct"] > 20
+    assert res["rms_log_error"] < 0.03, res
+    for name in ("decode_step_overhead_s", "mixed_step_overhead_s"):
+        assert res["table"][name]["value"] == pytest.approx(getattr(hidden, name), rel=0.10), res["table"]

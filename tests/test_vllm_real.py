@@ -40,6 +40,10 @@ ENV = {
 }
 READY = "240"
 CHECK = ["--min-samples-p99", "0", "--sched-lag-max-ms", "50"]  # 50 = SATURATED_MS
+# a capacity tune's searches on this server, kept short: each search at most 6 runs of at most 10 s of load, the
+# baseline's three searches on one start (σ within a process), a 3-s promise run, no delivery confirmation
+TWIN_TUNE = ["--baseline-repeats", "3", "--baseline-starts", "1", "--capacity-max-runs", "6", "--max-point-seconds", "10",
+             "--verify-seconds", "3", "--confirm-front", "0"]
 BENCH = ["--dataset-name", "random", "--random-input-len", "128", "--random-output-len", "64", "--num-prompts", "48",
          "--max-concurrency", "4", "--seed", "7", "--vocab-size", "2000"]
 
@@ -432,3 +436,44 @@ def test_the_served_tiny_model_as_advisor_is_refused_with_a_logged_reason(server
     assert r.code == 0, r
     rep = json.loads(r.out)
     assert rep["advisor"]["model_called"] is False and rep["advisor"]["identical"] == rep["advisor"]["calls"] >= 1
+
+
+@pytest.mark.long
+def test_the_twin_guided_capacity_tune_on_real_vllm(server, tmp_path, monkeypatch):
+    """`tune --search twin` against the real server, with no simulator named: the twin is the served model's own
+    config.json on the host CPU, fitted to the baseline's load points; it proposes, the server measures, the gate
+    keeps, and the promise is verified on a fresh start. From 2 sequences kept (a manual keep) over a space of
+    2,048 batched tokens x 1-8 sequences (each more sequences carries more here: 6.9, 15.4, 26.0 and 46.7 req/s
+    at 2, 3, 4 and 8 in bench/results/twin_vllm.json), one proposal (--budget 1): the twin's first pick is
+    measured and kept through the gate, within the restart budget."""
+    from vkit.apply.policy import Policy
+
+    data = json.load(open(Policy.load().source))
+    for row in data["situational"]:
+        if row["param"] == "max_num_batched_tokens":
+            row["candidates"] = [2048]
+        elif row["param"] == "max_num_seqs":
+            row["candidates"], row["max"] = [1, 2, 4], 8  # with the doubling past 4 (up to the max): 1, 2, 4, 8
+    (tmp_path / "params.json").write_text(json.dumps(data))
+    monkeypatch.setenv("VKIT_POLICY", str(tmp_path / "params.json"))
+    r = call("restart_with_rollback", "--sandbox", "--ready-timeout", READY, "--set", "max_num_seqs=2", "--keep")
+    assert r.code == 0, r
+    log0 = len(server["sf"].log.read())
+    r = call("tune", "--sandbox", "--objective", "capacity", "--search", "twin", "--max-restarts", "8", "--steps", "3",
+             "--budget", "1",
+             "--input-len", "128", "--output-len", "64", "--vocab-size", "2000", "--slo", "p95_ttft_ms=45",
+             "--slo", "mean_tpot_ms=5", *TWIN_TUNE, "--ready-timeout", READY, "--json", "--report-dir", str(tmp_path / "rep"))
+    assert r.code == 0, r.err[-3000:]
+    res = json.loads(r.out)
+    log = server["sf"].log.read()[log0:]
+    prof = next(e for e in log if e["event"] == "twin_profile")
+    assert prof["inputs"]["gpu"] == "CPU" and prof["inputs"]["model"] == os.path.abspath(MODEL), prof["inputs"]
+    props = [e for e in log if e["event"] == "propose"]
+    assert len(props) == 1 and props[0]["config"]["max_num_seqs"] == 8 and props[0]["audit"]["twin"]["prediction"]["capacity"] > 0
+    st = server["sf"].read()
+    assert st["kept"]["config"]["max_num_seqs"] == 8 and st["kept"].get("decision") == "gate", r.err[-3000:]
+    starts = [e for e in log if e["event"] in ("applied", "rolled_back", "start_failed")]
+    assert res["timings"]["restarts"] == len(starts) <= 8 + 2, [e["event"] for e in log]
+    rc = res["recommendation"]["capacity"]
+    assert rc["req_s"] is not None and rc["verified"]["runs"][-1]["holds"], (rc, r.err[-3000:])
+    assert [row["trial_id"] for row in res["capacity"]["twin"]["rows"]] == [e["trial"] for e in props]

@@ -71,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: group)")
     p.add_argument("--free", default=None, metavar="P1,P2,...",
                    help=f"parameters to fit (default: all: {', '.join(FREE)}; with --load-points: "
-                        f"{', '.join(loadfit.DEFAULT_FREE)})")
+                        f"{', '.join(loadfit.DEFAULT_FREE)}, on the host CPU {', '.join(loadfit.CPU_FREE)})")
     p.add_argument("--waves", type=int, default=6, metavar="N",
                    help="simulated requests per row = N x batch size, the first 2 x batch size left out (default: 6)")
     p.add_argument("--seed", type=int, default=0, metavar="N", help="seed of the k-fold split (default: 0)")
@@ -139,6 +139,8 @@ def _load_points(args: argparse.Namespace, io: IO, free: list[str]) -> int:
     if not points:
         why = f"; {len(refused)} refused, e.g. {refused[0]}" if refused else " (no capacity search's load points recorded)"
         raise InvalidData(f"{args.load_points}: no load point can calibrate{why}")
+    if args.free is None:  # the default for the device that served them
+        free = list(loadfit.free_for(points[0].gpu))
     base = load_profile(args.start_profile)["cost_params"] if args.start_profile else CostParams()
     io.progress(f"{len(points)} load point(s) ({sum(len(p.arrivals) for p in points)} requests); fitting "
                 f"{', '.join(free)}: each point replayed through the engine per evaluation (minutes for many points)")

@@ -78,7 +78,7 @@ def flag_value(argv: list[str], *names: str) -> str | None:
     return value
 
 
-def _model_paths(model: str | None, argv: list[str]) -> list[str]:
+def model_paths(model: str | None, argv: list[str]) -> list[str]:
     """Where the model's files may be: ``vllm serve PATH``, ``--model PATH``, the served name."""
     out = []
     if "serve" in argv and argv.index("serve") + 1 < len(argv):
@@ -89,7 +89,7 @@ def _model_paths(model: str | None, argv: list[str]) -> list[str]:
 
 def model_hash(model: str | None, argv: list[str]) -> tuple[str | None, str | None]:
     """(hash, what was hashed): the model's config.json when it is a local directory, else its id."""
-    for p in _model_paths(model, argv):
+    for p in model_paths(model, argv):
         cfg = os.path.join(p, "config.json")
         try:
             with open(cfg, "rb") as f:

@@ -140,6 +140,10 @@ class Target:
     gpu: str | None = None
     tp: int | None = None
     quantization: str | None = None
+    # what a real (not simulated) server's summaries are read as when model / gpu are not given: the served
+    # model's local directory (its config.json) and the device the state's fingerprint found (loadfit.state_target)
+    local_model: str | None = None
+    local_device: str | None = None
 
 
 def _configs_by_run(state_path: str | None) -> dict[str, dict]:
@@ -174,11 +178,12 @@ def _summary_serve(doc: dict, config: dict) -> dict:
 
 def served_by(vk: dict, target: Target, config: dict) -> tuple[str | None, str | None, int]:
     """(model, GPU, TP) of the server a bench_stream summary measured: the caller's ``target`` first, then
-    the simulator's own report (``version_info``), then the recorded configuration; None where unknown."""
+    the simulator's own report (``version_info``), or for a real server the target's local model directory and
+    device, then the recorded configuration; None where unknown."""
     info = ((vk.get("server") or {}).get("version_info")) or {}
     sim = bool(info.get("sim"))
-    model = target.model or (info.get("sim_model") if sim else None)
-    gpu = target.gpu or (info.get("sim_gpu") if sim else None)
+    model = target.model or (info.get("sim_model") if sim else target.local_model)
+    gpu = target.gpu or (info.get("sim_gpu") if sim else target.local_device)
     tp = target.tp or (info.get("sim_tensor_parallel_size") if sim else None) or config.get("tensor_parallel_size") or 1
     return model, gpu, int(tp)
 

@@ -46,7 +46,7 @@ def fan_out(fn: Callable[[T], R], items: Iterable[T]) -> list[R]:
         finally:
             conn.close()
 
-    pipes, procs = [], []
+    pipes, procs, answered = [], [], False
     try:
         for k in range(n):
             here, there = ctx.Pipe(duplex=False)
@@ -65,9 +65,13 @@ def fan_out(fn: Callable[[T], R], items: Iterable[T]) -> list[R]:
                 raise RuntimeError(f"fan_out: worker {k}: {got}")
             for j, v in zip(range(k, len(items), n), got, strict=True):
                 out[j] = v
+        answered = True
         return out
     finally:
+        # a worker that answered ends on its own (a terminate during its exit would run the caller's SIGTERM
+        # handler in it: a tool that turns SIGTERM into KeyboardInterrupt prints a traceback per worker)
         for p in procs:
+            p.join(timeout=5 if answered else 0)
             if p.is_alive():
                 p.terminate()
             p.join()

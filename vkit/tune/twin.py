@@ -111,7 +111,8 @@ class Twin:
 
             raise UsageError("the twin has no load point to calibrate on" + (f" ({refused[0]})" if refused else ""))
         chosen = spread_by_config(points, FIT_POINTS)
-        res = loadfit.fit_points(loadfit.PointProblem(chosen), base=base, max_nfev=FIT_EVALS, progress=progress)
+        res = loadfit.fit_points(loadfit.PointProblem(chosen), loadfit.free_for(chosen[0].gpu), base=base, max_nfev=FIT_EVALS,
+                                 progress=progress)
         stderr = {n: min(row["rse"], RSE_CAP) if row.get("rse") is not None else RSE_CAP for n, row in res["table"].items()}
         twin = cls(point=chosen[0], isl=isl, osl=osl, slo=slo, seconds=seconds, params=res["params"], stderr_log=stderr,
                    fit_error=float(res["rms_log_error"]), speed=chosen[0].speed, keep_up=keep_up)
