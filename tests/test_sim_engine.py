@@ -372,8 +372,12 @@ def test_profiles_are_consistent():
     for m in MODELS.values():
         assert m.heads * m.head_dim >= m.hidden * 0.99
         assert 0 < m.body_params < m.params
-    for g in GPUS.values():
+    datasheets = [g for g in GPUS.values() if g.name != "CPU"]  # the host CPU's peaks are nominal (profiles.py)
+    assert len(datasheets) == len(GPUS) - 1
+    for g in datasheets:
         assert g.memory_bytes > 40 * (1 << 30) and g.peak_bf16_flops > 1e14 and g.hbm_bytes_per_s > 5e11
+    cpu = GPUS["CPU"]
+    assert cpu.peak_bf16_flops < min(g.peak_bf16_flops for g in datasheets) and cpu.peak_fp8_flops == 0
 
 
 # -- tokenizer and metric helpers ---------------------------------------------------------------
