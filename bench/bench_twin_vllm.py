@@ -52,8 +52,9 @@ OUT = os.path.join(ROOT, "bench", "results", "twin_vllm.json")
 LAUNCHED = {"max_num_batched_tokens": 2048, "max_model_len": 2048}  # the launch's flags (bench_capacity_vllm.start)
 
 
-def twin_of(run_dir: str, seqs: int, slo: dict, profile: str):
-    """The twin fitted to the load points of the capacity search in ``run_dir`` (at max_num_seqs ``seqs``)."""
+def twin_of(run_dir: str, seqs: int, slo: dict, profile: str, designed: list | None = None):
+    """The twin fitted to the load points of the capacity search in ``run_dir`` (at max_num_seqs ``seqs``), with
+    ``designed`` closed-loop runs beside them (``vkit.sim.designfit``) when given."""
     from vkit.sim import loadfit
     from vkit.sim.calibrate import Target
     from vkit.tune import capacity as cap
@@ -68,8 +69,21 @@ def twin_of(run_dir: str, seqs: int, slo: dict, profile: str):
     plan = cap.Plan()
     twin = Twin.calibrate(os.path.join(run_dir, "state-unused.json"), ISL, OSL, cap.Slo(dict(slo)),
                           plan.crossing_factor * plan.point_seconds, profile, progress=log, read=(points, refused),
-                          keep_up=plan.keep_up)
+                          keep_up=plan.keep_up, designed=designed)
     return twin, refused
+
+
+def serve(seqs: int, prefix: str) -> tuple[str, str, str]:
+    """The real server started at ``seqs`` sequences with a state in a new work folder (VKIT_STATE), a stop turned into
+    KeyboardInterrupt (the server is stopped on the way out): (work folder, URL, state path)."""
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    work = tempfile.mkdtemp(prefix=prefix)
+    port, state = free_port(), os.path.join(work, "vkit.json")
+    os.environ.update(ENV)
+    os.environ["VKIT_STATE"] = state
+    log(f"starting vLLM (max_num_seqs {seqs}) on port {port}")
+    start(seqs, port, state)
+    return work, f"http://127.0.0.1:{port}", state
 
 
 def spearman(a: list[float], b: list[float]) -> float | None:
@@ -122,15 +136,8 @@ def main(argv=None) -> int:
     def save():
         write_result(a.out, result, "twin_vllm", indent=1, sort_keys=True)
 
-    signal.signal(signal.SIGTERM, signal.default_int_handler)  # a stop stops the server on its way out
-    work = tempfile.mkdtemp(prefix="twinvllm-")
-    port, state = free_port(), os.path.join(work, "vkit.json")
-    os.environ.update(ENV)
-    os.environ["VKIT_STATE"] = state
-    url = f"http://127.0.0.1:{port}"
+    work, url, state = serve(a.max_num_seqs, "twinvllm-")
     t_all = time.time()
-    log(f"starting vLLM (max_num_seqs {a.max_num_seqs}) on port {port}")
-    start(a.max_num_seqs, port, state)
     try:
         if a.baseline_from:
             import shutil

@@ -298,3 +298,25 @@ def test_a_host_cpus_hidden_costs_are_recovered_from_its_load_points(tmp_path):
     assert res["rms_log_error"] < 0.03, res
     for name in ("decode_step_overhead_s", "mixed_step_overhead_s"):
         assert res["table"][name]["value"] == pytest.approx(getattr(hidden, name), rel=0.10), res["table"]
+
+
+def test_a_launch_argvs_engine_flags_are_read_as_vllm_reads_them():
+    """The launch argv's quantization and engine flags as vLLM parses them: ``--flag V`` or ``--flag=V``, ``-q``, the
+    last one winning, ``--no-X`` turning X off; a value that is not a number is no value (the engine's default stays)."""
+    from vkit.sim.loadfit import argv_serve, launch_argv, state_target
+
+    argv = ["vllm", "serve", "m", "--quantization", "awq", "--max-num-seqs=8", "-q", "fp8", "--gpu-memory-utilization",
+            "0.85", "--enable-prefix-caching", "--max-num-batched-tokens", "4096", "--no-enable-prefix-caching",
+            "--max-model-len", "auto"]
+    st = {"service": {"launch": {"argv": argv}}, "fingerprint": {"accelerator": {"kind": "none"}}}
+    assert launch_argv(st) == argv and launch_argv({}) == []
+    t = state_target(st, Target())
+    assert t.quantization == "fp8" and t.local_device == "CPU"
+    assert state_target(st, Target(quantization="gptq")).quantization == "gptq"  # a target's own is never replaced
+    assert argv_serve(argv) == {"max_num_seqs": 8, "max_num_batched_tokens": 4096, "gpu_memory_utilization": 0.85,
+                                "enable_prefix_caching": False}
+    assert "gpu_memory_utilization" not in argv_serve(["--gpu-memory-utilization", "most"])
+    gpu_host = {"service": {"launch": {"argv": ["vllm", "serve", "m", "--quantization=awq"]}},
+                "fingerprint": {"accelerator": {"kind": "nvidia"}}}
+    t = state_target(gpu_host, Target())
+    assert t.quantization == "awq" and t.local_device is None  # on a GPU host the device is never guessed

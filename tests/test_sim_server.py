@@ -442,6 +442,8 @@ def test_bad_values_are_usage_errors():
     assert r.code == 2 and "Decimals are not allowed with binary suffixes like K" in r.err
     r = call("sim_server", "m", "--sim-gpu", "TPU")
     assert r.code == 2 and "invalid choice" in r.err
+    r = call("sim_server", "m", "--sim-gpu", "CPU")  # the twin's host device: no board to draw power on a live start
+    assert r.code == 2 and "invalid choice: 'CPU'" in r.err
     assert call("sim_server").code == 2
 
 

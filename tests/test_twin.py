@@ -41,6 +41,18 @@ def small_space(tmp_path, monkeypatch) -> None:
     assert len(twin_space(Policy.load(str(path)), {"max_num_batched_tokens": 2048, "max_num_seqs": 16})) == 12
 
 
+def sim_state(tmp_path, monkeypatch) -> str:
+    """A state of the 8B / H200 simulator kept at 2,048 batched tokens, 16 sequences and 1,024 tokens, over
+    :func:`small_space`; its path (VKIT_STATE)."""
+    path = str(tmp_path / "state.json")
+    monkeypatch.setenv("VKIT_STATE", path)
+    small_space(tmp_path, monkeypatch)
+    r = call("state", "init", "--url", "http://127.0.0.1:1", "--model", "sim-8b", "--set", "max_num_batched_tokens=2048",
+             "--set", "max_num_seqs=16", "--set", "max_model_len=1024", "--", *SIM)
+    assert r.code == 0, r.err
+    return path
+
+
 def res_report(tmp_path) -> str:
     import glob
 
@@ -111,12 +123,7 @@ def test_search_twin_needs_the_capacity_objective_and_a_positive_restart_budget(
 
 @pytest.mark.slow
 def test_a_twin_guided_tune_calibrates_proposes_with_intervals_and_respects_its_restart_budget(tmp_path, monkeypatch):
-    path = str(tmp_path / "state.json")
-    monkeypatch.setenv("VKIT_STATE", path)
-    small_space(tmp_path, monkeypatch)
-    r = call("state", "init", "--url", "http://127.0.0.1:1", "--model", "sim-8b", "--set", "max_num_batched_tokens=2048",
-             "--set", "max_num_seqs=16", "--set", "max_model_len=1024", "--", *SIM)
-    assert r.code == 0, r.err
+    path = sim_state(tmp_path, monkeypatch)
     r = call("tune", *TUNE, "--max-restarts", "8")
     assert r.code == 0, r.err[-2000:]
     res = json.loads(r.out)
@@ -222,6 +229,43 @@ def test_twin_refit_fits_again_on_each_measured_trials_load_points_and_replays(t
              "512", "--random-output-len", "128", "--request-rate", "20", "--num-prompts", "100")
     assert r.code == 0, r.err[-500:]
     assert json.loads(r.out)["cost_params"] == json.load(open(fits[-1]["profile"]))["params"]
+    r = call("sweep", "--replay", str(tmp_path))
+    assert r.code == 0, r.err[-1000:]
+    rep = json.loads(r.out)
+    assert rep["proposals"] == rep["identical"] == len(props) and rep["differences"] == []
+
+
+@pytest.mark.unit
+@pytest.mark.slow
+def test_twin_design_measures_closed_loop_runs_on_the_running_configuration_then_refits(tmp_path, monkeypatch):
+    """--twin-design always: after the baseline's fit, closed-loop runs of the kept configuration (concurrency 1 and its
+    16 sequences) on the server as it runs, no restart between; the twin refitted on the points and the runs
+    (its own profile, each parameter's standard error before and after in the log), and the proposals ranked with
+    that fit, which sweep --replay re-derives."""
+    from vkit.sim.designfit import requests_for
+
+    path = sim_state(tmp_path, monkeypatch)
+    r = call("tune", *TUNE[:TUNE.index("--budget") + 1], "1", *TUNE[TUNE.index("--budget") + 2:], "--twin-design", "always")
+    assert r.code == 0, r.err[-2000:]
+    log = [json.loads(x) for x in open(tmp_path / "decisions.jsonl")]
+    fits = [e for e in log if e["event"] == "twin_profile"]
+    design = next(e for e in log if e["event"] == "twin_design")
+    assert [f["designed_runs"] for f in fits] == [0, 2] and fits[1]["profile"].endswith("twin-profile-designed.json")
+    between = log[log.index(fits[0]):log.index(fits[1])]
+    assert log.index(fits[0]) < log.index(design) and not [e for e in between if e["event"] in ("applied", "rolled_back")]
+    rec = json.load(open(path))["tune"]["twin_design"]
+    assert rec["config"] == {"max_num_batched_tokens": 2048, "max_num_seqs": 16, "max_model_len": 1024}
+    # 1 and 16 at a time; no long-prompt run: 8 x 512 prompt tokens do not fit the 1,024-token model length with 128 out
+    assert rec["design"] == [[1, 512], [16, 512]] and rec["runs"] == design["runs"]
+    assert len(set(rec["for"])) == len(fits[0]["parameters"])
+    for rel, c in zip(rec["runs"], (1, 16), strict=True):
+        doc = json.load(open(tmp_path / rel))
+        assert doc["max_concurrency"] == c and doc["completed"] == requests_for(c) and not doc["failed"]
+    assert set(design["parameters"]) == set(fits[1]["parameters"])
+    for n, row in design["parameters"].items():
+        assert row["before"] == fits[0]["parameters"][n] and row["after"] == fits[1]["parameters"][n]
+    props = [e for e in log if e["event"] == "propose"]
+    assert props and all(p["audit"]["twin"]["profile_sha256"] == fits[1]["profile_sha256"] for p in props)
     r = call("sweep", "--replay", str(tmp_path))
     assert r.code == 0, r.err[-1000:]
     rep = json.loads(r.out)

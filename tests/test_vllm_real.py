@@ -462,12 +462,18 @@ def test_the_twin_guided_capacity_tune_on_real_vllm(server, tmp_path, monkeypatc
     r = call("tune", "--sandbox", "--objective", "capacity", "--search", "twin", "--max-restarts", "8", "--steps", "3",
              "--budget", "1",
              "--input-len", "128", "--output-len", "64", "--vocab-size", "2000", "--slo", "p95_ttft_ms=45",
-             "--slo", "mean_tpot_ms=5", *TWIN_TUNE, "--ready-timeout", READY, "--json", "--report-dir", str(tmp_path / "rep"))
+             "--slo", "mean_tpot_ms=5", *TWIN_TUNE, "--point-seconds", "5", "--num-prompts", "100", "--screen-repeats", "1", "--twin-design", "auto",
+             "--ready-timeout", READY, "--json", "--report-dir", str(tmp_path / "rep"))
     assert r.code == 0, r.err[-3000:]
     res = json.loads(r.out)
     log = server["sf"].log.read()[log0:]
     prof = next(e for e in log if e["event"] == "twin_profile")
     assert prof["inputs"]["gpu"] == "CPU" and prof["inputs"]["model"] == os.path.abspath(MODEL), prof["inputs"]
+    # --twin-design auto: the baseline's points leave a CPU cost unidentified (bench/results/twin_design.json), so the
+    # kept 2 sequences are measured closed loop 1 and 2 at a time and with 1,024-token prompts, and the twin refitted
+    design = next(e for e in log if e["event"] == "twin_design")
+    fits = [e for e in log if e["event"] == "twin_profile"]
+    assert len(design["runs"]) == 3 and [f["designed_runs"] for f in fits[:2]] == [0, 3], (design, fits)
     props = [e for e in log if e["event"] == "propose"]
     assert len(props) == 1 and props[0]["config"]["max_num_seqs"] == 8 and props[0]["audit"]["twin"]["prediction"]["capacity"] > 0
     st = server["sf"].read()

@@ -321,6 +321,7 @@ def tune_plan(args: argparse.Namespace) -> TunePlan:
     if max_restarts is not None and max_restarts < 1:
         raise UsageError(f"--max-restarts must be >= 1, got {max_restarts}")
     return TunePlan(mode=args.mode, max_restarts=max_restarts, twin_refit=bool(getattr(args, "twin_refit", False)),
+                    twin_design=getattr(args, "twin_design", "off"),
                     steps=steps, budget=args.budget, seed=args.seed, staged_candidates=args.staged_candidates,
                     business_len=args.business_len, max_model_len_candidates=cands, confirm_front=args.confirm_front,
                     ablate=getattr(args, "ablation", "auto") == "auto", restart=args.restart, report_dir=args.report_dir,

@@ -118,8 +118,11 @@ def _text(report: dict, out) -> None:
     out.write(f"queue-bound rows (by the measurement): {q['measured']}, reproduced as queue-bound: {q['reproduced']}\n")
 
 
-def _free(args: argparse.Namespace) -> list[str]:
-    given = args.free if args.free is not None else ",".join(loadfit.DEFAULT_FREE if args.load_points else FREE)
+def _free(args: argparse.Namespace) -> list[str] | None:
+    """--free's parameters, checked; None for load points without --free (the device that served them decides)."""
+    if args.free is None and args.load_points:
+        return None
+    given = args.free if args.free is not None else ",".join(FREE)
     free = [n.strip() for n in given.split(",") if n.strip()]
     unknown = [n for n in free if n not in FREE]
     if unknown or not free:
@@ -127,7 +130,7 @@ def _free(args: argparse.Namespace) -> list[str]:
     return free
 
 
-def _load_points(args: argparse.Namespace, io: IO, free: list[str]) -> int:
+def _load_points(args: argparse.Namespace, io: IO, free: list[str] | None) -> int:
     """--load-points: the capacity searches' open-loop points of a tune state, fitted (vkit.sim.loadfit)."""
     if args.runs:
         raise UsageError("give RUNS or --load-points STATE, not both")
@@ -139,8 +142,7 @@ def _load_points(args: argparse.Namespace, io: IO, free: list[str]) -> int:
     if not points:
         why = f"; {len(refused)} refused, e.g. {refused[0]}" if refused else " (no capacity search's load points recorded)"
         raise InvalidData(f"{args.load_points}: no load point can calibrate{why}")
-    if args.free is None:  # the default for the device that served them
-        free = list(loadfit.free_for(points[0].gpu))
+    free = free or list(loadfit.free_for(points[0].gpu))  # without --free: the default for the device that served them
     base = load_profile(args.start_profile)["cost_params"] if args.start_profile else CostParams()
     io.progress(f"{len(points)} load point(s) ({sum(len(p.arrivals) for p in points)} requests); fitting "
                 f"{', '.join(free)}: each point replayed through the engine per evaluation (minutes for many points)")

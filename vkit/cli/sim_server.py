@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from vkit.cli._common import IO, loop_signals, make_parser, non_negative_float, positive_float, run
 from vkit.errors import ExitCode, UsageError
 from vkit.sim.config import ServeOptions
+from vkit.sim.power import BOARDS
 from vkit.sim.profiles import DEFAULT_GPU, DEFAULT_MODEL, GPUS, KV_DTYPE_BYTES, MODELS, WEIGHT_QUANT_BYTES, get_gpu, get_model
 from vkit.sim.server import SimSettings, serve
 from vkit.sim.starts import next_start
@@ -178,8 +179,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def add_sim_args(s) -> None:
     """The simulator's own flags: the hardware and model simulated, speed, noise, drift and seed."""
-    s.add_argument("--sim-gpu", choices=list(GPUS), default=DEFAULT_GPU,
-                   help=f"simulated accelerator, per device; times -tp (default: {DEFAULT_GPU})")
+    s.add_argument("--sim-gpu", choices=[g for g in GPUS if g in BOARDS], default=DEFAULT_GPU,
+                   help=f"simulated accelerator, per device; times -tp (default: {DEFAULT_GPU}). The host CPU "
+                        "device is the twin's, for fits to a real server's runs: it has no board to draw power")
     s.add_argument("--sim-model", choices=list(MODELS), default=DEFAULT_MODEL,
                    help=f"simulated model architecture (default: {DEFAULT_MODEL})")
     s.add_argument("--sim-speed", type=positive_float, default=1.0, metavar="K",

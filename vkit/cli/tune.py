@@ -50,6 +50,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--search twin: after each measured trial, refit the twin on its load points too (the baseline's "
                         "and every trial's) and re-rank; each fit is a new profile in the log (default: the baseline's fit "
                         "throughout, each prediction corrected by its nearest measured configuration)")
+    s.add_argument("--twin-design", choices=["auto", "always", "off"], default="off",
+                   help="--search twin: designed calibration runs on the configuration already running (no restart): "
+                        "closed loop at concurrency 1 and at the KV-bound one (max_num_seqs, or the whole requests the KV "
+                        "cache holds), fitted with the baseline's load points; auto: only when those leave a parameter "
+                        "unidentified (default: off)")
     s.add_argument("--steps", default="1,2,3,4m,4,5",
                    help="steps to run, comma-separated (default 1,2,3,4m,4,5). 4m: the highest gpu_memory_utilization "
                         "that starts, by bisection between the kept value and the policy's max (0.98) on real starts and "

@@ -184,10 +184,8 @@ def argv_serve(argv: list[str]) -> dict:
         if v is not None and v.isdigit():
             out[key] = int(v)
     v = flag_value(argv, "--gpu-memory-utilization")
-    try:
-        out.update({"gpu_memory_utilization": float(v)} if v is not None else {})
-    except ValueError:
-        pass
+    if v is not None and v.replace(".", "", 1).isdigit():
+        out["gpu_memory_utilization"] = float(v)
     for flag, key in ARGV_BOOL.items():
         for a in argv:
             if a in (flag, "--no-" + flag[2:]):
@@ -195,16 +193,21 @@ def argv_serve(argv: list[str]) -> dict:
     return out
 
 
+def launch_argv(st: dict) -> list[str]:
+    """The ``vllm serve`` argv a state's service was launched with (empty when it records none)."""
+    return list((((st.get("service") or {}).get("launch")) or {}).get("argv") or [])
+
+
 def state_target(st: dict, target: Target) -> Target:
     """``target`` with what a state says of a real server: the served model's local directory (``vllm serve DIR``,
     ``--model DIR`` or the state's model, the first with a config.json) and, where its fingerprint found no
-    accelerator, the host CPU; the launch's ``--quantization``."""
-    from vkit.measure.fingerprint import model_paths
+    accelerator, the host CPU; the launch's ``--quantization`` (``-q``, ``--quantization=Q``; the last one wins)."""
+    from vkit.measure.fingerprint import flag_value, model_paths
 
     svc = st.get("service") or {}
-    argv = list((svc.get("launch") or {}).get("argv") or [])
+    argv = launch_argv(st)
     if target.quantization is None:  # a launch flag, never in a tuned configuration
-        target = replace(target, quantization=next((b for a, b in zip(argv, argv[1:], strict=False) if a == "--quantization"), None))
+        target = replace(target, quantization=flag_value(argv, "--quantization", "-q"))
     local = next((p for p in model_paths(svc.get("model"), argv) if os.path.isfile(os.path.join(p, "config.json"))), None)
     kind = (((st.get("fingerprint") or {}).get("accelerator")) or {}).get("kind")
     return replace(target, local_model=target.local_model or local,
@@ -239,7 +242,7 @@ def points_from_state(state_path: str, target: Target | None = None,
     one-line reasons of the points refused); every file is one or the other."""
     st, files = point_files(state_path, keys)
     target = state_target(st, target or Target())
-    launched = argv_serve(list(((st.get("service") or {}).get("launch") or {}).get("argv") or []))
+    launched = argv_serve(launch_argv(st))
     points, refused = [], []
     for cfg, f in files:
         try:

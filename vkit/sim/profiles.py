@@ -197,11 +197,12 @@ def model_from_dir(path: str) -> ModelProfile:
 
 
 def get_model(name: str) -> ModelProfile:
-    """A built-in profile by name or Hugging Face id, or a local model directory's (:func:`model_from_dir`)."""
-    if os.path.isfile(os.path.join(name, "config.json")):
-        return model_from_dir(os.path.abspath(name))
+    """A built-in profile by name or Hugging Face id, else a local model directory's (:func:`model_from_dir`):
+    a built-in's name is looked up before the file system is asked."""
     for key, m in MODELS.items():
         if key.lower() == name.lower() or m.hf_id.lower() == name.lower() or name.lower() in (
                 a.lower() for a in m.aliases):
             return m
+    if os.path.isfile(os.path.join(name, "config.json")):
+        return model_from_dir(os.path.abspath(name))
     raise UsageError(f"unknown --sim-model {name!r}; built-ins: {', '.join(MODELS)}, or a model directory with a config.json")

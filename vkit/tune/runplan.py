@@ -40,6 +40,7 @@ class TunePlan:
     mode: str = "staged"  # staged | bo | twin
     max_restarts: int | None = None  # --max-restarts: the twin search proposes no trial that would take the run past it
     twin_refit: bool = False  # --twin-refit: the twin refitted on each measured trial's load points too
+    twin_design: str = "off"  # --twin-design: auto | always | off (designed closed-loop calibration runs, no restart)
     steps: list[str] = field(default_factory=lambda: ["1", "2", "3", "4m", "4", "5"])  # 4m: gpu_memory_utilization
     budget: int = 8  # trials per step (staged) or in all (bo)
     seed: int = 1  # the Bayesian search's seed

@@ -99,11 +99,13 @@ class Twin:
     @classmethod
     def calibrate(cls, state_path: str, isl: int, osl: int, slo: cap.Slo, seconds: float, profile_path: str | None = None,
                   progress: Callable[[str], None] | None = None, trials: bool = False, base: CostParams | None = None,
-                  keep_up: float = cap.Plan.keep_up, read: tuple[list, list] | None = None) -> Twin:
+                  keep_up: float = cap.Plan.keep_up, read: tuple[list, list] | None = None,
+                  designed: list | None = None) -> Twin:
         """Fitted to the baseline's load points of the state at ``state_path`` (``trials``: every measured
         trial's too, each at its own configuration), starting from ``base`` when given; the profile written to
         ``profile_path`` (sim_predict / sim_server --sim-profile). ``loadfit.Refused``-free: a usage error
-        when no point can calibrate. ``read``: (points, refused) of ``loadfit.points_from_state`` already read for it."""
+        when no point can calibrate. ``read``: (points, refused) of ``loadfit.points_from_state`` already read for it.
+        ``designed``: closed-loop designed runs (``vkit.sim.designfit.design_runs``) fitted with the points."""
         points, refused = read if read is not None else loadfit.points_from_state(
             state_path, keys=("baseline", "trials") if trials else ("baseline",))
         if not points:
@@ -111,12 +113,17 @@ class Twin:
 
             raise UsageError("the twin has no load point to calibrate on" + (f" ({refused[0]})" if refused else ""))
         chosen = spread_by_config(points, FIT_POINTS)
-        res = loadfit.fit_points(loadfit.PointProblem(chosen), loadfit.free_for(chosen[0].gpu), base=base, max_nfev=FIT_EVALS,
-                                 progress=progress)
+        problem = loadfit.PointProblem(chosen)
+        if designed:
+            from vkit.sim.designfit import JointProblem
+
+            problem = JointProblem(problem, designed)
+        res = loadfit.fit_points(problem, loadfit.free_for(chosen[0].gpu), base=base, max_nfev=FIT_EVALS, progress=progress)
         stderr = {n: min(row["rse"], RSE_CAP) if row.get("rse") is not None else RSE_CAP for n, row in res["table"].items()}
         twin = cls(point=chosen[0], isl=isl, osl=osl, slo=slo, seconds=seconds, params=res["params"], stderr_log=stderr,
                    fit_error=float(res["rms_log_error"]), speed=chosen[0].speed, keep_up=keep_up)
-        doc = {"load_points": len(chosen), "of": len(points), "refused": len(refused), "table": res["table"],
+        doc = {"load_points": len(chosen), "of": len(points), "refused": len(refused), "designed_runs": len(designed or []),
+               "table": res["table"],
                "rms_log_error": res["rms_log_error"], "errors": res["errors"]}
         if profile_path:
             write_profile(profile_path, res["params"], {n: res["table"][n]["stderr"] for n in res["table"]},
@@ -304,3 +311,8 @@ def bisect(holds: Callable[[float], bool], hint: float, step: float = 2.0, lo_li
 def profile_path(runs_dir: str, trials: int = 0) -> str:
     """The twin's profile: the baseline's fit, or a refit once ``trials`` trials were measured."""
     return os.path.join(runs_dir, "twin-profile.json" if not trials else f"twin-profile-{trials}.json")
+
+
+def design_profile_path(runs_dir: str) -> str:
+    """The twin's profile refitted with the designed calibration runs (``--twin-design``)."""
+    return os.path.join(runs_dir, "twin-profile-designed.json")

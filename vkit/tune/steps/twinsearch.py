@@ -30,7 +30,8 @@ from vkit import search
 from vkit.apply.policy import Policy
 from vkit.tune.context import Tune, service_logs
 from vkit.tune.ledger import Status
-from vkit.tune.twin import Prediction, Twin, profile_path
+from vkit.tune.twin import Prediction, Twin, design_profile_path, profile_path
+from vkit.tune.twindesign import TwinDesign
 
 STEP = "twin"
 MIN_GAIN = 0.03  # the gate's floor: a gain below max(2σ, 3 %) is never kept, so it is never worth a restart
@@ -60,8 +61,11 @@ def twin_space(policy: Policy, kept: dict, frozen: dict | None = None) -> list[d
 
 
 def restarts_spent(runner: Tune) -> int:
-    """Server starts so far (every start the decision logs hold: applies, rollbacks, failed starts)."""
-    return sum(1 for log in service_logs(runner) for e in log.read() if e.get("event") in ("applied", "rolled_back", "start_failed"))
+    """This run's server starts so far: the starts the decision logs hold (applies, rollbacks, failed starts) made under
+    the run's owner since it started; a start logged before it (a manual keep, an earlier tune) is not the run's."""
+    since = str(runner.ledger.tune().tune.get("started") or "")
+    return sum(1 for log in service_logs(runner) for e in log.read() if e.get("event") in ("applied", "rolled_back", "start_failed")
+               and e.get("owner") == runner.owner and str(e.get("ts") or "") >= since)
 
 
 def _key(config: dict) -> str:
@@ -72,7 +76,7 @@ class TwinSearch:
     """The proposer and stop rule of the twin step over one tune (a proposer object: ``next``, ``stop_reason``)."""
 
     def __init__(self, runner: Tune, policy: Policy, max_restarts: int | None, progress: Callable[[str], None],
-                 refit: bool = False, prior: dict | None = None):
+                 refit: bool = False, prior: dict | None = None, design: str = "off"):
         self.runner, self.policy, self.max_restarts, self.progress = runner, policy, max_restarts, progress
         self.refit = refit  # --twin-refit: refit on every measured trial's load points as they come
         self.prior = prior  # the knowledge base's fit of this environment and workload (prior_twin): the first fit's start
@@ -81,43 +85,77 @@ class TwinSearch:
         self.predicted: dict[str, Prediction] = {}  # config key -> the prediction it was proposed on
         self.missed: set[str] = set()
         self.why = ""
+        self.design = TwinDesign(runner, design, progress)  # --twin-design
 
     def calibrated(self, trials: int = 0) -> Twin:
-        """The twin, fitted to the baseline's load points; with --twin-refit, refitted (from the last fit) once
-        ``trials`` measured trials are more than its fit saw and they brought load points (a trial skipped as
-        unable to differ brings none), each fit its own profile file and log event."""
+        """The twin, fitted to the baseline's load points (with --twin-design, refitted at once with the designed runs
+        where it asks for them); with --twin-refit, refitted (from the last fit) once ``trials`` measured trials are
+        more than its fit saw and they brought load points (a trial skipped as unable to differ brings none), each
+        fit its own profile file and log event."""
         from vkit.sim import loadfit
-        from vkit.sim.calibrated import CostParams
 
         read = None  # a refit's load points, read once: to decide whether to refit, then to fit
         if self.twin is not None and self.refit and trials > self.fitted_on:
             read = loadfit.points_from_state(self.runner.sf.path, keys=("baseline", "trials"))
             if len(read[0]) <= self.twin.fit["of"]:  # no usable point the last fit did not see (a refused trial brings none)
                 read, self.fitted_on = None, trials
-        if self.twin is None or read is not None:
-            r = self.runner
-            opts = r.s.workload.options
-            refit = self.twin is not None
-            prior = None if refit else self.prior
-            self.progress(f"twin: {'refitting' if refit else 'calibrating'} the simulator on the baseline's load points"
-                          + (f" and those of {trials} trial(s)" if refit else "")
-                          + (f", starting from run {prior['run_id']}'s fit (knowledge base)" if prior else ""))
-            plan = r.s.capacity.plan
-            path = profile_path(r.runs_dir, trials if refit else 0)
-            self.twin = Twin.calibrate(r.sf.path, int(opts.random_input_len), int(opts.random_output_len), r.s.capacity.slo,
-                                       plan.crossing_factor * plan.point_seconds, path, progress=lambda s: self.progress(f"twin: {s}"),
-                                       trials=refit, keep_up=plan.keep_up, read=read,
-                                       base=self.twin.params if refit else CostParams.from_dict(prior["params"]) if prior else None)
-            self.twin.hint, self.fitted_on = self.baseline_capacity(), trials
-            f = self.twin.fit
-            r.log("twin_profile", profile=path, profile_sha256=self.twin.profile_sha256, trials=trials,
-                  started_from=prior and {"run_id": prior["run_id"], "profile_sha256": prior.get("profile_sha256")},
-                  inputs=self.twin.inputs(), load_points=f["load_points"], rms_log_error=round(f["rms_log_error"], 4),
-                  parameters={n: {"value": row["value"], "rse": row["rse"], "identified": row["identified"]}
-                              for n, row in f["table"].items()})
-            self.progress(f"twin: fitted on {f['load_points']} load point(s), rms log error {f['rms_log_error']:.1%} "
-                          f"(profile sha256 {self.twin.profile_sha256[:12]})")
+        if self.twin is None:
+            self._fit(0, None)
+            why = self.design.wanted(self.twin.fit)
+            if why and self.design.measure(why):
+                before = self.twin.fit["table"]
+                self._fit(0, None, designed=True)
+                self.runner.log("twin_design", runs=self.designed_runs()[1], parameters={
+                    n: {"before": {"value": before[n]["value"], "rse": before[n]["rse"], "identified": before[n]["identified"]},
+                        "after": {"value": row["value"], "rse": row["rse"], "identified": row["identified"]}}
+                    for n, row in self.twin.fit["table"].items()})
+        elif read is not None:
+            self._fit(trials, read)
         return self.twin
+
+    def designed_runs(self) -> tuple[list, list[str]]:
+        """The designed runs the state recorded, as calibration runs, and their paths (none before they are measured)."""
+        from vkit.sim.designfit import design_runs
+
+        rec = self.runner.ledger.tune().tune.get("twin_design") or {}
+        if not rec.get("runs"):
+            return [], []
+        runs, refused = design_runs(self.runner.sf.path)
+        for why in refused:
+            self.progress(f"twin design: refused {why}")
+        return runs, list(rec["runs"])
+
+    def _fit(self, trials: int, read: tuple[list, list] | None, designed: bool = False) -> None:
+        """One fit of the twin (the baseline's, a refit once ``trials`` were measured, or the first fit again with the
+        designed runs), from the last fit's parameters when there is one; its profile written and logged."""
+        from vkit.sim.calibrated import CostParams
+
+        r = self.runner
+        opts = r.s.workload.options
+        refit = self.twin is not None and not designed
+        prior = None if self.twin is not None else self.prior
+        self.progress(f"twin: {'refitting' if refit else 'calibrating'} the simulator on the baseline's load points"
+                      + (f" and those of {trials} trial(s)" if refit else "") + (" and the designed runs" if designed else "")
+                      + (f", starting from run {prior['run_id']}'s fit (knowledge base)" if prior else ""))
+        plan = r.s.capacity.plan
+        path = design_profile_path(r.runs_dir) if designed else profile_path(r.runs_dir, trials if refit else 0)
+        runs = self.designed_runs()[0]
+        self.twin = Twin.calibrate(r.sf.path, int(opts.random_input_len), int(opts.random_output_len), r.s.capacity.slo,
+                                   plan.crossing_factor * plan.point_seconds, path, progress=lambda s: self.progress(f"twin: {s}"),
+                                   trials=refit, keep_up=plan.keep_up, read=read, designed=runs or None,
+                                   base=self.twin.params if self.twin is not None else CostParams.from_dict(prior["params"])
+                                   if prior else None)
+        self.twin.hint, self.fitted_on = self.baseline_capacity(), trials
+        f = self.twin.fit
+        r.log("twin_profile", profile=path, profile_sha256=self.twin.profile_sha256, trials=trials,
+              started_from=prior and {"run_id": prior["run_id"], "profile_sha256": prior.get("profile_sha256")},
+              inputs=self.twin.inputs(), load_points=f["load_points"], designed_runs=f["designed_runs"],
+              rms_log_error=round(f["rms_log_error"], 4),
+              parameters={n: {"value": row["value"], "rse": row["rse"], "identified": row["identified"]}
+                          for n, row in f["table"].items()})
+        self.progress(f"twin: fitted on {f['load_points']} load point(s)"
+                      + (f" and {f['designed_runs']} designed run(s)" if f["designed_runs"] else "")
+                      + f", rms log error {f['rms_log_error']:.1%} (profile sha256 {self.twin.profile_sha256[:12]})")
 
     def baseline_capacity(self) -> float | None:
         """The kept configuration's capacity as its baseline measured it (None before one is measured)."""
@@ -226,7 +264,7 @@ def twin_proposer(runner: Tune, policy: Policy, plan, progress: Callable[[str], 
                   prior: dict | None = None) -> tuple[Callable, Callable]:
     """The twin step's proposer and stop rule under ``plan`` (a TunePlan: --max-restarts, --twin-refit); ``prior``:
     :func:`prior_twin` of the knowledge base's matching entries."""
-    ts = TwinSearch(runner, policy, plan.max_restarts, progress, refit=plan.twin_refit, prior=prior)
+    ts = TwinSearch(runner, policy, plan.max_restarts, progress, refit=plan.twin_refit, prior=prior, design=plan.twin_design)
     return ts.next, ts.stop_reason
 
 
