@@ -254,6 +254,39 @@ def test_two_runs_that_hold_by_a_spread_margin_are_not_yet_a_promise():
     assert promise_verdict(point([0.5]), plan) is None  # one run is never a hold
 
 
+def test_runs_re_run_longer_do_not_spend_the_promises_verdict_runs(state_path, monkeypatch):
+    """Four holds on runs shorter than 8 of their own (growing) request lifetimes are re-run longer; then the load
+    is unclear over 4 runs, the next one down too, and the one below holds on two: 10 runs with a verdict and 4
+    re-sized, 14 in all, more than PROMISE_RUNS (12) but within it for the runs that decide."""
+    from vkit.tune import capacity as cap
+    from vkit.tune.config import CapacityObjective
+    from vkit.tune.promise import PROMISE_RESIZES, PROMISE_RUNS
+
+    objective = CapacityObjective(slo=cap.Slo({"p95_ttft_ms": 1000.0}), plan=cap.Plan(tolerance=0.1, noise=0.03),
+                                  verify_seconds=10.0)
+    r = make_tune(state_path, capacity=objective)
+    monkeypatch.setattr(r.seat, "apply", lambda config, fresh=False: (True, {}))
+    monkeypatch.setattr(r.seat, "restore_kept", lambda fresh=False: None)
+    offered = []
+
+    def live(opts, url, out_dir, plan, command=None, interrupts=None, launch_argv=None, bench=None):
+        def run(load, k, requests=None):
+            offered.append(load)
+            life = 2000.0 * 1.1 ** min(k, 3)  # each of the first 4 runs' requests live 10 % longer than the last's
+            top = max(offered)
+            ttft = 500.0 if k < 4 or load < top / 1.15 else (950.0 if k % 2 else 1050.0)  # unclear at the top two loads
+            return {"completed": requests, "duration": requests / (0.99 * load) + 2.0, "p95_ttft_ms": ttft,
+                    "mean_e2el_ms": life, "vkit": {"completion_rate": 0.99 * load, "dispatch_lag_ms": {"p99": 0.3}}}
+        return run
+
+    monkeypatch.setattr(cap, "live_measure", live)
+    out = r.promise.verify({"max_num_seqs": 64}, 100.0)
+    verdicts = [x["verdict"] for x in out["runs"]]
+    assert verdicts[:PROMISE_RESIZES] == [None] * PROMISE_RESIZES and all("lifetimes" in x["why"] for x in out["runs"][:4])
+    assert verdicts[4:] == [None, None, None, "unclear", None, None, None, "unclear", None, "holds"], verdicts
+    assert len(out["runs"]) == 14 > PROMISE_RUNS and out["verified"] == offered[-1] < offered[8] < 100.0
+
+
 def test_a_promise_held_on_a_run_shorter_than_eight_request_lifetimes_is_run_again_that_long(state_path, monkeypatch):
     """A run starts on an empty server: its first request lifetime is the batch filling. A hold on a
     10-second run whose requests live 2 s each (5 lifetimes) does not count; the load is run again for
