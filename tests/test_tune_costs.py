@@ -254,19 +254,28 @@ def test_two_runs_that_hold_by_a_spread_margin_are_not_yet_a_promise():
     assert promise_verdict(point([0.5]), plan) is None  # one run is never a hold
 
 
-def test_runs_re_run_longer_do_not_spend_the_promises_verdict_runs(state_path, monkeypatch):
-    """Four holds on runs shorter than 8 of their own (growing) request lifetimes are re-run longer; then the load
-    is unclear over 4 runs, the next one down too, and the one below holds on two: 10 runs with a verdict and 4
-    re-sized, 14 in all, more than PROMISE_RUNS (12) but within it for the runs that decide."""
+def promise_tune(state_path, monkeypatch):
+    """A capacity tune (P95 TTFT <= 1 s, tolerance 10 %, 3 % noise, 10-s promise runs) whose starts always succeed
+    and do nothing: its promise's runs are what the test's live_measure returns."""
     from vkit.tune import capacity as cap
     from vkit.tune.config import CapacityObjective
-    from vkit.tune.promise import PROMISE_RESIZES, PROMISE_RUNS
 
     objective = CapacityObjective(slo=cap.Slo({"p95_ttft_ms": 1000.0}), plan=cap.Plan(tolerance=0.1, noise=0.03),
                                   verify_seconds=10.0)
     r = make_tune(state_path, capacity=objective)
     monkeypatch.setattr(r.seat, "apply", lambda config, fresh=False: (True, {}))
     monkeypatch.setattr(r.seat, "restore_kept", lambda fresh=False: None)
+    return r
+
+
+def test_runs_re_run_longer_do_not_spend_the_promises_verdict_runs(state_path, monkeypatch):
+    """Four holds on runs shorter than 8 of their own (growing) request lifetimes are re-run longer; then the load
+    is unclear over 4 runs, the next one down too, and the one below holds on two: 10 runs with a verdict and 4
+    re-sized, 14 in all, more than PROMISE_RUNS (12) but within it for the runs that decide."""
+    from vkit.tune import capacity as cap
+    from vkit.tune.promise import PROMISE_RESIZES, PROMISE_RUNS
+
+    r = promise_tune(state_path, monkeypatch)
     offered = []
 
     def live(opts, url, out_dir, plan, command=None, interrupts=None, launch_argv=None, bench=None):
@@ -292,16 +301,11 @@ def test_a_promise_held_on_a_run_shorter_than_eight_request_lifetimes_is_run_aga
     10-second run whose requests live 2 s each (5 lifetimes) does not count; the load is run again for
     8 lifetimes (16 s), and the promise says which length held."""
     from vkit.tune import capacity as cap
-    from vkit.tune.config import CapacityObjective
     from vkit.tune.promise import run_seconds
 
     assert run_seconds(10.0, None) == 10.0 and run_seconds(10.0, 0.5) == 10.0 and run_seconds(10.0, 2.0) == 16.0
     assert run_seconds(10.0, 100.0) == 80.0  # a lifetime read under overload is the queue's: 8 x the setting at most
-    objective = CapacityObjective(slo=cap.Slo({"p95_ttft_ms": 1000.0}), plan=cap.Plan(tolerance=0.1, noise=0.03),
-                                  verify_seconds=10.0)
-    r = make_tune(state_path, capacity=objective)
-    monkeypatch.setattr(r.seat, "apply", lambda config, fresh=False: (True, {}))
-    monkeypatch.setattr(r.seat, "restore_kept", lambda fresh=False: None)
+    r = promise_tune(state_path, monkeypatch)
     sent = []
 
     def live(opts, url, out_dir, plan, command=None, interrupts=None, launch_argv=None, bench=None):
