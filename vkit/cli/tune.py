@@ -53,7 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--twin-design", choices=["auto", "always", "off"], default="off",
                    help="--search twin: designed calibration runs on the configuration already running (no restart): "
                         "closed loop at concurrency 1 and at the KV-bound one (max_num_seqs, or the whole requests the KV "
-                        "cache holds), fitted with the baseline's load points; auto: only when those leave a parameter "
+                        "cache holds), and one request at a time with prompts 8x the workload's where the model length "
+                        "allows, fitted with the baseline's load points; auto: only when those leave a parameter "
                         "unidentified (default: off)")
     s.add_argument("--steps", default="1,2,3,4m,4,5",
                    help="steps to run, comma-separated (default 1,2,3,4m,4,5). 4m: the highest gpu_memory_utilization "

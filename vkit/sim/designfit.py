@@ -3,7 +3,7 @@
 A capacity search's open-loop points are taken near the SLO's boundary, where every step mixes prefills
 and decodes of a queue of varying depth. On one configuration they leave the engine's fixed costs loose:
 on real vLLM (bench/results/twin_vllm.json) they pinned the mixed step's CPU time but not the decode
-step's, the per-request time or the compute fraction. Two closed-loop runs with fixed lengths, on the
+step's, the per-request time or the compute fraction. Closed-loop runs with fixed lengths, on the
 server as it runs (no restart), separate them:
 
 - **concurrency 1**: every step serves one request, so its TTFT is one prefill with the step's and the
@@ -80,7 +80,7 @@ def design_runs(state_path: str, target: Target | None = None) -> tuple[list[Run
         st = read_json(state_path, "state file")
     except OSError as e:
         raise UsageError(f"cannot read {state_path}: {e.strerror}") from None
-    rec = ((st.get("tune") or {}).get("twin_design")) or {} if isinstance(st, dict) else {}
+    rec = (st.get("tune") or {}).get("twin_design") or {}
     target = state_target(st, target or Target())
     cfg = {**argv_serve(launch_argv(st)), **(rec.get("config") or {})}
     runs, refused = [], []

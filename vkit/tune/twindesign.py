@@ -1,7 +1,7 @@
 """``tune --search twin --twin-design``: designed calibration runs on the configuration already running.
 
 Where the baseline's load points leave a parameter of the twin's fit unidentified (``auto``), or always
-(``always``), the twin step measures two closed-loop runs of the kept configuration on the server as it
+(``always``), the twin step measures closed-loop runs of the kept configuration on the server as it
 runs, with no restart (:func:`vkit.sim.designfit.design`: concurrency 1 and the KV-bound one at the workload's
 lengths, and a long prompt one at a time; :func:`vkit.sim.designfit.requests_for` requests each), records them under the
 state's ``tune.twin_design`` and the twin is refitted on the points and the runs together

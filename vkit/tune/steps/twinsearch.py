@@ -86,6 +86,7 @@ class TwinSearch:
         self.missed: set[str] = set()
         self.why = ""
         self.design = TwinDesign(runner, design, progress)  # --twin-design
+        self._designed: tuple[list, list[str]] | None = None  # designed_runs(), once measured
 
     def calibrated(self, trials: int = 0) -> Twin:
         """The twin, fitted to the baseline's load points (with --twin-design, refitted at once with the designed runs
@@ -114,16 +115,19 @@ class TwinSearch:
         return self.twin
 
     def designed_runs(self) -> tuple[list, list[str]]:
-        """The designed runs the state recorded, as calibration runs, and their paths (none before they are measured)."""
+        """The designed runs the state recorded, as calibration runs, and their paths (none before they are measured):
+        read once, when first there (a tune measures them once)."""
         from vkit.sim.designfit import design_runs
 
-        rec = self.runner.ledger.tune().tune.get("twin_design") or {}
-        if not rec.get("runs"):
-            return [], []
-        runs, refused = design_runs(self.runner.sf.path)
-        for why in refused:
-            self.progress(f"twin design: refused {why}")
-        return runs, list(rec["runs"])
+        if self._designed is None:
+            rec = self.runner.ledger.tune().tune.get("twin_design") or {}
+            if not rec.get("runs"):
+                return [], []
+            runs, refused = design_runs(self.runner.sf.path)
+            for why in refused:
+                self.progress(f"twin design: refused {why}")
+            self._designed = (runs, list(rec["runs"]))
+        return self._designed
 
     def _fit(self, trials: int, read: tuple[list, list] | None, designed: bool = False) -> None:
         """One fit of the twin (the baseline's, a refit once ``trials`` were measured, or the first fit again with the
