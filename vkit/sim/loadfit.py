@@ -10,6 +10,8 @@ the SLO's boundary, with queueing). This module turns them into calibration rows
   what cannot calibrate: a closed-loop run (its send times depend on the server:
   :mod:`vkit.sim.calibrate` replays those), failed requests, a run cut short, no records, a client
   that fell behind the offered rate (its send times measure the client).
+- :func:`refuse_disturbed` refuses the points a disturbed machine measured: a mean TPOT well above that of a
+  heavier load on the same server, which no load explains.
 - :class:`PointProblem` replays each point **as the run it was**: its requests, at their send times
   (offsets from the run's first send), through the engine configured as the server was
   (:func:`vkit.sim.predict.build`), under any :class:`~vkit.sim.calibrated.CostParams`. Open loop,
@@ -58,6 +60,9 @@ DIFF_STEP = 0.05
 START_SCALE = 0.6
 # The simplex polish's evaluations, per parameter it moves.
 POLISH_EVALS = 20
+# A point is disturbed when a point of the same server and workload at a load at least as high had a mean TPOT
+# this many times lower (see refuse_disturbed).
+DISTURBED_TPOT = 1.5
 # The parameters fitted by default: what load points of one configuration can move (decode bandwidth,
 # prefill rate, the per-step CPU time of decode-only steps).
 DEFAULT_FREE = ("mbu", "mfu", "decode_step_overhead_s")
@@ -236,10 +241,11 @@ def point_files(state_path: str, keys: tuple[str, ...] = ("baseline",)) -> tuple
     return st, files
 
 
-def points_from_state(state_path: str, target: Target | None = None,
-                      keys: tuple[str, ...] = ("baseline",)) -> tuple[list[LoadPoint], list[str]]:
+def points_from_state(state_path: str, target: Target | None = None, keys: tuple[str, ...] = ("baseline",),
+                      check_disturbed: bool = True) -> tuple[list[LoadPoint], list[str]]:
     """The load points of :func:`point_files`, each read at the configuration it was measured at: (points, the
-    one-line reasons of the points refused); every file is one or the other."""
+    one-line reasons of the points refused); every file is one or the other. ``check_disturbed``: the points a
+    disturbed machine measured are refused (:func:`refuse_disturbed`; off only to measure what that changes)."""
     st, files = point_files(state_path, keys)
     target = state_target(st, target or Target())
     launched = argv_serve(launch_argv(st))
@@ -249,7 +255,35 @@ def points_from_state(state_path: str, target: Target | None = None,
             points.append(read_point(f, target, {**launched, **cfg}))
         except Refused as e:
             refused.append(str(e))
-    return points, refused
+    points, disturbed = refuse_disturbed(points) if check_disturbed else (points, [])
+    return points, refused + disturbed
+
+
+def refuse_disturbed(points: list[LoadPoint]) -> tuple[list[LoadPoint], list[str]]:
+    """The points a disturbed machine measured, refused: (the rest, a one-line reason each).
+
+    Open loop on one configuration and workload, a heavier load never makes the decode steps faster: mean TPOT
+    grows with the rate (more sequences a step, more prefill chunks between them), so a point whose mean TPOT is
+    :data:`DISTURBED_TPOT` times that of a point at a rate at least as high measured something else beside the
+    server (another job on its cores, a throttled clock, a first run's warm-up). Such a point is refused, never its
+    faster neighbour. On real vLLM a run beside a test suite read 1.96-3.96 ms at 3.2-8 req/s where the same server
+    read 1.04-1.34 ms at 4.6-18.6 req/s (tests/fixtures/vllm-points). Undisturbed, no lighter load of that server
+    read more than 1.12x a heavier one's TPOT at its baseline's loads, and two runs of one rate on another configuration (102 req/s
+    at 32 sequences) differed by 1.37x: the threshold sits above that."""
+    groups: dict[tuple, list[LoadPoint]] = {}
+    for p in points:
+        key = (p.model, p.gpu, p.tp, p.quantization, p.speed, json.dumps(p.serve, sort_keys=True, default=str),
+               round(float(np.mean(p.prompt_lens))), round(float(np.mean(p.output_lens))))
+        groups.setdefault(key, []).append(p)
+    why: dict[int, str] = {}
+    for group in groups.values():
+        for p in group:
+            q = min((q for q in group if q is not p and q.rate >= p.rate), key=lambda q: q.tpot_s, default=None)
+            if q is not None and p.tpot_s > DISTURBED_TPOT * q.tpot_s:
+                why[id(p)] = (f"{p.source}: disturbed: mean TPOT {p.tpot_s * 1e3:.3g} ms at {p.rate:.4g} req/s, "
+                              f"{p.tpot_s / q.tpot_s:.1f}x the {q.tpot_s * 1e3:.3g} ms at {q.rate:.4g} req/s on the same "
+                              "server (a lighter load cannot be that much slower)")
+    return [p for p in points if id(p) not in why], [why[id(p)] for p in points if id(p) in why]
 
 
 class PointProblem:

@@ -87,6 +87,7 @@ class TwinSearch:
         self.why = ""
         self.design = TwinDesign(runner, design, progress)  # --twin-design
         self._designed: tuple[list, list[str]] | None = None  # designed_runs(), once measured
+        self._told: set[str] = set()  # the disturbed points already named on stderr (each fit refuses them again)
 
     def calibrated(self, trials: int = 0) -> Twin:
         """The twin, fitted to the baseline's load points (with --twin-design, refitted at once with the designed runs
@@ -154,9 +155,13 @@ class TwinSearch:
         r.log("twin_profile", profile=path, profile_sha256=self.twin.profile_sha256, trials=trials,
               started_from=prior and {"run_id": prior["run_id"], "profile_sha256": prior.get("profile_sha256")},
               inputs=self.twin.inputs(), load_points=f["load_points"], designed_runs=f["designed_runs"],
+              disturbed=f["disturbed"],
               rms_log_error=round(f["rms_log_error"], 4),
               parameters={n: {"value": row["value"], "rse": row["rse"], "identified": row["identified"]}
                           for n, row in f["table"].items()})
+        for why in sorted(set(f["disturbed"]) - self._told):
+            self.progress(f"twin: refused {why}")
+        self._told.update(f["disturbed"])
         self.progress(f"twin: fitted on {f['load_points']} load point(s)"
                       + (f" and {f['designed_runs']} designed run(s)" if f["designed_runs"] else "")
                       + f", rms log error {f['rms_log_error']:.1%} (profile sha256 {self.twin.profile_sha256[:12]})")
