@@ -109,6 +109,27 @@ def test_a_real_servers_points_measured_beside_other_work_are_refused_and_its_cl
     assert len(pts) == 23 and refused == []
 
 
+def test_a_baselines_searches_measured_beside_other_work_are_flagged_from_their_curves():
+    """The tune's baseline reads the same invariant from its capacity searches' curves alone (no model profile, any
+    accelerator): the disturbed run's three searches flag the same six loads, the slowest 3.7x a heavier load's
+    TPOT; the clean run's flag none. Within one search none shows: its disturbed loads were its heaviest."""
+    from vkit.tune.baseline import disturbed_loads
+
+    def searches(kind):
+        docs = []
+        for d in sorted(glob.glob(os.path.join(FIXTURE, kind, "runs", "b", "rep*-points"))):
+            curve = [{"load": s["request_rate"], "metrics": {"mean_tpot_ms": s["mean_tpot_ms"]}}
+                     for s in (json.load(open(f)) for f in sorted(glob.glob(os.path.join(d, "*", "rep*.json"))))]
+            docs.append({"vkit": {"capacity": {"curve": curve}}})
+        return docs
+
+    found = disturbed_loads(searches("disturbed"))
+    assert sorted(float(x.split(" at load ")[1].split(",")[0]) for x in found) == [3.227, 3.412, 3.815, 4.769, 5.098, 8.0]
+    assert any(x.startswith("mean TPOT 3.96 ms at load 8, 3.7x the 1.07 ms at") for x in found), found
+    assert disturbed_loads(searches("clean")) == []
+    assert all(disturbed_loads([doc]) == [] for doc in searches("disturbed"))
+
+
 def test_a_parameter_the_points_cannot_move_is_reported_unidentified():
     """One GPU has no all-reduce: the link's efficiency moves no step (a zero column of the Jacobian), and the fit
     says the points do not identify it instead of returning its starting value as if measured, while the two it

@@ -7,6 +7,7 @@ one thread), ``loadgen`` (bench_stream's closed and open loops, warm-ups, drain)
 (request sets and arrival times), ``summary`` (summary statistics of a run), ``prom`` (the one
 Prometheus text parser), ``serverapi`` (plain calls to the server: /version, /v1/models,
 /metrics), ``accel`` (accelerator sampling), ``fingerprint`` (the environment a measurement was
-made in). Imports only the shared modules (``vkit.errors``, ``vkit.state``, ``vkit.interrupts``,
+made in), ``loadorder`` (across runs of one configuration: a heavier load never makes the decode steps
+faster; a lighter, slower run measured a disturbed machine). Imports only the shared modules (``vkit.errors``, ``vkit.state``, ``vkit.interrupts``,
 ``vkit.jsonio``), never a later stage.
 """

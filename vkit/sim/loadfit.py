@@ -60,9 +60,6 @@ DIFF_STEP = 0.05
 START_SCALE = 0.6
 # The simplex polish's evaluations, per parameter it moves.
 POLISH_EVALS = 20
-# A point is disturbed when a point of the same server and workload at a load at least as high had a mean TPOT
-# this many times lower (see refuse_disturbed).
-DISTURBED_TPOT = 1.5
 # The parameters fitted by default: what load points of one configuration can move (decode bandwidth,
 # prefill rate, the per-step CPU time of decode-only steps).
 DEFAULT_FREE = ("mbu", "mfu", "decode_step_overhead_s")
@@ -260,16 +257,11 @@ def points_from_state(state_path: str, target: Target | None = None, keys: tuple
 
 
 def refuse_disturbed(points: list[LoadPoint]) -> tuple[list[LoadPoint], list[str]]:
-    """The points a disturbed machine measured, refused: (the rest, a one-line reason each).
+    """The points a disturbed machine measured, refused: (the rest, a one-line reason each). Among the points of one
+    server and workload, one whose mean TPOT is well above that of a heavier load's
+    (:func:`vkit.measure.loadorder.disturbed`: a heavier load never makes the decode steps faster)."""
+    from vkit.measure.loadorder import disturbed
 
-    Open loop on one configuration and workload, a heavier load never makes the decode steps faster: mean TPOT
-    grows with the rate (more sequences a step, more prefill chunks between them), so a point whose mean TPOT is
-    :data:`DISTURBED_TPOT` times that of a point at a rate at least as high measured something else beside the
-    server (another job on its cores, a throttled clock, a first run's warm-up). Such a point is refused, never its
-    faster neighbour. On real vLLM a run beside a test suite read 1.96-3.96 ms at 3.2-8 req/s where the same server
-    read 1.04-1.34 ms at 4.6-18.6 req/s (tests/fixtures/vllm-points). Undisturbed, no lighter load of that server
-    read more than 1.12x a heavier one's TPOT at its baseline's loads, and two runs of one rate on another configuration (102 req/s
-    at 32 sequences) differed by 1.37x: the threshold sits above that."""
     groups: dict[tuple, list[LoadPoint]] = {}
     for p in points:
         key = (p.model, p.gpu, p.tp, p.quantization, p.speed, json.dumps(p.serve, sort_keys=True, default=str),
@@ -277,12 +269,11 @@ def refuse_disturbed(points: list[LoadPoint]) -> tuple[list[LoadPoint], list[str
         groups.setdefault(key, []).append(p)
     why: dict[int, str] = {}
     for group in groups.values():
-        for p in group:
-            q = min((q for q in group if q is not p and q.rate >= p.rate), key=lambda q: q.tpot_s, default=None)
-            if q is not None and p.tpot_s > DISTURBED_TPOT * q.tpot_s:
-                why[id(p)] = (f"{p.source}: disturbed: mean TPOT {p.tpot_s * 1e3:.3g} ms at {p.rate:.4g} req/s, "
-                              f"{p.tpot_s / q.tpot_s:.1f}x the {q.tpot_s * 1e3:.3g} ms at {q.rate:.4g} req/s on the same "
-                              "server (a lighter load cannot be that much slower)")
+        for i, j in disturbed([(p.rate, p.tpot_s) for p in group]).items():
+            p, q = group[i], group[j]
+            why[id(p)] = (f"{p.source}: disturbed: mean TPOT {p.tpot_s * 1e3:.3g} ms at {p.rate:.4g} req/s, "
+                          f"{p.tpot_s / q.tpot_s:.1f}x the {q.tpot_s * 1e3:.3g} ms at {q.rate:.4g} req/s on the same "
+                          "server (a lighter load cannot be that much slower)")
     return [p for p in points if id(p) not in why], [why[id(p)] for p in points if id(p) in why]
 
 

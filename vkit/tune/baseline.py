@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from vkit.decide.components import capacity_sigma, sigma_parts
 from vkit.errors import ExitCode, Rejected, UsageError, VkitError
+from vkit.measure.loadorder import disturbed
 from vkit.state import now_iso
 from vkit.tune.compare import MAIN, Versus
 from vkit.tune.config import start_sizes
@@ -111,9 +112,17 @@ class Baselines:
         b["metrics"] = aggregate(docs)
         b["sigma"] = sig
         b["components"] = comps
+        found = disturbed_loads(docs)
+        b.pop("disturbed", None)
+        if found:
+            b["disturbed"] = found
+            self.r.progress(f"{key}: warning: {len(found)} load point(s) of its capacity searches read slower than a heavier "
+                            f"load of the same configuration ({found[0]}): the machine was disturbed while they ran, and "
+                            "the capacity may read low; measure it again with nothing else on the machine")
         self.r.sf.tune.set_baseline(key, b, final=True)
         self.r.log("baseline", key=key, config=b["config"], runs=b["runs"], sigma=sig, metrics=b["metrics"],
-                 **({"rebased_from": b["rebased_from"]} if b.get("rebased_from") else {}))
+                 **({"rebased_from": b["rebased_from"]} if b.get("rebased_from") else {}),
+                 **({"disturbed": found} if found else {}))
         return b
 
     def rebase(self, tid: str, conf: dict) -> dict | None:
@@ -162,3 +171,17 @@ def need_energy(metrics: tuple[str, ...], docs: list[dict]) -> None:
                 why = ((v.get("capacity") or {}).get("energy") or v.get("energy") or {}).get("why") or "no board power in the run"
                 raise UsageError(f"the objective needs {m}, and the baseline's runs have none: {why}. Run where "
                                  "nvidia-smi, npu-smi or rocm-smi reads the boards' power, or tune without the energy objective")
+
+
+def disturbed_loads(docs: list[dict]) -> list[str]:
+    """The loads of the capacity searches in ``docs`` (runs of one configuration) that a disturbed machine measured,
+    one line each: a mean TPOT well above that of a heavier load in any of them
+    (:func:`vkit.measure.loadorder.disturbed`)."""
+    rows = []
+    for d in docs:
+        for c in (((d.get("vkit") or {}).get("capacity") or {}).get("curve")) or []:
+            tpot = (c.get("metrics") or {}).get("mean_tpot_ms")
+            if isinstance(c.get("load"), (int, float)) and isinstance(tpot, (int, float)) and tpot > 0:
+                rows.append((float(c["load"]), float(tpot)))
+    return [f"mean TPOT {rows[i][1]:.3g} ms at load {rows[i][0]:.4g}, {rows[i][1] / rows[j][1]:.1f}x the "
+            f"{rows[j][1]:.3g} ms at {rows[j][0]:.4g}" for i, j in sorted(disturbed(rows).items())]
