@@ -43,6 +43,21 @@ def test_the_long_prompt_run_fits_the_model_length_or_is_left_out():
     assert design({"max_num_seqs": 16, "max_model_len": 1024}, {}, 512, 128) == [(1, 512), (16, 512)]
 
 
+def test_the_design_reads_the_model_length_from_the_launch_when_the_tuned_configuration_lacks_it():
+    """A tune of max_num_batched_tokens x max_num_seqs whose server was launched with --max-model-len 1024 (and a
+    startup that logged no model length: the simulator's): the designed runs are planned on the launch's flags under
+    the kept values, so 8 x 512 prompt tokens, which would not fit 1,024 less 256 out, are left out. Planned on the
+    kept values alone they were sent, and every request of the run failed."""
+    from vkit.sim.designfit import design, serving
+
+    state = {"service": {"launch": {"argv": ["sim_server", "m", "--max-model-len", "1024", "--max-num-seqs", "4"]}}}
+    kept = {"max_num_batched_tokens": 2048, "max_num_seqs": 16}
+    cfg = serving(state, kept)
+    assert cfg["max_model_len"] == 1024 and cfg["max_num_seqs"] == 16  # the kept value over the launch's
+    assert design(cfg, {"ready_s": 60.0}, 512, 256) == [(1, 512), (16, 512)]
+    assert design(kept, {"ready_s": 60.0}, 512, 256)[-1] == (1, 4096)  # what was sent before
+
+
 def test_closed_loop_runs_at_1_and_the_kv_bound_concurrency_pin_down_what_the_load_points_confound(tmp_path):
     """The tiny Llama on the host CPU with hidden engine costs (mfu 0.3, per decode step 0.6 ms, per mixed step
     4 ms, per scheduled request 0.1 ms) at 16 sequences: three open-loop loads replayed as the capacity search

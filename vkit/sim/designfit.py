@@ -67,6 +67,12 @@ def design(config: dict, startup: dict, isl: int, osl: int) -> list[tuple[int, i
     return out + ([(1, n)] if n else [])
 
 
+def serving(state: dict, config: dict) -> dict:
+    """The engine flags a configuration of ``state``'s server runs with: the launch's (``--max-model-len`` ...) under
+    ``config`` (the tuned values)."""
+    return {**argv_serve(launch_argv(state)), **config}
+
+
 def requests_for(concurrency: int) -> int:
     return max(MIN_REQUESTS, WAVES * concurrency)
 
@@ -82,7 +88,7 @@ def design_runs(state_path: str, target: Target | None = None) -> tuple[list[Run
         raise UsageError(f"cannot read {state_path}: {e.strerror}") from None
     rec = (st.get("tune") or {}).get("twin_design") or {}
     target = state_target(st, target or Target())
-    cfg = {**argv_serve(launch_argv(st)), **(rec.get("config") or {})}
+    cfg = serving(st, rec.get("config") or {})
     runs, refused = [], []
     for rel in rec.get("runs") or []:
         path = os.path.join(os.path.dirname(os.path.abspath(state_path)), rel)

@@ -15,7 +15,7 @@ import math
 from dataclasses import replace
 from typing import TYPE_CHECKING, Callable
 
-from vkit.sim.designfit import design, requests_for
+from vkit.sim.designfit import design, requests_for, serving
 from vkit.tune.config import Workload
 
 if TYPE_CHECKING:
@@ -52,7 +52,9 @@ class TwinDesign:
             return []
         w = r.s.workload
         opts = w.options
-        runs = design(kept, r.served.server().startup, int(opts.random_input_len), int(opts.random_output_len))
+        # the launch's engine flags under the kept configuration: the model length the long prompt must fit is one
+        runs = design(serving(r.sf.read(), kept), r.served.server().startup, int(opts.random_input_len),
+                      int(opts.random_output_len))
         self.progress(f"twin design: {', '.join(why)} not identified by the load points; closed-loop runs on the running "
                       "configuration (no restart): " + ", ".join(f"{c} at a time x {n} prompt tokens" for c, n in runs))
         paths = []
