@@ -348,3 +348,33 @@ def test_the_knowledge_base_entry_carries_only_this_runs_twin_fit(tmp_path):
                    "rms_log_error": 0.1, "load_points": 9}]
     got = kb_twin(runner(mine))
     assert got["profile_sha256"] == "b" and got["params"]["mfu"] == 0.45 and got["load_points"] == 9
+
+
+def test_a_miss_of_the_steps_last_trial_is_logged_when_its_budget_ends_the_step():
+    """The real-vLLM twin tune's second complete run: the twin proposed 8 sequences at 28.7 req/s [23.0, 35.8], the
+    screen measured 61.9 and the step's budget of 1 ended it, so ``next``, which logs misses, never ran again and the
+    decision log held no twin_miss. ``settle`` (the driver calls it after the step) logs it against the screen's
+    measurement, once; a trial inside its interval, or one of another step, is no miss."""
+    from vkit.search import Observation
+    from vkit.tune.steps.twinsearch import TwinSearch
+
+    class Runner:
+        def __init__(self):
+            self.events = []
+
+        def log(self, event, **kw):
+            self.events.append((event, kw))
+
+    runner = Runner()
+    ts = TwinSearch(runner, Policy.load(), None, lambda s: None)
+    ts.twin = type("Fitted", (), {"profile_sha256": "ab" * 32})()
+    eight, four = {"max_num_batched_tokens": 2048, "max_num_seqs": 8}, {"max_num_batched_tokens": 2048, "max_num_seqs": 4}
+    ts.predicted = {json.dumps(c, sort_keys=True): twin.Prediction(config=c, raw=p, capacity=p, lo=lo, hi=hi, sd_log=0.1)
+                    for c, p, lo, hi in ((eight, 28.7, 23.0, 35.8), (four, 20.0, 15.0, 26.0))}
+    hist = [Observation(config=eight, objectives={"slo_capacity": 61.9}, step="twin"),
+            Observation(config=four, objectives={"slo_capacity": 21.0}, step="twin"),
+            Observation(config=four, objectives={"slo_capacity": 90.0}, step="3")]
+    ts.settle(hist)
+    ts.settle(hist)
+    assert [(e, kw["config"], kw["measured"], kw["prediction"]["lo"]) for e, kw in runner.events] == [
+        ("twin_miss", eight, 61.9, 23.0)]

@@ -173,12 +173,12 @@ class TwinSearch:
 
     def measured(self, hist: list[search.Observation]) -> list[tuple[dict, float]]:
         base = self.baseline_capacity()
-        out = [(dict(self.runner.ledger.kept_config()), base)] if base is not None else []
-        for h in hist:
-            v = h.objectives.get("slo_capacity")
-            if h.step == STEP and h.feasible and isinstance(v, (int, float)) and v > 0:
-                out.append((dict(h.config), float(v)))
-        return out
+        return ([(dict(self.runner.ledger.kept_config()), base)] if base is not None else []) + screened(hist)
+
+    def settle(self, hist: list[search.Observation]) -> None:
+        """After the step: the misses of the trials measured after its last proposal (its budget spent, ``next`` never
+        saw them), logged as every other; against the screens, not a baseline rebased on a keep since."""
+        self._misses(screened([h for h in hist if h.step != "pending"]))
 
     def _misses(self, measured: list[tuple[dict, float]]) -> None:
         for cfg, m in measured:
@@ -230,6 +230,16 @@ class TwinSearch:
         return self.why or f"twin search ended after {len([h for h in hist if h.step == STEP])} trial(s)"
 
 
+def screened(hist: list[search.Observation]) -> list[tuple[dict, float]]:
+    """The twin step's trials' measured capacities: (configuration, req/s)."""
+    out = []
+    for h in hist:
+        v = h.objectives.get("slo_capacity")
+        if h.step == STEP and h.feasible and isinstance(v, (int, float)) and v > 0:
+            out.append((dict(h.config), float(v)))
+    return out
+
+
 def reaching(preds: list[Prediction], tried: set[str], best: float) -> list[Prediction]:
     """The untried predictions whose interval reaches past ``best`` by MIN_GAIN, best first."""
     return [p for p in preds if _key(p.config) not in tried and p.hi > best * (1 + MIN_GAIN)]
@@ -270,11 +280,11 @@ def twin_replay(records: list[dict], base_dir: str) -> dict | None:
 
 
 def twin_proposer(runner: Tune, policy: Policy, plan, progress: Callable[[str], None],
-                  prior: dict | None = None) -> tuple[Callable, Callable]:
-    """The twin step's proposer and stop rule under ``plan`` (a TunePlan: --max-restarts, --twin-refit); ``prior``:
-    :func:`prior_twin` of the knowledge base's matching entries."""
+                  prior: dict | None = None) -> tuple[Callable, Callable, Callable]:
+    """The twin step's proposer, stop rule and settle (:meth:`TwinSearch.settle`, after the step) under ``plan`` (a
+    TunePlan: --max-restarts, --twin-refit); ``prior``: :func:`prior_twin` of the knowledge base's matching entries."""
     ts = TwinSearch(runner, policy, plan.max_restarts, progress, refit=plan.twin_refit, prior=prior, design=plan.twin_design)
-    return ts.next, ts.stop_reason
+    return ts.next, ts.stop_reason, ts.settle
 
 
 def kb_twin(runner: Tune) -> dict | None:
