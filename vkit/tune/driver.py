@@ -165,9 +165,7 @@ def _drive(runner: Tune, settings: Settings, mixed: Workload, plan: TunePlan, ct
     matched = _knowledge(sf, kb, kb_key, kb_work, plan.mode, ctx.progress)
     if plan.mode == "twin" and staged:  # the twin ranks the space; the server screens and confirms its proposals
         sf.service.set_machine_state("PROPOSE")
-        nxt, stop, settle = tuning.twin_proposer(runner, ctx.policy, plan, ctx.progress, tuning.prior_twin(matched))
-        tuning.run_screening_step(runner, "twin", nxt, ctx.progress, plan.budget, stop)
-        settle(tuning.observations(runner))
+        tuning.run_twin_step(runner, ctx.policy, plan, ctx.progress, tuning.prior_twin(matched))
         if "4m" in staged:
             check_drift(runner, ctx.warn)
             tuning.run_gpu_memory_step(runner, ctx.policy, ctx.progress, plan.budget)

@@ -53,7 +53,7 @@ class TwinDesign:
         w = r.s.workload
         opts = w.options
         # the launch's engine flags under the kept configuration: the model length the long prompt must fit is one
-        runs = design(serving(r.sf.read(), kept), r.served.server().startup, int(opts.random_input_len),
+        runs = design(serving(r.ledger.raw(), kept), r.served.server().startup, int(opts.random_input_len),
                       int(opts.random_output_len))
         self.progress(f"twin design: {', '.join(why)} not identified by the load points; closed-loop runs on the running "
                       "configuration (no restart): " + ", ".join(f"{c} at a time x {n} prompt tokens" for c, n in runs))

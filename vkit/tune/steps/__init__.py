@@ -78,6 +78,6 @@ from vkit.tune.steps.step5 import (  # noqa: F401
 from vkit.tune.steps.twinsearch import (  # noqa: F401
     kb_twin,
     prior_twin,
-    twin_proposer,
+    run_twin_step,
     twin_replay,
 )

@@ -73,7 +73,8 @@ def _key(config: dict) -> str:
 
 
 class TwinSearch:
-    """The proposer and stop rule of the twin step over one tune (a proposer object: ``next``, ``stop_reason``)."""
+    """The proposer and stop rule of the twin step over one tune (a proposer object: ``next``, ``stop_reason``; ``settle``
+    after the step)."""
 
     def __init__(self, runner: Tune, policy: Policy, max_restarts: int | None, progress: Callable[[str], None],
                  refit: bool = False, prior: dict | None = None, design: str = "off"):
@@ -279,12 +280,17 @@ def twin_replay(records: list[dict], base_dir: str) -> dict | None:
     return {"proposals": len(props), "identical": len(props) - len(rows), "differences": rows}
 
 
-def twin_proposer(runner: Tune, policy: Policy, plan, progress: Callable[[str], None],
-                  prior: dict | None = None) -> tuple[Callable, Callable, Callable]:
-    """The twin step's proposer, stop rule and settle (:meth:`TwinSearch.settle`, after the step) under ``plan`` (a
-    TunePlan: --max-restarts, --twin-refit); ``prior``: :func:`prior_twin` of the knowledge base's matching entries."""
+def run_twin_step(runner: Tune, policy: Policy, plan, progress: Callable[[str], None], prior: dict | None = None) -> dict:
+    """The twin step under ``plan`` (a TunePlan: --budget, --max-restarts, --twin-refit, --twin-design): its proposals
+    screened and the best confirmed (``run_screening_step``), then the misses of its last trials logged
+    (:meth:`TwinSearch.settle`); ``prior``: :func:`prior_twin` of the knowledge base's matching entries."""
+    from vkit.tune.steps.common import observations
+    from vkit.tune.steps.screening import run_screening_step
+
     ts = TwinSearch(runner, policy, plan.max_restarts, progress, refit=plan.twin_refit, prior=prior, design=plan.twin_design)
-    return ts.next, ts.stop_reason, ts.settle
+    rec = run_screening_step(runner, STEP, ts.next, progress, plan.budget, ts.stop_reason)
+    ts.settle(observations(runner))
+    return rec
 
 
 def kb_twin(runner: Tune) -> dict | None:
