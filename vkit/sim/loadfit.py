@@ -60,6 +60,8 @@ DIFF_STEP = 0.05
 START_SCALE = 0.6
 # The simplex polish's evaluations, per parameter it moves.
 POLISH_EVALS = 20
+# What follows a disturbed point's path in its reason (refuse_disturbed, disturbed_reasons).
+DISTURBED = ": disturbed: "
 # The parameters fitted by default: what load points of one configuration can move (decode bandwidth,
 # prefill rate, the per-step CPU time of decode-only steps).
 DEFAULT_FREE = ("mbu", "mfu", "decode_step_overhead_s")
@@ -256,6 +258,11 @@ def points_from_state(state_path: str, target: Target | None = None, keys: tuple
     return points, refused + disturbed
 
 
+def disturbed_reasons(refused: list[str]) -> list[str]:
+    """Of the one-line reasons :func:`points_from_state` gives, those of the points :func:`refuse_disturbed` refused."""
+    return [r for r in refused if DISTURBED in r]
+
+
 def refuse_disturbed(points: list[LoadPoint]) -> tuple[list[LoadPoint], list[str]]:
     """The points a disturbed machine measured, refused: (the rest, a one-line reason each). Among the points of one
     server and workload, one whose mean TPOT is well above that of a heavier load's
@@ -271,7 +278,7 @@ def refuse_disturbed(points: list[LoadPoint]) -> tuple[list[LoadPoint], list[str
     for group in groups.values():
         for i, j in disturbed([(p.rate, p.tpot_s) for p in group]).items():
             p, q = group[i], group[j]
-            why[id(p)] = (f"{p.source}: disturbed: mean TPOT {p.tpot_s * 1e3:.3g} ms at {p.rate:.4g} req/s, "
+            why[id(p)] = (f"{p.source}{DISTURBED}mean TPOT {p.tpot_s * 1e3:.3g} ms at {p.rate:.4g} req/s, "
                           f"{p.tpot_s / q.tpot_s:.1f}x the {q.tpot_s * 1e3:.3g} ms at {q.rate:.4g} req/s on the same "
                           "server (a lighter load cannot be that much slower)")
     return [p for p in points if id(p) not in why], [why[id(p)] for p in points if id(p) in why]

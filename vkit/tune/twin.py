@@ -123,7 +123,7 @@ class Twin:
         twin = cls(point=chosen[0], isl=isl, osl=osl, slo=slo, seconds=seconds, params=res["params"], stderr_log=stderr,
                    fit_error=float(res["rms_log_error"]), speed=chosen[0].speed, keep_up=keep_up)
         doc = {"load_points": len(chosen), "of": len(points), "refused": len(refused), "designed_runs": len(designed or []),
-               "disturbed": [r for r in refused if ": disturbed: " in r],
+               "disturbed": loadfit.disturbed_reasons(refused),
                "table": res["table"],
                "rms_log_error": res["rms_log_error"], "errors": res["errors"]}
         if profile_path:
