@@ -67,7 +67,10 @@ def main(argv=None) -> int:
                     help="real searches of the same server, gauge and SLO (a bench_twin_vllm.py result; default %(default)s)")
     ap.add_argument("--out", default=OUT)
     a = ap.parse_args(argv)
-    ref = json.load(open(a.measured_from))
+    try:
+        ref = json.load(open(a.measured_from))
+    except (OSError, ValueError) as e:
+        ap.error(f"--measured-from {a.measured_from}: unreadable ({e})")  # exit 2
     measured = {str(int(r["max_num_seqs"])): round(float(r["measured"]), 2) for r in ref["rows"] if r.get("measured")}
     result: dict = {"fixture": os.path.relpath(FIXTURE, ROOT), "measured_from": os.path.relpath(a.measured_from, ROOT),
                     "measured": {n: measured.get(n) for n in map(str, SEQS)}, "fits": {}}
