@@ -313,7 +313,7 @@ def tune(name: str, sc: dict, work: str, virtual: bool = False, seed: int = 11, 
             "--point-seconds", f"{point_s:g}", "--capacity-start", f"{8 * SPEED / speed:g}", "--capacity-max-points", "6",
             "--capacity-repeats", "2", "--capacity-noise", "0.03", "--verify-seconds", f"{verify_s:g}", "--ready-timeout",
             "60", "--vocab-size", "2000", "--json", "--report-dir", os.path.join(work, name, "report"),
-            *(["--search", "twin"] if search.startswith("twin") else []), *(["--twin-refit"] if search == "twin-refit" else []),
+            *(["--search", "twin"] if search.startswith("twin") else ["--search", "staged"]), *(["--twin-refit"] if search == "twin-refit" else []),
             *(["--twin-design", "always"] if search == "twin-design" else []),
             *(["--max-restarts", str(max_restarts)] if max_restarts else [])]
     t0 = time.time()

@@ -19,7 +19,7 @@ CAP = ["--sandbox", "--objective", "capacity", "--input-len", "256", "--output-l
        "--baseline-repeats", "3", "--screen-repeats", "1", "--confirm-front", "0",
        "--ready-timeout", "30", "--slo", "p95_ttft_ms=400", "--slo", "mean_tpot_ms=40", "--point-seconds", "1",
        "--capacity-start", "8", "--capacity-max-points", "6", "--capacity-repeats", "2", "--capacity-noise", "0.03",
-       "--verify-seconds", "3"]
+       "--verify-seconds", "3", "--search", "staged"]  # the staged steps' capacity tune (tests/test_twin.py: the twin's)
 
 
 def init(svc, *sets: str) -> None:  # noqa: F811

@@ -121,6 +121,56 @@ def test_search_twin_needs_the_capacity_objective_and_a_positive_restart_budget(
     assert r.code == 2 and "--max-restarts must be >= 1" in r.err
 
 
+@pytest.mark.unit
+def test_the_default_search_is_the_twin_where_it_can_search_and_the_staged_steps_elsewhere(tmp_path):
+    from tests.test_energy_tune import parsed
+    from vkit.cli._tuneargs import tune_plan
+    from vkit.errors import UsageError
+
+    def plan(*flags: str):
+        p = tune_plan(parsed(*flags))
+        return p.mode, p.twin_fallback
+
+    assert plan() == ("twin", True)  # --objective capacity is the default objective
+    assert plan("--steps", "1,3") == ("twin", True)
+    assert plan("--search", "twin") == ("twin", False)  # asked for: no fallback, a usage error where it cannot calibrate
+    assert plan("--search", "staged") == ("staged", False) and plan("--search", "bo") == ("bo", False)
+    assert plan("--objective", "throughput") == ("staged", False)  # the twin predicts SLO capacity only
+    assert plan("--energy-axis") == ("staged", False)
+    assert plan("--trace", str(tmp_path / "t.jsonl")) == ("staged", False)  # a trace's capacity is its speed-up
+    assert plan("--steps", "1,4m,5") == ("staged", False)  # no step the twin replaces
+    with pytest.raises(UsageError, match="speed-up"):
+        tune_plan(parsed("--search", "twin", "--trace", str(tmp_path / "t.jsonl")))
+
+
+@pytest.mark.slow
+def test_by_default_a_twin_that_cannot_calibrate_gives_way_to_the_staged_steps_and_asked_for_it_refuses(tmp_path,
+                                                                                                       monkeypatch):
+    """The baseline's load points all refused (as on an accelerator or model the engine has no profile of): under the
+    default --search auto the tune says why and runs the staged steps; under --search twin it stops with the reason."""
+    from vkit.sim import loadfit
+
+    why = "runs/b/rep1-points/p1/rep1.json: say which model and GPU served it (--sim-model M --sim-gpu G)"
+    monkeypatch.setattr(loadfit, "points_from_state", lambda *a, **k: ([], [why]))
+    auto = [a for a in TUNE if a not in ("--search", "twin")]
+    auto[auto.index("--steps") + 1], auto[auto.index("--budget") + 1] = "3", "1"
+    sim_state(tmp_path, monkeypatch)
+    r = call("tune", *auto)
+    assert r.code == 0, r.err[-2000:]
+    log = [json.loads(x) for x in open(tmp_path / "decisions.jsonl")]
+    fell = [e for e in log if e.get("event") == "twin_fallback"]
+    assert len(fell) == 1 and why in fell[0]["reason"] and fell[0]["search"] == "staged"
+    assert "the staged steps search instead" in r.err and why in r.err
+    assert not [e for e in log if e.get("event") == "twin_profile"]
+    steps = [t["step"] for t in json.loads(r.out)["trials"]]
+    assert steps and set(steps) == {"3"}
+    d = tmp_path / "asked"
+    d.mkdir()
+    sim_state(d, monkeypatch)
+    r = call("tune", *auto, "--search", "twin")
+    assert r.code == 2 and "the twin has no load point to calibrate on" in r.err and why in r.err
+
+
 @pytest.mark.slow
 def test_a_twin_guided_tune_calibrates_proposes_with_intervals_and_respects_its_restart_budget(tmp_path, monkeypatch):
     path = sim_state(tmp_path, monkeypatch)

@@ -51,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the last kept change moved several parameters: measure each alone against the configuration it replaced")
     g.add_argument("--advise", action="store_true",
                    help="ask the --advisor once for the next configuration from the trials so far: logged and printed, nothing run")
-    s.add_argument("--mode", choices=["staged", "bo"], default="staged", help=ta.MODE_HELP)
+    s.add_argument("--mode", choices=["staged", "bo"], default="staged", help="default staged; " + ta.MODE_HELP)
     s.add_argument("--budget", type=int, default=8, metavar="N", help="trials at most (default 8)")
     ta.add_bo_args(s)
     ta.add_advisor_args(p)

@@ -33,15 +33,16 @@ def build_parser() -> argparse.ArgumentParser:
             "tune --sandbox --mode bo --budget 12 --advisor http://127.0.0.1:8000   # every 2nd proposal asked of the served model",
             "tune --yes --time-budget 8h                      # production: back on the kept config between trials",
             "tune --virtual --sandbox --objective capacity   # a sim_server state tuned in virtual time: seconds, no process",
-            "tune --sandbox --objective capacity --search twin --max-restarts 8   # the calibrated twin ranks, the server confirms",
+            "tune --sandbox --max-restarts 8                 # capacity: the calibrated twin ranks, the server confirms (the default)",
+            "tune --sandbox --search staged                   # seed 000's staged steps, every candidate restarted",
             "state init --slots 4 ... && tune --sandbox       # screening 4 candidates at a time, one per slot",
             "tune --yes --objective j-per-token --required-capacity 20 --slo p95_ttft_ms=1000   # fewest J/token carrying 20 req/s",
         ],
     )
     ta.add_args(p)
     s = p.add_argument_group("search")
-    s.add_argument("--mode", "--search", dest="mode", choices=["staged", "bo", "twin"], default="staged",
-                   help=ta.MODE_HELP + ta.TWIN_HELP)
+    s.add_argument("--mode", "--search", dest="mode", choices=["auto", "staged", "bo", "twin"], default="auto",
+                   help=ta.AUTO_HELP + ta.MODE_HELP + ta.TWIN_HELP)
     s.add_argument("--max-restarts", type=int, default=None, metavar="N",
                    help="--search twin: propose no trial that would take the run's server starts past N (the trial's start, "
                         "its confirmation's first block (three starts) and the promise's one reserved; a confirmation "

@@ -163,14 +163,15 @@ def _drive(runner: Tune, settings: Settings, mixed: Workload, plan: TunePlan, ct
     kb_key = knowledge.fingerprint_key(runner.ledger.raw(), server_info(runner))
     kb_work = {"bench_args": main.options.flags(), "slo": settings.slo}
     matched = _knowledge(sf, kb, kb_key, kb_work, plan.mode, ctx.progress)
-    if plan.mode == "twin" and staged:  # the twin ranks the space; the server screens and confirms its proposals
+    if staged:
         sf.service.set_machine_state("PROPOSE")
-        tuning.run_twin_step(runner, ctx.policy, plan, ctx.progress, tuning.prior_twin(matched))
+    # the twin ranks the space, the server screens and confirms its proposals (None: it cannot calibrate, staged instead)
+    if plan.mode == "twin" and staged and tuning.run_twin_step(runner, ctx.policy, plan, ctx.progress,
+                                                                 tuning.prior_twin(matched)) is not None:
         if "4m" in staged:
             check_drift(runner, ctx.warn)
             tuning.run_gpu_memory_step(runner, ctx.policy, ctx.progress, plan.budget)
     elif plan.mode == "bo" and staged:
-        sf.service.set_machine_state("PROPOSE")
         nxt, stop = tuning.bo_proposer(runner, ctx.policy, plan.budget, plan.seed, prior=tuning.prior_observations(matched),
                                        acquisition=plan.acquisition, patience=plan.patience, batch_lie=plan.batch_lie)
         if advise is not None:

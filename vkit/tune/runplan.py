@@ -38,6 +38,7 @@ class TunePlan:
     """What a tuning run does: its mode, steps and budgets (tune's search flags)."""
 
     mode: str = "staged"  # staged | bo | twin
+    twin_fallback: bool = False  # --search auto: a twin that cannot calibrate gives way to the staged steps
     max_restarts: int | None = None  # --max-restarts: the twin search proposes no trial that would take the run past it
     twin_refit: bool = False  # --twin-refit: the twin refitted on each measured trial's load points too
     twin_design: str = "off"  # --twin-design: auto | always | off (designed closed-loop calibration runs, no restart)

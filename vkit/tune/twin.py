@@ -39,6 +39,7 @@ from typing import Callable
 
 import numpy as np
 
+from vkit.errors import UsageError
 from vkit.sim import loadfit
 from vkit.sim.calibrated import CostParams, write_profile
 from vkit.sim.fanout import fan_out
@@ -57,6 +58,10 @@ Z = 1.645  # the interval's half-width in sd: 90 % two-sided
 RSE_CAP = 0.5  # a parameter the points do not identify is drawn with at most this log sd
 SERVE_KEYS = ("max_num_batched_tokens", "max_num_seqs", "max_model_len", "gpu_memory_utilization",
               "enable_chunked_prefill", "enable_prefix_caching", "block_size", "kv_cache_dtype")
+
+
+class Uncalibrated(UsageError):
+    """The twin has no load point to calibrate on (``str()``: the one-line reason, the first refusal's)."""
 
 
 @dataclass
@@ -109,9 +114,7 @@ class Twin:
         points, refused = read if read is not None else loadfit.points_from_state(
             state_path, keys=("baseline", "trials") if trials else ("baseline",))
         if not points:
-            from vkit.errors import UsageError
-
-            raise UsageError("the twin has no load point to calibrate on" + (f" ({refused[0]})" if refused else ""))
+            raise Uncalibrated("the twin has no load point to calibrate on" + (f" ({refused[0]})" if refused else ""))
         chosen = spread_by_config(points, FIT_POINTS)
         problem = loadfit.PointProblem(chosen)
         if designed:
@@ -151,8 +154,6 @@ class Twin:
         A usage error when the log was written with other constants than this version's (its proposals would differ)."""
         other = {k: (inputs[k], v) for k, v in CONSTANTS.items() if k in inputs and inputs[k] != v}
         if other:
-            from vkit.errors import UsageError
-
             raise UsageError("the twin's proposals were made with other constants than this version's ("
                              + ", ".join(f"{k} {a} here {b}" for k, (a, b) in sorted(other.items())) + "): they cannot be replayed")
         point = loadfit.LoadPoint(source="replay", model=inputs["model"], gpu=inputs["gpu"], tp=int(inputs["tp"]),

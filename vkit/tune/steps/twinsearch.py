@@ -30,7 +30,7 @@ from vkit import search
 from vkit.apply.policy import Policy
 from vkit.tune.context import Tune, service_logs
 from vkit.tune.ledger import Status
-from vkit.tune.twin import Prediction, Twin, design_profile_path, profile_path
+from vkit.tune.twin import Prediction, Twin, Uncalibrated, design_profile_path, profile_path
 from vkit.tune.twindesign import TwinDesign
 
 STEP = "twin"
@@ -280,14 +280,24 @@ def twin_replay(records: list[dict], base_dir: str) -> dict | None:
     return {"proposals": len(props), "identical": len(props) - len(rows), "differences": rows}
 
 
-def run_twin_step(runner: Tune, policy: Policy, plan, progress: Callable[[str], None], prior: dict | None = None) -> dict:
+def run_twin_step(runner: Tune, policy: Policy, plan, progress: Callable[[str], None], prior: dict | None = None) -> dict | None:
     """The twin step under ``plan`` (a TunePlan: --budget, --max-restarts, --twin-refit, --twin-design): its proposals
     screened and the best confirmed (``run_screening_step``), then the misses of its last trials logged
-    (:meth:`TwinSearch.settle`); ``prior``: :func:`prior_twin` of the knowledge base's matching entries."""
+    (:meth:`TwinSearch.settle`); ``prior``: :func:`prior_twin` of the knowledge base's matching entries. None when, under
+    --search auto (``plan.twin_fallback``), the twin cannot calibrate: the reason logged (``twin_fallback``) and said,
+    and the caller runs the staged steps instead; --search twin refuses there (a usage error)."""
     from vkit.tune.steps.common import observations
     from vkit.tune.steps.screening import run_screening_step
 
     ts = TwinSearch(runner, policy, plan.max_restarts, progress, refit=plan.twin_refit, prior=prior, design=plan.twin_design)
+    if plan.twin_fallback:
+        try:
+            ts.calibrated()
+        except Uncalibrated as e:
+            runner.log("twin_fallback", reason=str(e), search="staged")
+            runner.warn(f"twin: {e}; the staged steps search instead (--search staged asks for them; --search twin "
+                        "refuses here)")
+            return None
     rec = run_screening_step(runner, STEP, ts.next, progress, plan.budget, ts.stop_reason)
     ts.settle(observations(runner))
     return rec
