@@ -40,7 +40,8 @@ virtual time):
   rows under each scenario's ``twin`` key beside the staged ones; ``--search twin-refit`` the same with
   ``tune --twin-refit`` (the twin refitted on each measured trial's load points), under ``twin_refit``;
   ``--search twin-design`` with ``tune --twin-design always`` (designed calibration runs before the
-  twin proposes), under ``twin_design``.
+  twin proposes), under ``twin_design``. Without ``--virtual``, ``--search staged,twin`` runs one live tune of
+  each a scenario, the twin's row under the scenario's ``twin`` key and summarised beside the staged rows.
 
 Writes bench/results/capacity_tune.json (the truth is cached in capacity_truth.json, keyed by a
 digest of the scenario and the source of the simulator's modules the predictor runs). Run: python3 bench/bench_capacity_tune.py
@@ -416,10 +417,10 @@ def main(argv=None) -> int:
                     help="--virtual: the first --sim-seed (default 11); with S past 11 the rows of seeds already in --out "
                          "are kept beside the new ones (each tune names its revision)")
     ap.add_argument("--jobs", type=int, default=2, help="--virtual: tunes run at a time (default 2: one a core here)")
-    ap.add_argument("--search", default="staged", help="--virtual: staged, twin, twin-refit (tune --search twin "
+    ap.add_argument("--search", default="staged", help="staged, twin, twin-refit (tune --search twin "
                     "--twin-refit), twin-design (tune --search twin --twin-design always), comma-separated (twin rows go "
                     "under each scenario's 'twin' key, twin-refit's under 'twin_refit', twin-design's under "
-                    "'twin_design', in the same file)")
+                    "'twin_design', in the same file; live: one tune of each a scenario)")
     ap.add_argument("--max-restarts", type=int, default=None, metavar="N", help="--search twin: tune --max-restarts N")
     a = ap.parse_args(argv)
     out_path = a.out or (OUT_VIRTUAL if a.virtual else OUT)
@@ -455,11 +456,17 @@ def main(argv=None) -> int:
         if a.virtual:
             truths[name] = t
             continue
-        print(f"== {name}: tune on a live simulator", file=sys.stderr)
-        r = score(tune(name, sc, a.work), sc, t, SPEED)
-        rows[name] = dict(r, measured=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), revision=rev or None)
-        print(f"   {name}: {json.dumps(r)}", file=sys.stderr)
-        _write(out_path, rows)
+        for search in [x.strip() for x in a.search.split(",") if x.strip()]:
+            print(f"== {name}: {search} tune on a live simulator", file=sys.stderr)
+            r = score(tune(name, sc, os.path.join(a.work, search) if search != "staged" else a.work, search=search,
+                           max_restarts=a.max_restarts if search != "staged" else None), sc, t, SPEED)
+            r = dict(r, measured=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), revision=rev or None)
+            if search in ROW_KEYS:  # beside the staged row of the same scenario
+                rows.setdefault(name, {})[ROW_KEYS[search]] = dict(r, max_restarts=a.max_restarts)
+            else:
+                rows[name] = dict(r, **{k: rows[name][k] for k in ROW_KEYS.values() if k in rows.get(name, {})})
+            print(f"   {name} {search}: {json.dumps(r)}", file=sys.stderr)
+            _write(out_path, rows)
     if truths:
         _virtual_tunes(truths, a, rows, out_path, rev)
     return 0
@@ -597,15 +604,23 @@ def _write_virtual(out: str, rows: dict) -> None:
     write_result(out, doc, indent=1)
 
 
-def _write(out: str, rows: dict) -> None:
-    done = [r for r in rows.values() if "error" not in r]
-    summary = {
-        "scenarios": len(rows), "finished": len(done),
+def _live_summary(rs: list[dict]) -> dict:
+    done = [r for r in rs if "error" not in r]
+    return {
+        "scenarios": len(rs), "finished": len(done),
         "within_98pct": sum(r["within_98pct"] for r in done),
         "fresh_breaks": sum(r["fresh"]["breaks"] for r in done),
         "median_restarts": sorted(r["restarts"] for r in done)[len(done) // 2] if done else None,
         "median_benchmark_s": sorted(r["benchmark_s"] for r in done)[len(done) // 2] if done else None,
     }
+
+
+def _write(out: str, rows: dict) -> None:
+    summary = _live_summary([r for r in rows.values() if "restarts" in r or "error" in r])  # the staged rows
+    for key in ROW_KEYS.values():  # the twin's rows beside them, where a scenario has one
+        beside = [r[key] for r in rows.values() if isinstance(r.get(key), dict)]
+        if beside:
+            summary[key] = _live_summary(beside)
     doc = {"benchmark": "capacity_tune", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
            "machine": {"cpus": os.cpu_count(), "python": platform.python_version()}, "sim_speed": SPEED,
            "targets": {"ratio_to_best": TARGET_RATIO, "fresh_breaks": 0}, "summary": summary, "scenarios": rows,

@@ -428,3 +428,48 @@ def test_a_miss_of_the_steps_last_trial_is_logged_when_its_budget_ends_the_step(
     ts.settle(hist)
     assert [(e, kw["config"], kw["measured"], kw["prediction"]["lo"]) for e, kw in runner.events] == [
         ("twin_miss", eight, 61.9, 23.0)]
+
+
+@pytest.mark.unit
+def test_the_twin_says_more_kv_cache_pays_when_any_parameter_set_predicts_the_gates_least_gain():
+    from vkit.tune.steps.twinmemory import memory_verdict
+
+    class Fake:
+        hint = 10.0
+
+        def __init__(self, at_hi: list[float]):
+            self.at_hi = at_hi  # capacity at the high memory fraction, per parameter set (the fit's first)
+
+        def draws(self):
+            return list(range(1, len(self.at_hi)))
+
+        def capacities(self, asks):
+            assert [a[0]["gpu_memory_utilization"] for a in asks] == [0.9, 0.98] * len(self.at_hi)
+            assert all(a[0]["max_num_seqs"] == 64 and a[2] == 10.0 for a in asks)
+            return [x for hi in self.at_hi for x in (10.0, hi)]
+
+    kept = {"max_num_seqs": 64, "gpu_memory_utilization": 0.9}
+    v = memory_verdict(Fake([10.1, 10.2, 10.0]), kept, 0.9, 0.98)
+    assert v["gains"] == [0.01, 0.02, 0.0] and v["pays"] is False and v["capacity"] == {"lo": 10.0, "hi": 10.1}
+    assert memory_verdict(Fake([10.1, 10.3, 10.0]), kept, 0.9, 0.98)["pays"] is True  # one set reaches +3 %
+
+
+@pytest.mark.slow
+def test_after_the_twin_step_4m_makes_no_start_where_the_twin_predicts_more_kv_cache_cannot_pay(tmp_path, monkeypatch):
+    """8B on an H200 at 1,024 tokens a request: the KV cache holds far more than any configuration keeps in flight,
+    so the twin predicts no gain from 0.98 over 0.5 and step 4m is recorded, not searched."""
+    path = sim_state(tmp_path, monkeypatch)
+    tune = list(TUNE)
+    tune[tune.index("--steps") + 1], tune[tune.index("--budget") + 1] = "3,4m", "1"
+    r = call("tune", *tune)
+    assert r.code == 0, r.err[-2000:]
+    st = json.load(open(path))
+    log = [json.loads(x) for x in open(tmp_path / "decisions.jsonl")]
+    ev = [e for e in log if e.get("event") == "twin_memory"]
+    # step 3 kept another configuration, whose own value no run reported: 4m's bounds are the policy's min and max
+    assert len(ev) == 1 and (ev[0]["lo"], ev[0]["hi"], ev[0]["pays"]) == (0.5, 0.98, False)
+    assert len(ev[0]["gains"]) == 1 + twin.DRAWS and max(ev[0]["gains"]) < 0.03
+    step = next(s for s in st["steps"] if s["step"] == "4m")
+    assert step["result"].startswith("not searched") and step["twin"]["gains"] == ev[0]["gains"]
+    assert step["lo_from"].startswith("the policy's min") and "not searched" in r.err
+    assert not [t for t in st["trials"] if t["step"] == "4m"]  # no probe, no validation: no start

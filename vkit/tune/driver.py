@@ -168,9 +168,9 @@ def _drive(runner: Tune, settings: Settings, mixed: Workload, plan: TunePlan, ct
     # the twin ranks the space, the server screens and confirms its proposals (None: it cannot calibrate, staged instead)
     if plan.mode == "twin" and staged and tuning.run_twin_step(runner, ctx.policy, plan, ctx.progress,
                                                                  tuning.prior_twin(matched)) is not None:
-        if "4m" in staged:
+        if "4m" in staged:  # the twin says first whether more KV cache can pay (no start when it cannot)
             check_drift(runner, ctx.warn)
-            tuning.run_gpu_memory_step(runner, ctx.policy, ctx.progress, plan.budget)
+            tuning.run_twin_memory_step(runner, ctx.policy, ctx.progress, plan.budget)
     elif plan.mode == "bo" and staged:
         nxt, stop = tuning.bo_proposer(runner, ctx.policy, plan.budget, plan.seed, prior=tuning.prior_observations(matched),
                                        acquisition=plan.acquisition, patience=plan.patience, batch_lie=plan.batch_lie)

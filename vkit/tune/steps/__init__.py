@@ -13,7 +13,7 @@ callback, nothing is printed.
 One module per step or phase: ``common`` (objectives, observations, a step's record), ``step1``,
 ``screening`` (steps 2-4's screen-and-confirm), ``aa`` (the slots' A/A pass), ``gpumemory``,
 ``proposers`` (staged and Bayesian), ``step5``, ``delivery`` (the front and the recommendation) and
-``ablation``; ``twinsearch`` (tune --search twin). The names the driver calls are here.
+``ablation``; ``twinsearch`` (tune --search twin) and ``twinmemory`` (step 4m after it). The names the driver calls are here.
 """
 
 from __future__ import annotations
@@ -74,6 +74,9 @@ from vkit.tune.steps.step5 import (  # noqa: F401
     run_step5,
     step5_flips,
     workload_priorities,
+)
+from vkit.tune.steps.twinmemory import (  # noqa: F401
+    run_twin_memory_step,
 )
 from vkit.tune.steps.twinsearch import (  # noqa: F401
     kb_twin,
