@@ -169,6 +169,20 @@ def test_by_default_a_twin_that_cannot_calibrate_gives_way_to_the_staged_steps_a
     sim_state(d, monkeypatch)
     r = call("tune", *auto, "--search", "twin")
     assert r.code == 2 and "the twin has no load point to calibrate on" in r.err and why in r.err
+    # points it can use, and a fit that fails numerically: the default says so and searches staged too
+    monkeypatch.undo()
+    d = tmp_path / "numeric"
+    d.mkdir()
+    sim_state(d, monkeypatch)
+
+    def broken(*a, **k):
+        raise ValueError("Residuals are not finite in the initial point.")
+
+    monkeypatch.setattr(loadfit, "fit_points", broken)
+    r = call("tune", *auto)
+    assert r.code == 0, r.err[-2000:]
+    fell = [json.loads(x) for x in open(d / "decisions.jsonl") if '"twin_fallback"' in x]
+    assert [e["reason"] for e in fell] == ["the twin's fit failed (ValueError: Residuals are not finite in the initial point.)"]
 
 
 @pytest.mark.slow

@@ -128,8 +128,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 
 AUTO_HELP = ("auto (default): twin under --objective capacity (without --energy-axis or --trace, with step 2, 3 or 4 "
-             "in --steps), falling back to staged when the twin cannot calibrate on the baseline's load points (the "
-             "reason logged as twin_fallback and on stderr); staged otherwise. Measured on the virtual backend "
+             "in --steps), falling back to staged when the twin cannot calibrate on the baseline's load points or its fit "
+             "fails (the reason logged as twin_fallback and on stderr); staged otherwise. Measured on the virtual backend "
              "(bench/results/capacity_tune_virtual.json, 7 scenarios x 8 seeds): median server starts twin 5-10, staged "
              "20-37; within 98%% of the best capacity twin 38 of 56 tunes, staged 32; a promise broken when measured "
              "afresh 1 each. ")

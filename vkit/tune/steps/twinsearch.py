@@ -293,9 +293,10 @@ def run_twin_step(runner: Tune, policy: Policy, plan, progress: Callable[[str], 
     if plan.twin_fallback:
         try:
             ts.calibrated()
-        except Uncalibrated as e:
-            runner.log("twin_fallback", reason=str(e), search="staged")
-            runner.warn(f"twin: {e}; the staged steps search instead (--search staged asks for them; --search twin "
+        except (Uncalibrated, ValueError, ArithmeticError) as e:  # no usable point; a fit that failed numerically
+            why = str(e) if isinstance(e, Uncalibrated) else f"the twin's fit failed ({type(e).__name__}: {e})"
+            runner.log("twin_fallback", reason=why, search="staged")
+            runner.warn(f"twin: {why}; the staged steps search instead (--search staged asks for them; --search twin "
                         "refuses here)")
             return None
     rec = run_screening_step(runner, STEP, ts.next, progress, plan.budget, ts.stop_reason)
