@@ -162,8 +162,12 @@ def test_by_default_a_twin_that_cannot_calibrate_gives_way_to_the_staged_steps_a
     assert len(fell) == 1 and why in fell[0]["reason"] and fell[0]["search"] == "staged"
     assert "the staged steps search instead" in r.err and why in r.err
     assert not [e for e in log if e.get("event") == "twin_profile"]
-    steps = [t["step"] for t in json.loads(r.out)["trials"]]
+    res = json.loads(r.out)
+    steps = [t["step"] for t in res["trials"]]
     assert steps and set(steps) == {"3"}
+    assert res["capacity"]["twin"] == {"fallback": fell[0]["reason"], "rows": []}  # the report says so too
+    md = open(res_report(tmp_path)).read()
+    assert "The twin was not used." in md and f"{fell[0]['reason']}; the staged steps searched instead." in md
     d = tmp_path / "asked"
     d.mkdir()
     sim_state(d, monkeypatch)

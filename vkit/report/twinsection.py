@@ -18,9 +18,14 @@ class TwinSection(Section):
 
 
 def twin_section(v: View) -> TwinSection:
-    """Empty (no heading) when the run made no twin proposal."""
+    """Empty (no heading) when the run made no twin proposal; one line when the default search gave way to the staged
+    steps (the twin could not calibrate)."""
     tw = as_dict(v.capacity.get("twin"))
     rows = [r for r in as_list(tw.get("rows")) if isinstance(r, dict)]
+    if tw.get("fallback"):
+        said = f"not used: {as_text(tw.get('fallback'))}; the staged steps searched instead"
+        return TwinSection(id="twin", title="Twin vs measured", lines=[said], summary="not used",
+                           blocks=[Para([Span(STRONG, "The twin was not used. "), Span(WORDS, said[len('not used: '):] + ".")])])
     if not rows:
         return TwinSection(id="twin")
     def measured(r: dict) -> str:  # the trial's capacity, or why it has none

@@ -329,12 +329,14 @@ def prior_twin(entries: list[dict]) -> dict | None:
 def twin_table(runner: Tune) -> dict | None:
     """The twin's predictions beside what the server measured (the result's ``capacity.twin``): the
     profile, every twin proposal (its prediction and interval when proposed, the trial's measured
-    capacity, whether it fell inside) and the rank correlation over the measured ones; None when the
-    run made none."""
+    capacity, whether it fell inside) and the rank correlation over the measured ones; {fallback: the reason} when
+    the default search gave way to the staged steps (``twin_fallback``); None when the run made none."""
     log = runner.sf.log.read()
     prof = next((e for e in reversed(log) if e.get("event") == "twin_profile"), None)
     if prof is None:
-        return None
+        since = str(runner.ledger.tune().tune.get("started") or "")
+        fell = next((e for e in reversed(log) if e.get("event") == "twin_fallback" and str(e.get("ts") or "") >= since), None)
+        return {"fallback": fell.get("reason"), "rows": []} if fell else None
     trials = {t["id"]: t for t in runner.ledger.trials()}
     rows = []
     for e in log:
