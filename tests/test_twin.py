@@ -475,7 +475,7 @@ def test_the_twin_says_more_kv_cache_pays_when_any_parameter_set_predicts_the_ga
 @pytest.mark.slow
 def test_after_the_twin_step_4m_makes_no_start_where_the_twin_predicts_more_kv_cache_cannot_pay(tmp_path, monkeypatch):
     """8B on an H200 at 1,024 tokens a request: the KV cache holds far more than any configuration keeps in flight,
-    so the twin predicts no gain from 0.98 over 0.5 and step 4m is recorded, not searched."""
+    so the twin predicts no gain from 0.98 over the server's 0.92 and step 4m is recorded, not searched."""
     path = sim_state(tmp_path, monkeypatch)
     tune = list(TUNE)
     tune[tune.index("--steps") + 1], tune[tune.index("--budget") + 1] = "3,4m", "1"
@@ -484,10 +484,11 @@ def test_after_the_twin_step_4m_makes_no_start_where_the_twin_predicts_more_kv_c
     st = json.load(open(path))
     log = [json.loads(x) for x in open(tmp_path / "decisions.jsonl")]
     ev = [e for e in log if e.get("event") == "twin_memory"]
-    # step 3 kept another configuration, whose own value no run reported: 4m's bounds are the policy's min and max
-    assert len(ev) == 1 and (ev[0]["lo"], ev[0]["hi"], ev[0]["pays"]) == (0.5, 0.98, False)
+    # step 3 kept another configuration: the server's own value (vLLM's default, the simulator's 0.92) is read from the
+    # kept trial's runs (cache_config_info), not the policy's min
+    assert len(ev) == 1 and (ev[0]["lo"], ev[0]["hi"], ev[0]["pays"]) == (0.92, 0.98, False)
     assert len(ev[0]["gains"]) == 1 + twin.DRAWS and max(ev[0]["gains"]) < 0.03
     step = next(s for s in st["steps"] if s["step"] == "4m")
     assert step["result"].startswith("not searched") and step["twin"]["gains"] == ev[0]["gains"]
-    assert step["lo_from"].startswith("the policy's min") and "not searched" in r.err
+    assert step["lo_from"] == "the kept server's default, from its cache_config_info" and "not searched" in r.err
     assert not [t for t in st["trials"] if t["step"] == "4m"]  # no probe, no validation: no start

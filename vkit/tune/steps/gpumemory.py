@@ -23,8 +23,9 @@ MEMORY_KINDS = ("oom", "gpu_memory_taken")
 
 def gpu_memory_bounds(runner: Tune, policy: Policy) -> tuple[float, float, str]:
     """(the value known to start, the highest allowed, where the first came from): the kept
-    configuration's value, else what the kept server reported in its baseline (``cache_config_info``),
-    else the policy's min; the policy's max (S4: 0.98, auto_tune.sh's first value)."""
+    configuration's value, else what the kept server reported (``cache_config_info``) in its baseline's
+    runs or, after a keep, in the kept trial's, else the policy's min; the policy's max (S4: 0.98,
+    auto_tune.sh's first value)."""
     rule = policy.rule(GMU) or {}
     hi = float(rule.get("max", gpumem.TOP))
     st = runner.ledger.tune()
@@ -32,12 +33,14 @@ def gpu_memory_bounds(runner: Tune, policy: Policy) -> tuple[float, float, str]:
     if kept.get(GMU) is not None:
         return float(kept[GMU]), hi, "the kept configuration's"
     b = st.record("baseline")
-    if b.get("config") == kept and b.get("runs"):
+    runs = [*(b.get("runs") or [] if b.get("config") == kept else []),
+            *(p for t in reversed(st.trials()) if t.get("config") == kept for p in (t.get("runs") or [])[:1])]
+    for path in runs:
         try:
-            cc = ((runner.ledger.load(b["runs"][0]).get("vkit") or {}).get("server") or {}).get("cache_config") or {}
+            cc = ((runner.ledger.load(path).get("vkit") or {}).get("server") or {}).get("cache_config") or {}
             return float(cc[GMU]), hi, "the kept server's default, from its cache_config_info"
         except (OSError, ValueError, KeyError, TypeError):
-            pass
+            continue
     return float(rule.get("min", 0.5)), hi, "the policy's min (the kept server's own value is not known)"
 
 
