@@ -33,7 +33,7 @@ def gpu_memory_bounds(runner: Tune, policy: Policy) -> tuple[float, float, str]:
     if kept.get(GMU) is not None:
         return float(kept[GMU]), hi, "the kept configuration's"
     b = st.record("baseline")
-    runs = [*(b.get("runs") or [] if b.get("config") == kept else []),
+    runs = [*((b.get("runs") or []) if b.get("config") == kept else []),
             *(p for t in reversed(st.trials()) if t.get("config") == kept for p in (t.get("runs") or [])[:1])]
     for path in runs:
         try:

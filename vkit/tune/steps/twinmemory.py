@@ -12,7 +12,6 @@ only through the gate on real runs.
 
 from __future__ import annotations
 
-import os
 from typing import Callable
 
 from vkit.apply.policy import Policy
@@ -21,18 +20,17 @@ from vkit.state import now_iso
 from vkit.tune.context import Tune
 from vkit.tune.steps.common import STEP_NAMES, finished_step, record_step
 from vkit.tune.steps.gpumemory import GMU, gpu_memory_bounds, run_gpu_memory_step
-from vkit.tune.steps.twinsearch import MIN_GAIN
+from vkit.tune.steps.twinsearch import MIN_GAIN, run_profile
 from vkit.tune.twin import Twin
 
 
 def last_twin(runner: Tune) -> Twin | None:
-    """This run's last fitted twin, rebuilt from its ``twin_profile`` event (inputs) and profile file (None: none)."""
+    """This run's last fitted twin, rebuilt from its ``twin_profile`` event's inputs and profile file
+    (:func:`vkit.tune.steps.twinsearch.run_profile`; None: none)."""
     from vkit.sim.calibrated import load_profile
 
-    mine = os.path.join(os.path.abspath(runner.runs_dir), "")
-    prof = next((e for e in reversed(runner.sf.log.read()) if e.get("event") == "twin_profile"
-                 and os.path.abspath(e.get("profile") or "").startswith(mine) and e.get("inputs")), None)
-    if prof is None or not os.path.exists(prof["profile"]):
+    prof = run_profile(runner)
+    if prof is None or not prof.get("inputs"):
         return None
     return Twin.from_inputs(prof["inputs"], load_profile(prof["profile"])["cost_params"], prof.get("profile_sha256") or "")
 

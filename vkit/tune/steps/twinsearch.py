@@ -304,15 +304,22 @@ def run_twin_step(runner: Tune, policy: Policy, plan, progress: Callable[[str], 
     return rec
 
 
-def kb_twin(runner: Tune) -> dict | None:
-    """This run's last twin fit for the knowledge base (its parameters, profile sha256, error), None without one (a
-    fit of an earlier run in the same decision log, its profile in that run's directory, is not this run's)."""
-    from vkit.sim.calibrated import load_profile
-
+def run_profile(runner: Tune) -> dict | None:
+    """This run's last ``twin_profile`` event whose profile file is still there, None without one (a fit of an earlier
+    run in the same decision log, its profile in that run's directory, is not this run's)."""
     mine = os.path.join(os.path.abspath(runner.runs_dir), "")
     prof = next((e for e in reversed(runner.sf.log.read()) if e.get("event") == "twin_profile"
                  and os.path.abspath(e.get("profile") or "").startswith(mine)), None)
-    if prof is None or not os.path.exists(prof["profile"]):
+    return prof if prof is not None and os.path.exists(prof["profile"]) else None
+
+
+def kb_twin(runner: Tune) -> dict | None:
+    """This run's last twin fit for the knowledge base (its parameters, profile sha256, error), None without one
+    (:func:`run_profile`)."""
+    from vkit.sim.calibrated import load_profile
+
+    prof = run_profile(runner)
+    if prof is None:
         return None
     return {"params": load_profile(prof["profile"])["params"], "profile_sha256": prof.get("profile_sha256"),
             "rms_log_error": prof.get("rms_log_error"), "load_points": prof.get("load_points")}
