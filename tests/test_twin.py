@@ -154,14 +154,18 @@ def test_by_default_a_twin_that_cannot_calibrate_gives_way_to_the_staged_steps_a
     monkeypatch.setattr(loadfit, "points_from_state", lambda *a, **k: ([], [why]))
     auto = [a for a in TUNE if a not in ("--search", "twin")]
     auto[auto.index("--steps") + 1], auto[auto.index("--budget") + 1] = "3", "1"
-    sim_state(tmp_path, monkeypatch)
+    path = sim_state(tmp_path, monkeypatch)
+    from vkit.state import StateFile
+
+    # an earlier run's twin in the same decision log: this run's result still says it fell back
+    StateFile(path).log.append("tune", "twin_profile", profile=str(tmp_path / "earlier" / "twin-profile.json"))
     r = call("tune", *auto)
     assert r.code == 0, r.err[-2000:]
     log = [json.loads(x) for x in open(tmp_path / "decisions.jsonl")]
     fell = [e for e in log if e.get("event") == "twin_fallback"]
     assert len(fell) == 1 and why in fell[0]["reason"] and fell[0]["search"] == "staged"
     assert "the staged steps search instead" in r.err and why in r.err
-    assert not [e for e in log if e.get("event") == "twin_profile"]
+    assert [e["profile"] for e in log if e.get("event") == "twin_profile"] == [str(tmp_path / "earlier" / "twin-profile.json")]
     res = json.loads(r.out)
     steps = [t["step"] for t in res["trials"]]
     assert steps and set(steps) == {"3"}

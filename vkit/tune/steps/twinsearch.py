@@ -339,11 +339,13 @@ def twin_table(runner: Tune) -> dict | None:
     capacity, whether it fell inside) and the rank correlation over the measured ones; {fallback: the reason} when
     the default search gave way to the staged steps (``twin_fallback``); None when the run made none."""
     log = runner.sf.log.read()
+    since = str(runner.ledger.tune().tune.get("started") or "")  # this run's fallback, even after an earlier run's twin
+    fell = next((e for e in reversed(log) if e.get("event") == "twin_fallback" and str(e.get("ts") or "") >= since), None)
+    if fell is not None:
+        return {"fallback": fell.get("reason"), "rows": []}
     prof = next((e for e in reversed(log) if e.get("event") == "twin_profile"), None)
     if prof is None:
-        since = str(runner.ledger.tune().tune.get("started") or "")
-        fell = next((e for e in reversed(log) if e.get("event") == "twin_fallback" and str(e.get("ts") or "") >= since), None)
-        return {"fallback": fell.get("reason"), "rows": []} if fell else None
+        return None
     trials = {t["id"]: t for t in runner.ledger.trials()}
     rows = []
     for e in log:
