@@ -254,6 +254,28 @@ def test_two_runs_that_hold_by_a_spread_margin_are_not_yet_a_promise():
     assert promise_verdict(point([0.5]), plan) is None  # one run is never a hold
 
 
+def test_a_promise_whose_runs_agree_by_chance_is_judged_by_their_own_sampling_error():
+    """70b-h100x4-fp8 in the hidden world: three 40-s promise runs at 0.6 % above the steady truth read
+    +0.15, +0.09, +0.19 (sd 0.05) and held against the 0.03 prior, then broke on fresh runs. Each run's own
+    sampling SE of its binding margin (mean TPOT) was 0.06-0.12: with it as the floor they are not a hold,
+    and four runs that clear it by their own error are."""
+    from vkit.tune import capacity as cap
+    from vkit.tune.promise import promise_verdict, run_floor
+
+    plan = cap.Plan(repeats=4, noise=0.03)
+
+    def point(margins, se):
+        return cap.Point(13.96, runs=[{"valid": True, "margin": m, "margins": {"p95_ttft_ms": 0.7, "mean_tpot_ms": m},
+                                       "se": {"p95_ttft_ms": 0.5, "mean_tpot_ms": e}} for m, e in zip(margins, se, strict=True)])
+
+    lucky = point([0.15, 0.09, 0.19], [0.076, 0.061, 0.122])
+    assert run_floor(lucky, plan) == pytest.approx((0.03 ** 2 + (0.076 ** 2 + 0.061 ** 2 + 0.122 ** 2) / 3) ** 0.5)
+    assert promise_verdict(point([0.15, 0.09, 0.19], [0.0] * 3), plan) == cap.HOLDS  # the prior alone: held
+    assert promise_verdict(lucky, plan) is None  # measured again
+    assert promise_verdict(point([0.15, 0.09, 0.19, -0.11], [0.076, 0.061, 0.122, 0.076]), plan) == cap.UNCLEAR
+    assert promise_verdict(point([0.30, 0.35, 0.28, 0.33], [0.08] * 4), plan) == cap.HOLDS
+
+
 def promise_tune(state_path, monkeypatch):
     """A capacity tune (P95 TTFT <= 1 s, tolerance 10 %, 3 % noise, 10-s promise runs) whose starts always succeed
     and do nothing: its promise's runs are what the test's live_measure returns."""
