@@ -254,11 +254,14 @@ def test_two_runs_that_hold_by_a_spread_margin_are_not_yet_a_promise():
     assert promise_verdict(point([0.5]), plan) is None  # one run is never a hold
 
 
-def test_a_promise_whose_runs_agree_by_chance_is_judged_by_their_own_sampling_error():
-    """70b-h100x4-fp8 in the hidden world: three 40-s promise runs at 0.6 % above the steady truth read
-    +0.15, +0.09, +0.19 (sd 0.05) and held against the 0.03 prior, then broke on fresh runs. Each run's own
-    sampling SE of its binding margin (mean TPOT) was 0.06-0.12: with it as the floor they are not a hold,
-    and four runs that clear it by their own error are."""
+def test_a_promise_holds_where_a_fresh_run_holds_nine_times_in_ten():
+    """70b-h100x4-fp8 in the hidden world, 2048 / 256 at 13.96 req/s (0.6 % above the steady truth): the mean
+    margin of a 40-s run there is about +0.07 and one run's sd about 0.09 (each run's own sampling SE of its
+    binding margin, mean TPOT, 0.06-0.12), so a fresh check of three runs breaks about one time in eight.
+    Three promise runs (+0.15, +0.09, +0.19) held there against the 0.03 prior under a test of the mean
+    alone, and four (+0.15, +0.08, +0.15, +0.28) held with the runs' own SE as the floor: both broke
+    afresh. A hold needs the mean to clear 1.28 sd of one run (a run holds 9 times in 10) at the
+    promise's level: runs near +0.4 (a load about 13 % lower) hold in three."""
     from vkit.tune import capacity as cap
     from vkit.tune.promise import promise_verdict, run_floor
 
@@ -270,10 +273,10 @@ def test_a_promise_whose_runs_agree_by_chance_is_judged_by_their_own_sampling_er
 
     lucky = point([0.15, 0.09, 0.19], [0.076, 0.061, 0.122])
     assert run_floor(lucky, plan) == pytest.approx((0.03 ** 2 + (0.076 ** 2 + 0.061 ** 2 + 0.122 ** 2) / 3) ** 0.5)
-    assert promise_verdict(point([0.15, 0.09, 0.19], [0.0] * 3), plan) == cap.HOLDS  # the prior alone: held
     assert promise_verdict(lucky, plan) is None  # measured again
-    assert promise_verdict(point([0.15, 0.09, 0.19, -0.11], [0.076, 0.061, 0.122, 0.076]), plan) == cap.UNCLEAR
-    assert promise_verdict(point([0.30, 0.35, 0.28, 0.33], [0.08] * 4), plan) == cap.HOLDS
+    assert promise_verdict(point([0.15, 0.08, 0.15, 0.28], [0.08] * 4), plan) == cap.UNCLEAR  # steps down
+    assert promise_verdict(point([0.42, 0.38, 0.45], [0.08] * 3), plan) == cap.HOLDS
+    assert promise_verdict(point([0.42, 0.38], [0.08] * 2), plan) is None  # two runs that near are not yet a hold
 
 
 def promise_tune(state_path, monkeypatch):
