@@ -296,7 +296,8 @@ def promise_tune(state_path, monkeypatch):
 def test_runs_re_run_longer_do_not_spend_the_promises_verdict_runs(state_path, monkeypatch):
     """Four holds on runs shorter than 8 of their own (growing) request lifetimes are re-run longer; then the load
     is unclear over 4 runs, the next one down too, and the one below holds on two: 10 runs with a verdict and 4
-    re-sized, 14 in all, more than PROMISE_RUNS (12) but within it for the runs that decide."""
+    re-sized, more than PROMISE_RUNS (12) but within it for the runs that decide. The two runs with a verdict
+    left go to the geometric middle between the hold and the unclear load above it, which holds: 16 in all."""
     from vkit.tune import capacity as cap
     from vkit.tune.promise import PROMISE_RESIZES, PROMISE_RUNS
 
@@ -317,8 +318,34 @@ def test_runs_re_run_longer_do_not_spend_the_promises_verdict_runs(state_path, m
     out = r.promise.verify({"max_num_seqs": 64}, 100.0)
     verdicts = [x["verdict"] for x in out["runs"]]
     assert verdicts[:PROMISE_RESIZES] == [None] * PROMISE_RESIZES and all("lifetimes" in x["why"] for x in out["runs"][:4])
-    assert verdicts[4:] == [None, None, None, "unclear", None, None, None, "unclear", None, "holds"], verdicts
-    assert len(out["runs"]) == 14 > PROMISE_RUNS and out["verified"] == offered[-1] < offered[8] < 100.0
+    assert verdicts[4:] == [None, None, None, "unclear", None, None, None, "unclear", None, "holds", None, "holds"], verdicts
+    assert len(out["runs"]) == 16 and PROMISE_RUNS == 12
+    assert out["verified"] == offered[-1] == pytest.approx((offered[8] * offered[12]) ** 0.5, rel=1e-3)
+    assert offered[12] < out["verified"] < offered[8] < 100.0
+
+
+def test_a_promise_that_stepped_down_far_bisects_back_up_and_keeps_its_highest_clear_hold(state_path, monkeypatch):
+    """The server holds below 85 req/s. From 100 the promise steps down by 10 %, then 21 %: 100 and 90.9 fail
+    (one run each), 75.1 holds (two). Then the geometric middle of the hold and the lowest failure, while they
+    are more than the tolerance apart: 82.6 holds, 86.7 fails, and 82.6 is within 10 % of 86.7: promised 82.6."""
+    from vkit.tune import capacity as cap
+
+    r = promise_tune(state_path, monkeypatch)
+    offered = []
+
+    def live(opts, url, out_dir, plan, command=None, interrupts=None, launch_argv=None, bench=None):
+        def run(load, k, requests=None):
+            offered.append(load)
+            return {"completed": requests, "duration": requests / (0.99 * load) + 0.4, "mean_e2el_ms": 400.0,
+                    "p95_ttft_ms": 2000.0 if load >= 85 else 500.0,
+                    "vkit": {"completion_rate": 0.99 * load, "dispatch_lag_ms": {"p99": 0.3}}}
+        return run
+
+    monkeypatch.setattr(cap, "live_measure", live)
+    out = r.promise.verify({"max_num_seqs": 64}, 100.0)
+    assert offered == pytest.approx([100.0, 90.91, 75.13, 75.13, 82.64, 82.64, 86.68], rel=1e-3)
+    assert [x["verdict"] for x in out["runs"]] == ["fails", "fails", None, "holds", None, "holds", "fails"]
+    assert out["verified"] == offered[4]
 
 
 def test_a_promise_held_on_a_run_shorter_than_eight_request_lifetimes_is_run_again_that_long(state_path, monkeypatch):

@@ -91,6 +91,23 @@ def run_seconds(verify_seconds: float, lifetime: float | None) -> float:
     return min(max(verify_seconds, STEADY_LIFETIMES * lifetime), MAX_STRETCH * verify_seconds)
 
 
+def next_load(plan: _cap.Plan, load: float, verified: float | None, above: float | None, down: int,
+              runs_left: int) -> float | None:
+    """The promise's next load after a verdict at ``load`` (None: done). Before any hold, one step down
+    that accelerates (the tolerance, then twice and four times it: ``down`` steps taken): a promise far
+    above what a long run holds is found in a few runs, one just above it loses one tolerance only.
+    After a hold (``verified``), the geometric middle between it and the lowest load that did not hold
+    (``above``) while they are more than a tolerance apart and two runs with a verdict are left: the
+    accelerated steps can land far below the boundary, and every run spent in the gap raises what is
+    promised, never risks it (the verified load stays the highest clear hold)."""
+    if verified is None:
+        return plan.snap(load / (1 + plan.tolerance) ** (2 ** down))
+    if above is None or runs_left < 2 or above <= verified * (1 + plan.tolerance):
+        return None
+    mid = plan.snap(math.sqrt(verified * above))
+    return mid if verified < mid < above else None
+
+
 class Promise:
     """The capacity objective's promise, verified."""
 
@@ -107,9 +124,11 @@ class Promise:
         spread, at least the prior noise and each run's own sampling error), and is run again while neither
         holds nor fails is clear (a margin inside the noise, or a run that could not measure the
         server: the client behind its schedule). A load that fails, or stays unclear after the
-        repeats, steps down by the tolerance, then by twice and four times it (PROMISE_RUNS runs with a
-        verdict at most, beside up to PROMISE_RESIZES runs re-run longer). The verified load is the one that clearly held: a promise at the boundary itself fails
-        every other fresh run. Open loop, a run lasts ``verify_seconds`` or STEADY_LIFETIMES request
+        repeats, steps down by the tolerance, then by twice and four times it; after a hold, the
+        geometric middle of it and the lowest load above it that did not hold is tried while they are
+        more than a tolerance apart (:func:`next_load`; PROMISE_RUNS runs with a verdict at most, beside
+        up to PROMISE_RESIZES runs re-run longer). The verified load is the highest that clearly held: a
+        promise at the boundary itself fails every other fresh run. Open loop, a run lasts ``verify_seconds`` or STEADY_LIFETIMES request
         lifetimes (the mean E2EL of the last run that held) where that is longer (:func:`run_seconds`): a hold
         on a run shorter than that of its own lifetimes is the batch still filling and is run again,
         that long. The server is left on the kept configuration."""
@@ -124,7 +143,7 @@ class Promise:
         ok, res = self.r.seat.apply(dict(config), fresh=True)
         if not ok:
             raise VkitError(f"the recommended configuration does not start: {res.get('message')}", ExitCode.UNAVAILABLE)
-        runs, verified, load, down, life = [], None, plan.snap(rate), 0, None
+        runs, verified, above, load, down, life = [], None, None, plan.snap(rate), 0, None
         point = _cap.Point(load)
         k = verdicts = resized = 0
         while verdicts < PROMISE_RUNS:
@@ -160,18 +179,19 @@ class Promise:
             runs.append({**rec, "holds": held, "verdict": verdict, "why": j["why"]})
             self.r.progress(f"promise {load:g}: {verdict or 'not yet clear'} over {secs:.3g} s"
                           + (f" (margin {j['margin']:+.3f}, {runs[-1]['binding']})" if j["margin"] is not None else f" ({j['why']})"))
-            if held:
-                verified = load
-                break
             if verdict is None:
                 # not yet a verdict (a margin inside the noise, or a run that could not measure the
                 # server: the client behind its schedule, a failed request): the same load again
                 continue
-            # stepping down accelerates (the tolerance, then twice it, ...): a promise far above what
-            # a long run holds is found in a few runs, one just above it loses one tolerance only
-            load = plan.snap(load / (1 + plan.tolerance) ** (2 ** down))
-            point = _cap.Point(load)
-            down += 1
+            if held:
+                verified = load
+            else:
+                above = load if above is None else min(above, load)
+            nxt = next_load(plan, load, verified, above, down, PROMISE_RUNS - verdicts)
+            if nxt is None:
+                break
+            down += verified is None
+            load, point = nxt, _cap.Point(nxt)
         if config != self.r.ledger.kept_config():
             self.r.seat.restore_kept()
         longest = max((x["seconds"] for x in runs if x["load"] == verified), default=c.verify_seconds)
