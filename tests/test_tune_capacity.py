@@ -91,20 +91,25 @@ def test_capacity_tune_keeps_by_capacity_skips_what_cannot_differ_and_reports_th
     rc = doc["recommendation"]["capacity"]
     assert doc["recommendation"]["binding_slo"] in ("p95_ttft_ms", "mean_tpot_ms", "throughput"), r.err[-3000:]
     # the promise: 3-second runs from the searches' figure on a fresh start, stepping down until a load
-    # clearly held on two runs
+    # clearly held on two runs or more, then trying the gap above it while runs are left
     assert rc["searched_req_s"] > 0 and rc["verified"]["seconds"] == 3, (rc, r.err[-3000:])
     runs = rc["verified"]["runs"]
     if rc["req_s"] is None:
-        # on a loaded machine no load may hold within the verification's 8 runs: the promise then says
+        # on a loaded machine no load may hold within the verification's runs: the promise then says
         # so (no figure, every run shown), it never falls back to the searches' own figure
-        assert len(runs) == 8 and not any(x["holds"] for x in runs) and rc["output_tok_s"] is None, (rc, r.err[-3000:])
+        assert not any(x["holds"] for x in runs) and rc["output_tok_s"] is None, (rc, r.err[-3000:])
     else:
-        assert rc["req_s"] > 0 and rc["output_tok_s"] > 0
-        assert runs[-1]["holds"] and not any(x["holds"] for x in runs[:-1])
-        assert runs[0]["load"] == rc["searched_req_s"] and rc["req_s"] == runs[-1]["load"] <= rc["searched_req_s"]
-        loads = [x["load"] for x in runs]
-        assert all(b <= a for a, b in zip(loads, loads[1:], strict=False))
+        assert rc["req_s"] > 0 and runs[0]["load"] == rc["searched_req_s"] >= rc["req_s"]
+        held = [x for x in runs if x["holds"]]
+        first = runs.index(held[0])
+        loads = [x["load"] for x in runs[:first + 1]]
+        assert all(b <= a for a, b in zip(loads, loads[1:], strict=False))  # down until the first hold
+        # the promise is the highest load that clearly held; every load above it did not
+        assert rc["req_s"] == max(x["load"] for x in held) and not any(x["holds"] for x in runs if x["load"] > rc["req_s"])
         assert sum(1 for x in runs if x["load"] == rc["req_s"] and x["margin"] is not None) >= 2
+        # the output tok/s promised is the one measured by the hold at the promised load
+        at = [x for x in held if x["load"] == rc["req_s"]][-1]
+        assert rc["output_tok_s"] == at["metrics"]["output_throughput"] > 0
     html = open(rep / "report.html", encoding="utf-8").read()
     assert "SLO capacity" in html and 'id="plot-capacity"' in html and "capacity-table" in html
     assert "SLO capacity (req/s" in open(rep / "report.md", encoding="utf-8").read() or "SLO capacity" in r.err

@@ -481,5 +481,6 @@ def test_the_twin_guided_capacity_tune_on_real_vllm(server, tmp_path, monkeypatc
     starts = [e for e in log if e["event"] in ("applied", "rolled_back", "start_failed")]
     assert res["timings"]["restarts"] == len(starts) <= 8 + 2, [e["event"] for e in log]
     rc = res["recommendation"]["capacity"]
-    assert rc["req_s"] is not None and rc["verified"]["runs"][-1]["holds"], (rc, r.err[-3000:])
+    # the promise is the highest load that clearly held (after a hold, the runs left may try a load above it)
+    assert rc["req_s"] is not None and any(x["holds"] and x["load"] == rc["req_s"] for x in rc["verified"]["runs"]), (rc, r.err[-3000:])
     assert [row["trial_id"] for row in res["capacity"]["twin"]["rows"]] == [e["trial"] for e in props]

@@ -119,7 +119,7 @@ def build_result(runner: Tune, settings: Settings, t0: float) -> TuneResult:
             promise = tune_run.get("promise") or {}
             if promise.get("config") == rec.get("config") and promise.get("finished"):
                 # the figure to promise is the one a long run held; the searches' own is kept beside it
-                held = next((r for r in promise["runs"] if r["holds"]), None)
+                held = next((r for r in reversed(promise["runs"]) if r["holds"] and r["load"] == promise.get("verified")), None)
                 capd.update(searched_req_s=rc.get("req_s"), req_s=promise.get("verified"),
                             output_tok_s=(held or {}).get("metrics", {}).get("output_throughput"),
                             verified={"seconds": promise.get("seconds"), "held_seconds": promise.get("held_seconds"),
