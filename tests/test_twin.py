@@ -422,6 +422,40 @@ def test_the_knowledge_base_entry_carries_only_this_runs_twin_fit(tmp_path):
     assert got["profile_sha256"] == "b" and got["params"]["mfu"] == 0.45 and got["load_points"] == 9
 
 
+def test_the_twin_table_shows_only_this_runs_fit_and_proposals(tmp_path):
+    """A staged run after a twin-guided one in the same state: the decision log holds the earlier run's fit and
+    its proposal of a trial id this run reuses; the result has no twin table. A twin-guided run shows its own
+    fit and its own proposals only."""
+    from types import SimpleNamespace
+
+    from vkit.tune.steps.twinsearch import twin_table
+
+    earlier, now = tmp_path / "runs" / "run-1", tmp_path / "runs" / "run-2"
+    earlier.mkdir(parents=True)
+    now.mkdir()
+    for d in (earlier, now):
+        (d / "twin-profile.json").write_text("{}")
+    pred = {"config": {"max_num_seqs": 64}, "capacity": 10.0, "lo": 8.0, "hi": 12.0}
+    log = [{"ts": "2026-12-01T10:00:00+00:00", "event": "twin_profile", "profile": str(earlier / "twin-profile.json"),
+            "profile_sha256": "a"},
+           {"ts": "2026-12-01T10:05:00+00:00", "event": "propose", "trial": "t001", "audit": {"twin": {"prediction": pred}}}]
+    trials = [{"id": "t001", "status": "done", "metrics": {"slo_capacity": 11.0}}]
+
+    def runner(records):
+        tune = SimpleNamespace(tune={"started": "2026-12-02T09:00:00+00:00"})
+        return SimpleNamespace(runs_dir=str(now), sf=SimpleNamespace(log=SimpleNamespace(read=lambda: records)),
+                               ledger=SimpleNamespace(tune=lambda: tune, trials=lambda: trials))
+
+    assert twin_table(runner(log)) is None
+    mine = log + [{"ts": "2026-12-02T09:01:00+00:00", "event": "twin_profile", "profile": str(now / "twin-profile.json"),
+                   "profile_sha256": "b"},
+                  {"ts": "2026-12-02T09:02:00+00:00", "event": "propose", "trial": "t001",
+                   "audit": {"twin": {"prediction": dict(pred, capacity=10.5)}}}]
+    got = twin_table(runner(mine))
+    assert got["profile_sha256"] == "b" and [r["predicted"] for r in got["rows"]] == [10.5]
+    assert got["rows"][0]["measured"] == 11.0 and got["rows"][0]["inside"] is True
+
+
 def test_a_miss_of_the_steps_last_trial_is_logged_when_its_budget_ends_the_step():
     """The real-vLLM twin tune's second complete run: the twin proposed 8 sequences at 28.7 req/s [23.0, 35.8], the
     screen measured 61.9 and the step's budget of 1 ended it, so ``next``, which logs misses, never ran again and the

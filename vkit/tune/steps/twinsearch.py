@@ -343,14 +343,14 @@ def twin_table(runner: Tune) -> dict | None:
     fell = next((e for e in reversed(log) if e.get("event") == "twin_fallback" and str(e.get("ts") or "") >= since), None)
     if fell is not None:
         return {"fallback": fell.get("reason"), "rows": []}
-    prof = next((e for e in reversed(log) if e.get("event") == "twin_profile"), None)
+    prof = run_profile(runner)  # an earlier run's fit in the same decision log is not this run's
     if prof is None:
         return None
     trials = {t["id"]: t for t in runner.ledger.trials()}
     rows = []
     for e in log:
         tw = (e.get("audit") or {}).get("twin") if e.get("event") == "propose" else None
-        if not tw or e.get("trial") not in trials:
+        if not tw or e.get("trial") not in trials or str(e.get("ts") or "") < since:
             continue
         t, p = trials[e["trial"]], tw["prediction"]
         m = (t.get("metrics") or {}).get("slo_capacity") if t["status"] == Status.DONE else None
