@@ -344,11 +344,13 @@ def _fresh_virtual(sim: list[str], rec: dict, sc: dict) -> dict:
     from vkit.sim.virtual import VirtualServer
     from vkit.tune import capacity as cap
 
+    rate = rec["capacity"]["req_s"]
+    if rate is None:  # no load clearly held in the promise's runs: nothing promised, nothing to break
+        return {"rate": None, "runs": [], "breaks": False, "unverified": True}
     opts, settings = parse_virtual(sim[2:], 10_000)
     vs = VirtualServer(opts, settings)
     vs.start({k: v for k, v in rec["config"].items() if k in ("max_num_batched_tokens", "max_num_seqs", "max_model_len",
                                                                "gpu_memory_utilization")})
-    rate = rec["capacity"]["req_s"]
     slo, plan = cap.Slo(dict(sc["slo"])), cap.Plan()
     verdicts = []
     for k in range(3):
@@ -369,6 +371,8 @@ def _fresh(state: str, rec: dict, sc: dict) -> dict:
 
     st = StateFile(state).read()
     rate = rec["capacity"]["req_s"]
+    if rate is None:  # as _fresh_virtual
+        return {"rate": None, "runs": [], "breaks": False, "unverified": True}
     slo = cap.Slo({k: v / SPEED for k, v in sc["slo"].items()})
     plan = cap.Plan()
     verdicts, k = [], 0
@@ -572,7 +576,7 @@ def score(r: dict, sc: dict, t: dict, speed: float) -> dict:
     r["truth_digest"], r["truth_seqs"] = t["digest"], SEQS
     r["ratio_to_best"] = got / t["best"]["capacity"] if t["best"]["capacity"] else None
     r["within_98pct"] = bool(r["ratio_to_best"] is not None and r["ratio_to_best"] >= TARGET_RATIO)
-    r["promise_over_truth"] = (r["promised_req_s_wall"] / speed) / got if got else None
+    r["promise_over_truth"] = (r["promised_req_s_wall"] / speed) / got if got and r["promised_req_s_wall"] else None
     return r
 
 
@@ -580,7 +584,8 @@ def spread(runs: list[dict]) -> dict:
     """Median and range over a scenario's seeded tunes of what each cost and where it landed."""
     done = [r for r in runs if "error" not in r]
     out: dict = {"tunes": len(runs), "finished": len(done), "within_98pct": sum(r["within_98pct"] for r in done),
-                 "fresh_breaks": sum(r["fresh"]["breaks"] for r in done)}
+                 "fresh_breaks": sum(r["fresh"]["breaks"] for r in done),
+                 "unverified": sum(bool(r["fresh"].get("unverified")) for r in done)}
     for k in ("restarts", "simulated_s", "ratio_to_best", "promise_over_truth", "wall_s"):
         v = sorted(float(r[k]) for r in done if r.get(k) is not None)
         out[k] = {"median": v[len(v) // 2], "min": v[0], "max": v[-1]} if v else None

@@ -71,7 +71,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     c.add_argument("--verify-seconds", type=non_negative_float, default=60.0, metavar="S",
                    help="capacity: at the end, the recommendation's promised load run once for S seconds on a fresh start "
                         "(a short load point cannot show a queue that grows slowly): it holds where a run holds 9 times in 10 "
-                        "(two runs or more whose mean margin, less Student's t times its standard error, clears 1.28 sd of "
+                        "(three runs or more whose mean margin, less Student's t times its standard error, clears 1.28 sd of "
                         "one run), is run again while unclear (4 runs at a load); a failure steps down by the tolerance, "
                         "then twice and four times it, a hold tries the middle of the gap above it, 12 runs at most; the "
                         "promise is the highest load that clearly held (0: not verified; default 60)")

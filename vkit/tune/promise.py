@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from vkit.errors import ExitCode, VkitError
 from vkit.state import now_iso
 from vkit.tune import capacity as _cap
+from vkit.tune.boundary import PRIOR_DF
 from vkit.tune.summaries import relative
 
 if TYPE_CHECKING:
@@ -44,6 +45,7 @@ Z_CLEAR = 2.0  # a search's point: clear at twice the standard error (normal); t
 # of them about one time in eight, though the mean held; four promise runs (+0.15, +0.08, +0.15, +0.28) cleared a
 # test of the mean alone there and broke afresh.
 RUN_HOLDS_Z = 1.2815515655446004  # the normal's 90th percentile
+HOLD_RUNS = 3  # a hold's runs at least: two runs' spread is one degree of freedom, no claim about the next run
 
 
 def run_floor(point: _cap.Point, plan: _cap.Plan) -> float:
@@ -61,21 +63,25 @@ def run_floor(point: _cap.Point, plan: _cap.Plan) -> float:
 
 def promise_verdict(point: _cap.Point, plan: _cap.Plan) -> str | None:
     """A load point's verdict (``capacity.verdict_of``) with a hold that needs a run there to hold 9
-    times in 10: its mean margin less Student's t (k - 1 degrees of freedom, at the one-sided level
-    of 2 normal sd) times its standard error clears RUN_HOLDS_Z sd of one run (the runs' own spread,
-    at least :func:`run_floor`). Two runs at least; a hold not that clear is measured again (None),
-    or unclear after ``plan.repeats`` runs."""
+    times in 10: its mean margin less Student's t (at the one-sided level of 2 normal sd) times its
+    standard error clears RUN_HOLDS_Z sd of one run. That sd pools the runs' own spread (k - 1
+    degrees of freedom) with :func:`run_floor` as a prior worth PRIOR_DF; t has their sum. Three runs
+    at least; a hold not that clear is measured again (None), or unclear after ``plan.repeats`` runs."""
     v = _cap.verdict_of(point, plan)
     if v != _cap.HOLDS:
         return v
     m = point.margins()
     k = m.size
-    if k < 2:
+    if k < HOLD_RUNS:
         return None
     from scipy.stats import norm, t
 
-    sd = max(float(m.std(ddof=1)), run_floor(point, plan))
-    reach = float(t.ppf(norm.cdf(Z_CLEAR), k - 1)) * sd / math.sqrt(k)
+    # one run's sd: the runs' own spread pooled with the prior (run_floor, worth PRIOR_DF degrees of freedom): a
+    # floor taken as a bound would make a margin that is small and steady (a TPOT-bound knee: +0.05 to +0.10, sd 0.01
+    # over four runs, against a prior of 0.03) never a hold
+    df = PRIOR_DF + k - 1
+    sd = math.sqrt((PRIOR_DF * run_floor(point, plan) ** 2 + (k - 1) * float(m.var(ddof=1))) / df)
+    reach = float(t.ppf(norm.cdf(Z_CLEAR), df)) * sd / math.sqrt(k)
     need = RUN_HOLDS_Z * sd
     if m.mean() - reach > need:
         return _cap.HOLDS
@@ -97,12 +103,12 @@ def next_load(plan: _cap.Plan, load: float, verified: float | None, above: float
     that accelerates (the tolerance, then twice and four times it: ``down`` steps taken): a promise far
     above what a long run holds is found in a few runs, one just above it loses one tolerance only.
     After a hold (``verified``), the geometric middle between it and the lowest load that did not hold
-    (``above``) while they are more than a tolerance apart and two runs with a verdict are left: the
+    (``above``) while they are more than a tolerance apart and a hold's runs (HOLD_RUNS) are left: the
     accelerated steps can land far below the boundary, and every run spent in the gap raises what is
     promised, never risks it (the verified load stays the highest clear hold)."""
     if verified is None:
         return plan.snap(load / (1 + plan.tolerance) ** (2 ** down))
-    if above is None or runs_left < 2 or above <= verified * (1 + plan.tolerance):
+    if above is None or runs_left < HOLD_RUNS or above <= verified * (1 + plan.tolerance):
         return None
     mid = plan.snap(math.sqrt(verified * above))
     return mid if verified < mid < above else None
@@ -118,10 +124,10 @@ class Promise:
         """The capacity promised for ``config`` (the highest clear hold of its short searches) run
         for ``verify_seconds`` on a fresh start of it: a short point cannot show a queue that grows
         slowly, a long run can. Each load gets the three-way verdict of any load point
-        (:func:`promise_verdict`, up to PROMISE_REPEATS runs at a load): it holds only on two valid runs
-        or more whose mean margin, less Student's t for their degrees of freedom times its standard
-        error, clears RUN_HOLDS_Z sd of one run (a run there holds 9 times in 10; the sd is their own
-        spread, at least the prior noise and each run's own sampling error), and is run again while neither
+        (:func:`promise_verdict`, up to PROMISE_REPEATS runs at a load): it holds only on three valid runs
+        or more whose mean margin, less Student's t times its standard error, clears RUN_HOLDS_Z sd of
+        one run (a run there holds 9 times in 10; the sd pools their own spread with the prior noise
+        and each run's own sampling error), and is run again while neither
         holds nor fails is clear (a margin inside the noise, or a run that could not measure the
         server: the client behind its schedule). A load that fails, or stays unclear after the
         repeats, steps down by the tolerance, then by twice and four times it; after a hold, the
