@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING
 from vkit.errors import ExitCode, VkitError
 from vkit.state import now_iso
 from vkit.tune import capacity as _cap
-from vkit.tune.boundary import PRIOR_DF
 from vkit.tune.summaries import relative
 
 if TYPE_CHECKING:
@@ -48,25 +47,28 @@ RUN_HOLDS_Z = 1.2815515655446004  # the normal's 90th percentile
 HOLD_RUNS = 3  # a hold's runs at least: two runs' spread is one degree of freedom, no claim about the next run
 
 
-def run_floor(point: _cap.Point, plan: _cap.Plan) -> float:
-    """The least sd of one run's margin at ``point``: the prior spread between runs (``plan.noise``)
-    and each run's own sampling error of its binding margin (``se``: from its requests, their
-    autocorrelation included), added in quadrature. A few runs' own spread can fall far below it:
-    measured on bench_capacity_tune's 70b-h100x4-fp8 in the hidden world (2048 / 256 at 13.96 req/s,
-    0.6 % above the steady truth, 40-s runs), the mean-TPOT margin's own SE was 0.06-0.12 per run and
-    nine runs spread by sd 0.08-0.11, where three promise runs (+0.15, +0.09, +0.19; sd 0.05) held
-    against the 0.03 prior and then broke afresh in 2 of 4 tunes."""
+def run_floor(point: _cap.Point) -> float:
+    """The least sd of one run's margin at ``point``: each run's own sampling error of its binding
+    margin (``se``: from its requests, their autocorrelation included), root mean square. A few
+    runs' own spread can fall far below it: measured on bench_capacity_tune's 70b-h100x4-fp8 in the
+    hidden world (2048 / 256 at 13.96 req/s, 0.6 % above the steady truth, 40-s runs), the mean-TPOT
+    margin's own SE was 0.06-0.12 per run and nine runs spread by sd 0.08-0.11, where three promise
+    runs (+0.15, +0.09, +0.19; sd 0.05) held against the 0.03 prior and then broke afresh in 2 of 4
+    tunes. The prior between-run spread (``--capacity-noise``) is no floor here: it is the search's
+    guess, and on a TPOT-bound knee whose runs differ by 0.01 (their own SE 0.005-0.016) a floor of
+    0.03 made every load unclear and the promise held nowhere; it still decides, as for any load
+    point, whether a mean clears zero (``capacity.verdict_of``)."""
     se2 = [float((r.get("se") or {}).get(min(r["margins"], key=r["margins"].get), 0.0)) ** 2
            for r in point.runs if r["valid"] and r.get("margins")]
-    return math.sqrt(plan.noise ** 2 + (sum(se2) / len(se2) if se2 else 0.0))
+    return math.sqrt(sum(se2) / len(se2)) if se2 else 0.0
 
 
 def promise_verdict(point: _cap.Point, plan: _cap.Plan) -> str | None:
     """A load point's verdict (``capacity.verdict_of``) with a hold that needs a run there to hold 9
-    times in 10: its mean margin less Student's t (at the one-sided level of 2 normal sd) times its
-    standard error clears RUN_HOLDS_Z sd of one run. That sd pools the runs' own spread (k - 1
-    degrees of freedom) with :func:`run_floor` as a prior worth PRIOR_DF; t has their sum. Three runs
-    at least; a hold not that clear is measured again (None), or unclear after ``plan.repeats`` runs."""
+    times in 10: its mean margin less Student's t (k - 1 degrees of freedom, at the one-sided level of
+    2 normal sd) times its standard error clears RUN_HOLDS_Z sd of one run (the runs' own spread, at
+    least :func:`run_floor`). HOLD_RUNS runs at least; a hold not that clear is measured again (None),
+    or unclear after ``plan.repeats`` runs."""
     v = _cap.verdict_of(point, plan)
     if v != _cap.HOLDS:
         return v
@@ -76,12 +78,8 @@ def promise_verdict(point: _cap.Point, plan: _cap.Plan) -> str | None:
         return None
     from scipy.stats import norm, t
 
-    # one run's sd: the runs' own spread pooled with the prior (run_floor, worth PRIOR_DF degrees of freedom): a
-    # floor taken as a bound would make a margin that is small and steady (a TPOT-bound knee: +0.05 to +0.10, sd 0.01
-    # over four runs, against a prior of 0.03) never a hold
-    df = PRIOR_DF + k - 1
-    sd = math.sqrt((PRIOR_DF * run_floor(point, plan) ** 2 + (k - 1) * float(m.var(ddof=1))) / df)
-    reach = float(t.ppf(norm.cdf(Z_CLEAR), df)) * sd / math.sqrt(k)
+    sd = max(float(m.std(ddof=1)), run_floor(point))
+    reach = float(t.ppf(norm.cdf(Z_CLEAR), k - 1)) * sd / math.sqrt(k)
     need = RUN_HOLDS_Z * sd
     if m.mean() - reach > need:
         return _cap.HOLDS
@@ -126,8 +124,8 @@ class Promise:
         slowly, a long run can. Each load gets the three-way verdict of any load point
         (:func:`promise_verdict`, up to PROMISE_REPEATS runs at a load): it holds only on three valid runs
         or more whose mean margin, less Student's t times its standard error, clears RUN_HOLDS_Z sd of
-        one run (a run there holds 9 times in 10; the sd pools their own spread with the prior noise
-        and each run's own sampling error), and is run again while neither
+        one run (a run there holds 9 times in 10; the sd is their own spread, at least each run's own
+        sampling error), and is run again while neither
         holds nor fails is clear (a margin inside the noise, or a run that could not measure the
         server: the client behind its schedule). A load that fails, or stays unclear after the
         repeats, steps down by the tolerance, then by twice and four times it; after a hold, the
