@@ -256,8 +256,8 @@ def test_two_runs_that_hold_by_a_spread_margin_are_not_yet_a_promise():
 
 def test_a_promise_holds_where_a_fresh_run_holds_nine_times_in_ten():
     """70b-h100x4-fp8 in the hidden world, 2048 / 256 at 13.96 req/s (0.6 % above the steady truth): the mean
-    margin of a 40-s run there is about +0.07 and one run's sd about 0.09 (each run's own sampling SE of its
-    binding margin, mean TPOT, 0.06-0.12), so a fresh check of three runs breaks about one time in eight.
+    margin of a 40-s run there is +0.075 and one run's sd 0.076 over nine fresh starts (each run's own sampling SE
+    of its binding margin, mean TPOT, 0.06-0.12), so a fresh check of three runs breaks about one time in fourteen.
     Three promise runs (+0.15, +0.09, +0.19) held there against the 0.03 prior under a test of the mean
     alone, and four (+0.15, +0.08, +0.15, +0.28) held under a test of the mean with the runs' own SE as
     the floor: both broke afresh. A hold needs the mean to clear 1.28 sd of one run (a run holds 9 times in 10) at the

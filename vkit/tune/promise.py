@@ -40,9 +40,9 @@ Z_CLEAR = 2.0  # a search's point: clear at twice the standard error (normal); t
 # A promise is a claim about the next run, not only about the mean: a run at the promised load holds 9 times in 10
 # (its mean margin clears this many sd of one run, at the level above). Measured on bench_capacity_tune's
 # 70b-h100x4-fp8 in the hidden world (2048 / 256 at 13.96 req/s, 0.6 % above the steady truth): over nine fresh
-# starts, 40-s runs' mean margin was +0.07 with one run's sd 0.08-0.1, so a fresh check of three runs failed two
-# of them about one time in eight, though the mean held; four promise runs (+0.15, +0.08, +0.15, +0.28) cleared a
-# test of the mean alone there and broke afresh.
+# starts (36 runs of 40 s), the mean margin was +0.075 and one run's sd 0.076, so a run failed about one time in
+# six and a fresh check of three runs failed two of them about one time in fourteen, though the mean held; four
+# promise runs (+0.15, +0.08, +0.15, +0.28) cleared a test of the mean alone there and broke afresh.
 RUN_HOLDS_Z = 1.2815515655446004  # the normal's 90th percentile
 HOLD_RUNS = 3  # a hold's runs at least: two runs' spread is one degree of freedom, no claim about the next run
 
