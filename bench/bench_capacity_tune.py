@@ -337,6 +337,10 @@ def tune(name: str, sc: dict, work: str, virtual: bool = False, seed: int = 11, 
     return out
 
 
+# a tune whose promise held at no load: nothing promised, nothing to break (counted apart as unverified)
+NOTHING_PROMISED = {"rate": None, "runs": [], "breaks": False, "unverified": True}
+
+
 def _fresh_virtual(sim: list[str], rec: dict, sc: dict) -> dict:
     """As :func:`_fresh`, on a fresh virtual start of the recommended configuration."""
     from vkit.cli.sim_server import parse_virtual
@@ -345,8 +349,8 @@ def _fresh_virtual(sim: list[str], rec: dict, sc: dict) -> dict:
     from vkit.tune import capacity as cap
 
     rate = rec["capacity"]["req_s"]
-    if rate is None:  # no load clearly held in the promise's runs: nothing promised, nothing to break
-        return {"rate": None, "runs": [], "breaks": False, "unverified": True}
+    if rate is None:
+        return dict(NOTHING_PROMISED)
     opts, settings = parse_virtual(sim[2:], 10_000)
     vs = VirtualServer(opts, settings)
     vs.start({k: v for k, v in rec["config"].items() if k in ("max_num_batched_tokens", "max_num_seqs", "max_model_len",
@@ -371,8 +375,8 @@ def _fresh(state: str, rec: dict, sc: dict) -> dict:
 
     st = StateFile(state).read()
     rate = rec["capacity"]["req_s"]
-    if rate is None:  # as _fresh_virtual
-        return {"rate": None, "runs": [], "breaks": False, "unverified": True}
+    if rate is None:
+        return dict(NOTHING_PROMISED)
     slo = cap.Slo({k: v / SPEED for k, v in sc["slo"].items()})
     plan = cap.Plan()
     verdicts, k = [], 0

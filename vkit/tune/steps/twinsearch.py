@@ -304,11 +304,12 @@ def run_twin_step(runner: Tune, policy: Policy, plan, progress: Callable[[str], 
     return rec
 
 
-def run_profile(runner: Tune) -> dict | None:
+def run_profile(runner: Tune, log: list[dict] | None = None) -> dict | None:
     """This run's last ``twin_profile`` event whose profile file is still there, None without one (a fit of an earlier
-    run in the same decision log, its profile in that run's directory, is not this run's)."""
+    run in the same decision log, its profile in that run's directory, is not this run's). ``log``: the decision
+    log's events when the caller has read them already."""
     mine = os.path.join(os.path.abspath(runner.runs_dir), "")
-    prof = next((e for e in reversed(runner.sf.log.read()) if e.get("event") == "twin_profile"
+    prof = next((e for e in reversed(runner.sf.log.read() if log is None else log) if e.get("event") == "twin_profile"
                  and os.path.abspath(e.get("profile") or "").startswith(mine)), None)
     return prof if prof is not None and os.path.exists(prof["profile"]) else None
 
@@ -337,13 +338,14 @@ def twin_table(runner: Tune) -> dict | None:
     """The twin's predictions beside what the server measured (the result's ``capacity.twin``): the
     profile, every twin proposal (its prediction and interval when proposed, the trial's measured
     capacity, whether it fell inside) and the rank correlation over the measured ones; {fallback: the reason} when
-    the default search gave way to the staged steps (``twin_fallback``); None when the run made none."""
+    the default search gave way to the staged steps (``twin_fallback``); None when this run made none (an earlier
+    run's fit and proposals in the same decision log are not this run's: :func:`run_profile`)."""
     log = runner.sf.log.read()
     since = str(runner.ledger.tune().tune.get("started") or "")  # this run's fallback, even after an earlier run's twin
     fell = next((e for e in reversed(log) if e.get("event") == "twin_fallback" and str(e.get("ts") or "") >= since), None)
     if fell is not None:
         return {"fallback": fell.get("reason"), "rows": []}
-    prof = run_profile(runner)  # an earlier run's fit in the same decision log is not this run's
+    prof = run_profile(runner, log)  # an earlier run's fit in the same decision log is not this run's
     if prof is None:
         return None
     trials = {t["id"]: t for t in runner.ledger.trials()}
