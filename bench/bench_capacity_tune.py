@@ -327,7 +327,10 @@ def tune(name: str, sc: dict, work: str, virtual: bool = False, seed: int = 11, 
     runs = glob.glob(os.path.join(work, name, "runs", "*", "*", "rep*-points", "*", "rep*.json"))
     bench_s = sum(json.load(open(f)).get("duration") or 0.0 for f in runs)
     rec = res["recommendation"]
-    fresh = _fresh_virtual(sim, rec, sc) if virtual else _fresh(state, rec, sc)
+    if rec["capacity"]["req_s"] is None:  # the promise held at no load: nothing promised, nothing to break
+        fresh = {"rate": None, "runs": [], "breaks": False, "unverified": True}
+    else:
+        fresh = _fresh_virtual(sim, rec, sc) if virtual else _fresh(state, rec, sc)
     _stop(state)
     out = {"wall_s": round(wall, 1), "restarts": res["timings"]["restarts"], "benchmark_s": round(bench_s, 1),
            "point_runs": len(runs), "recommendation": rec["config"], "promised_req_s_wall": rec["capacity"]["req_s"],
@@ -335,10 +338,6 @@ def tune(name: str, sc: dict, work: str, virtual: bool = False, seed: int = 11, 
     if virtual:  # the tune's own clock: simulated seconds, restarts at VIRTUAL_RESTART_S each
         out.update(seed=seed, simulated_s=res["timings"]["total_s"], promised_req_s=rec["capacity"]["req_s"])
     return out
-
-
-# a tune whose promise held at no load: nothing promised, nothing to break (counted apart as unverified)
-NOTHING_PROMISED = {"rate": None, "runs": [], "breaks": False, "unverified": True}
 
 
 def _fresh_virtual(sim: list[str], rec: dict, sc: dict) -> dict:
@@ -349,8 +348,6 @@ def _fresh_virtual(sim: list[str], rec: dict, sc: dict) -> dict:
     from vkit.tune import capacity as cap
 
     rate = rec["capacity"]["req_s"]
-    if rate is None:
-        return dict(NOTHING_PROMISED)
     opts, settings = parse_virtual(sim[2:], 10_000)
     vs = VirtualServer(opts, settings)
     vs.start({k: v for k, v in rec["config"].items() if k in ("max_num_batched_tokens", "max_num_seqs", "max_model_len",
@@ -375,8 +372,6 @@ def _fresh(state: str, rec: dict, sc: dict) -> dict:
 
     st = StateFile(state).read()
     rate = rec["capacity"]["req_s"]
-    if rate is None:
-        return dict(NOTHING_PROMISED)
     slo = cap.Slo({k: v / SPEED for k, v in sc["slo"].items()})
     plan = cap.Plan()
     verdicts, k = [], 0
