@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Is the capacity's interval honest, and what does it cost? Hundreds of capacity searches in virtual
-time against a known truth, the boundary model (``Plan.method="model"``) beside the bracket it
-replaces (``"bracket"``), on the same seeds.
+time against a known truth (the search every vkit tool makes, :func:`vkit.tune.capsearch.search`). The
+bracket search it replaced was deleted; its rows in the results file are from the revision that measured
+them (``previous``).
 
 - **The server**: the virtual-time predictor (``vkit.sim.predict.bench_summary``: the simulator's V1
   scheduler and cost model, no sockets, no clock) with the simulator's run-level noise (2 % sd of a
@@ -24,7 +25,7 @@ replaces (``"bracket"``), on the same seeds.
   / offered rate: the seconds of load a search costs).
 
 Writes bench/results/capacity_interval.json. Run: python3 bench/bench_capacity_interval.py
-[--searches 200] [--bracket-searches 50] [--scenarios a,b] [--jobs 2] [--out FILE] (about 2 hours on 2 cores for
+[--searches 200] [--scenarios a,b] [--jobs 2] [--out FILE] (about 2 hours on 2 cores for
 the four scenarios; separate --scenarios with separate --out files can run side by side).
 """
 
@@ -51,6 +52,7 @@ from bench.harness import sim_sources  # noqa: E402
 from vkit.sim.predict import Scenario, bench_summary  # noqa: E402
 from vkit.state import atomic_write_text  # noqa: E402
 from vkit.tune import capacity as cap  # noqa: E402
+from vkit.tune import capsearch  # noqa: E402
 
 OUT = os.path.join(ROOT, "bench", "results", "capacity_interval.json")
 NOISE = 0.02  # the simulator's default --sim-noise
@@ -151,7 +153,7 @@ def one_search(args) -> dict:
     name, method, rep, overrides = args
     sc = SCENARIOS[name]
     slo = cap.Slo(dict(sc["slo"]))
-    plan = cap.Plan(start=sc["start"], method=method, keep_up=KEEP_UP, **overrides)
+    plan = cap.Plan(start=sc["start"], keep_up=KEEP_UP, **overrides)
     count = [0]
 
     def measure(load: float, k: int, n: int | None = None) -> dict:
@@ -161,17 +163,13 @@ def one_search(args) -> dict:
         return bench_summary(scenario(sc, load, n, seed=1_000_000 * rep + i, noise=NOISE, key=f"{name}:{rep}:{i}"))
 
     t0 = time.time()
-    res = cap.search(measure, slo, plan)
+    res = capsearch.search(measure, slo, plan)
     d = res.as_dict()
     out = {"scenario": name, "method": method, "rep": rep, "points": d["points"], "runs": d["runs"],
            "requests": d["requests"], "request_seconds": d.get("request_seconds"), "stop": d["stop"],
            "cpu_s": time.time() - t0, "binding": d["binding_slo"]}
-    if method == "model":
-        out.update(estimate=d["capacity"], lo=d["interval"][0], hi=d["interval"][1], shape=d.get("boundary"),
-                   bounds=d["estimate"].get("bounds"))
-    else:
-        lo, hi = d["capacity"], d["upper"]
-        out.update(estimate=math.sqrt(lo * hi) if lo and hi else lo, lo=lo, hi=hi)
+    out.update(estimate=d["capacity"], lo=d["interval"][0], hi=d["interval"][1], shape=d.get("boundary"),
+               bounds=d["estimate"].get("bounds"))
     return out
 
 
@@ -201,7 +199,6 @@ def score(rows: list[dict], truth: float) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--searches", type=int, default=200, help="model searches per scenario (default 200)")
-    ap.add_argument("--bracket-searches", type=int, default=50, help="bracket searches per scenario, same seeds (default 50)")
     ap.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated (default all)")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--out", default=OUT)
@@ -249,8 +246,7 @@ def main(argv=None) -> int:
             truth = cached_truth(name)
             print(f"{name}: truth {truth:.4g} req/s ({time.time() - t0:.0f} s)", file=sys.stderr)
             rows: dict[str, list] = {"model": [], "bracket": []}
-            jobs = ([(name, "model", i, overrides) for i in range(a.searches)]
-                    + [(name, "bracket", i, overrides) for i in range(a.bracket_searches)])
+            jobs = [(name, "model", i, overrides) for i in range(a.searches)]
             for k, r in enumerate(pool.imap_unordered(one_search, jobs), 1):
                 rows[r["method"]].append(r)
                 if k % 25 == 0 or k == len(jobs):
@@ -262,7 +258,8 @@ def main(argv=None) -> int:
                         f.write(json.dumps({**r, "truth": truth}) + "\n")
             result["scenarios"][name] = {"config": SCENARIOS[name], "truth": truth, "revision": result["revision"],
                                          "model": score(rows["model"], truth),
-                                         "bracket": score(rows["bracket"], truth) if rows["bracket"] else None,
+                                         # the deleted bracket search's scores, as its revision measured them
+                                         "bracket": (result["scenarios"].get(name) or {}).get("bracket"),
                                          "wall_s": time.time() - t0}
             print(json.dumps({name: {m: result["scenarios"][name][m] for m in ("truth", "model", "bracket")}}, indent=1),
                   file=sys.stderr)

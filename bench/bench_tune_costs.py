@@ -102,7 +102,7 @@ def run_virtual_demo(work: str) -> dict:
             "--input-len", "512", "--output-len", "128", "--num-prompts", "100", "--slo", f"p95_ttft_ms={1000 * k:g}",
             "--slo", f"mean_tpot_ms={50 * k:g}", "--steps", "1,2,3", "--budget", "3", "--baseline-repeats", "3",
             "--screen-repeats", "1", "--confirm-front", "1", "--point-seconds", f"{1 * k:g}", "--capacity-start",
-            f"{32 / k:g}", "--capacity-max-points", "6", "--capacity-repeats", "2", "--capacity-noise", "0.03",
+            f"{32 / k:g}", "--capacity-noise", "0.03",
             "--verify-seconds", f"{8 * k:g}", "--ablation", "off", "--ready-timeout", "60", "--search", "staged", "--json"]
     t0 = time.time()
     p = subprocess.run(argv, env=env, capture_output=True, text=True)

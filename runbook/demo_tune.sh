@@ -60,6 +60,6 @@ RESTARTS=()
     --num-prompts "${PROMPTS:-100}" --slo p95_ttft_ms="${SLO_MS:-125}" --slo mean_tpot_ms="${TPOT_MS:-5}" \
     --steps "${STEPS:-1,2,3}" --budget "${BUDGET:-3}" --baseline-repeats 3 --screen-repeats 1 \
     --confirm-front "${CONFIRM_FRONT:-1}" --point-seconds "${POINT_S:-1}" --capacity-start "${START_RPS:-16}" \
-    --capacity-max-points 6 --capacity-repeats 2 --capacity-noise 0.03 --verify-seconds "${VERIFY_S:-4}" \
+    --capacity-noise 0.03 --max-point-seconds "${MAX_POINT_S:-4}" --verify-seconds "${VERIFY_S:-4}" \
     --ablation "${ABLATION:-off}" --ready-timeout 60 --search "${SEARCH:-twin}" \
     ${RESTARTS[@]+"${RESTARTS[@]}"} "$@"

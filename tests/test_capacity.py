@@ -1,5 +1,5 @@
-"""SLO capacity: the bracket search (Plan(method="bracket")), the three-way point verdict, the SLO margins, the live tool
-(the boundary model and its search: tests/test_capacity_interval.py)."""
+"""SLO capacity: the search on simple servers with a known boundary, the three-way verdict of a fixed load (the
+promise's and the sentinel's), the SLO margins, the live tool (the boundary model itself: tests/test_capacity_interval.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import pytest
 
 from vkit.errors import UsageError
 from vkit.tune import capacity as cap
+from vkit.tune import capsearch
 
 pytestmark = pytest.mark.unit
 
@@ -37,26 +38,23 @@ def fake_server(knee: float = 100.0, noise: float = 0.02, fail_above: float | No
     return measure, calls
 
 
-def test_the_search_brackets_the_true_boundary_within_the_tolerance():
+def test_the_searchs_interval_holds_the_true_boundary():
     measure, calls = fake_server()
     slo = cap.Slo({"p95_ttft_ms": 200.0, "mean_tpot_ms": 50.0})
-    res = cap.search(measure, slo, cap.Plan(start=4.0, tolerance=0.1, method="bracket"))
+    res = capsearch.search(measure, slo, cap.Plan(start=4.0))
     # P95 TTFT = 200 where 50 / (1 - r/100) = 200: r = 75
-    assert res.capacity is not None and res.upper is not None
-    assert res.capacity <= 75.0 <= res.upper
-    # Between the clear hold and the clear failure only unclear points, each gap within the tolerance.
-    inside = sorted(p.load for p in res.points if res.capacity <= p.load <= res.upper)
-    assert all(b / a - 1 <= 0.1 for a, b in zip(inside, inside[1:], strict=False))
-    assert all(p.verdict == "unclear" for p in res.points if res.capacity < p.load < res.upper)
+    assert res.model.lo is not None and res.model.hi is not None
+    assert res.model.lo <= 75.0 <= res.model.hi and abs(res.capacity / 75.0 - 1) < 0.05
     doc = res.as_dict()
-    assert doc["binding_slo"] == "p95_ttft_ms" and doc["unit"] == "req/s"
-    assert doc["capacity_req_s"] == pytest.approx(0.98 * res.capacity)
+    assert doc["binding_slo"] == "p95_ttft_ms" and doc["unit"] == "req/s" and doc["method"] == "model"
+    held, _ = res.measured_at()
+    assert doc["capacity_req_s"] == pytest.approx(0.98 * held.load)
     for p in doc["curve"]:
         if p["load"] < 70:
             assert p["verdict"] == "holds"
         if p["load"] > 80:
             assert p["verdict"] == "fails"
-    assert len({c[0] for c in calls}) <= 12 and doc["interval"] == [res.capacity, res.upper]
+    assert len({c[0] for c in calls}) <= 12 and doc["interval"] == [res.model.lo, res.model.hi]
 
 
 def test_a_point_is_repeated_only_while_its_verdict_is_unclear():
@@ -77,25 +75,29 @@ def test_a_point_is_repeated_only_while_its_verdict_is_unclear():
 
 def test_runs_that_did_not_measure_the_server_never_enter_a_verdict():
     measure, _ = fake_server(fail_above=40.0)
-    res = cap.search(measure, cap.Slo({"p95_ttft_ms": 200.0}), cap.Plan(start=20.0, tolerance=0.1, method="bracket"))
+    res = capsearch.search(measure, cap.Slo({"p95_ttft_ms": 200.0}), cap.Plan(start=20.0))
     pts = {p.load: p for p in res.points}
     assert all(p.verdict == "invalid" for load, p in pts.items() if load > 40)
-    assert res.capacity is not None and res.capacity <= 40 and res.upper is None
-    assert "no run could measure the server" in res.stop and "failed" in res.stop
+    assert all(not r["valid"] and "failed" in r["why"] for load, p in pts.items() if load > 40 for r in p.runs)
+    # every valid load holds: the capacity is at least the highest of them, and nothing says more
+    assert res.model.where == "above" and res.upper is None and 20.0 <= res.model.lo <= 40.0
+    assert "no run could measure the server" in res.stop
 
 
 def test_a_server_that_cannot_keep_up_fails_whatever_its_latencies():
     measure, _ = fake_server(knee=1e9, slow_above=60.0)  # latencies fine everywhere, completes half above 60
-    res = cap.search(measure, cap.Slo({"p95_ttft_ms": 200.0}), cap.Plan(start=16.0, tolerance=0.1, method="bracket"))
-    assert res.capacity is not None and res.capacity <= 60.0 < res.upper
-    assert res.as_dict()["binding_slo"] == "throughput"
+    res = capsearch.search(measure, cap.Slo({"p95_ttft_ms": 200.0}), cap.Plan(start=16.0))
+    d = res.as_dict()
+    # the keep-up binds: the capacity lies between the highest load that kept up and the lowest that did not
+    assert d["binding_slo"] == "throughput" and d["holds"] <= 60.0 < d["fails"]
+    assert d["holds"] <= res.capacity < d["fails"] and res.model.lo <= 60.0
 
 
 def test_the_concurrency_ladder_offers_whole_streams():
     measure, calls = fake_server(knee=50.0)
-    res = cap.search(measure, cap.Slo({"p95_ttft_ms": 100.0}), cap.Plan(mode="concurrency", start=8, lo_limit=1, tolerance=0.1, method="bracket"))
+    res = capsearch.search(measure, cap.Slo({"p95_ttft_ms": 100.0}), cap.Plan(mode="concurrency", start=8, lo_limit=1))
     assert all(float(load).is_integer() for load, _ in calls)
-    assert res.capacity <= 25.0 <= res.upper  # 50 / (1 - c/50) = 100 at c = 25
+    assert res.model.lo <= 25.0 <= res.model.hi  # 50 / (1 - c/50) = 100 at c = 25
 
 
 def test_slo_margins_and_refusals():
@@ -113,12 +115,11 @@ def test_slo_margins_and_refusals():
         cap.Plan(start=0.0)
 
 
-def test_a_quiet_server_is_bracketed_to_the_tolerance():
+def test_a_quiet_server_is_searched_to_the_precision():
     measure, _ = fake_server(noise=0.0)
-    res = cap.search(measure, cap.Slo({"p95_ttft_ms": 200.0}), cap.Plan(start=4.0, tolerance=0.05, noise=0.005, method="bracket"))
-    assert res.capacity <= 75.0 <= res.upper and res.upper / res.capacity - 1 <= 0.05
-    assert "bracket within 5 %" in res.stop
-    assert all(len(p.runs) == 1 for p in res.points if abs(p.load / 75.0 - 1) > 0.01)  # repeats only at the edge
+    res = capsearch.search(measure, cap.Slo({"p95_ttft_ms": 200.0}), cap.Plan(start=4.0, precision=0.05, noise=0.005))
+    assert res.model.lo <= 75.0 <= res.model.hi and res.model.half_width() <= 0.05
+    assert "interval is within ±5 %" in res.stop
 
 
 # -- against a live simulator, and the predictor's answer ------------------------------------------
@@ -194,24 +195,29 @@ def test_bad_capacity_input_is_exit_2_with_one_error_line(argv, tmp_path):
     assert not (tmp_path / "runs").exists()  # refused before anything was measured
 
 
-def test_a_hint_spends_no_points_climbing_from_the_reference_and_keeps_the_reference_first():
+def test_a_hint_spends_no_runs_climbing_from_the_reference_and_keeps_the_reference_first():
     # boundary at 75 (P95 TTFT 200 ms); the search starts at the reference 20, as a warm start does
     slo = cap.Slo({"p95_ttft_ms": 200.0})
-    plan = cap.Plan(start=20.0, step=1.25, tolerance=0.05, max_points=6, method="bracket")
+    plan = cap.Plan(start=20.0, step=1.25, max_points=8)
     m0, plain = fake_server()
-    res0 = cap.search(m0, slo, plan)
+    res0 = capsearch.search(m0, slo, plan)
     m1, hinted = fake_server()
-    res1 = cap.search(m1, slo, plan, hint=70.0)
-    # the reference is still the first point measured (interactivity is measured there), the hint the second
+    res1 = capsearch.search(m1, slo, plan, hint=70.0)
+    # the reference is still the first load measured (interactivity is measured there), the hint the second
     assert hinted[0][0] == plain[0][0] == 20.0 and hinted[1][0] == plan.snap(70.0)
-    # without the hint the search climbs 20 -> 25 -> 39 -> 78 before its first failure (the 4th point);
-    # with it the first failure is the 3rd point (70 holds, 87.5 fails), and both bracket the boundary
-    def first_failure(res):
-        return next(i for i, p in enumerate(res.points) if p.verdict == "fails")
 
-    assert first_failure(res1) == 2 < first_failure(res0) == 3
-    assert res1.capacity <= 75.0 <= res1.upper and res0.capacity <= 75.0 <= res0.upper
-    # a hint at or below one step above the start changes nothing
+    def first_failure(calls):
+        return next(i for i, (load, _) in enumerate(calls) if load > 75.0)
+
+    # without the hint the search climbs by 1.25 from 20 before it first passes the boundary; with it, at once
+    assert first_failure(hinted) <= 2 < first_failure(plain)
+    assert len(hinted) < len(plain)
+    for res in (res0, res1):
+        assert res.model.lo <= 75.0 <= res.model.hi
+    # a hint below the start that held changes nothing; one below a start that failed is the second load
     m2, same = fake_server()
-    cap.search(m2, slo, plan, hint=22.0)
+    capsearch.search(m2, slo, plan, hint=18.0)
     assert [c[0] for c in same] == [c[0] for c in plain]
+    m3, down = fake_server()
+    res3 = capsearch.search(m3, slo, cap.Plan(start=120.0, step=1.25, max_points=8), hint=70.0)
+    assert [c[0] for c in down[:2]] == [120.0, 70.0] and abs(res3.capacity / 75.0 - 1) < 0.03

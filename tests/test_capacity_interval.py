@@ -10,7 +10,7 @@ import random
 import numpy as np
 import pytest
 
-from vkit.tune import boundary
+from vkit.tune import boundary, capmeasure, capsearch
 from vkit.tune import capacity as cap
 
 pytestmark = pytest.mark.unit
@@ -46,7 +46,7 @@ SLO = {"p95_ttft_ms": 45.0, "mean_tpot_ms": 5.0}
 
 def test_one_slow_first_run_does_not_put_the_capacity_an_order_of_magnitude_low():
     measure, calls = real_vllm_like()
-    res = cap.search(measure, cap.Slo(SLO), cap.Plan(start=4.0))
+    res = capsearch.search(measure, cap.Slo(SLO), cap.Plan(start=4.0))
     d = res.as_dict()
     assert 42.5 / 1.1 <= d["capacity"] <= 49 * 1.1  # the ladder's bracket, give or take 10 %
     assert d["interval"][0] <= TRUTH <= d["interval"][1]
@@ -60,7 +60,7 @@ def test_over_ten_replays_no_answer_lies_outside_the_ladders_bracket_by_more_tha
     inside, errors = 0, []
     for seed in range(10):
         measure, _ = real_vllm_like(seed=seed)
-        d = cap.search(measure, cap.Slo(SLO), cap.Plan(start=4.0)).as_dict()
+        d = capsearch.search(measure, cap.Slo(SLO), cap.Plan(start=4.0)).as_dict()
         lo, hi = d["interval"]
         assert lo <= 49.0 and hi >= 42.5, (seed, lo, hi)
         inside += lo <= TRUTH <= hi
@@ -69,19 +69,32 @@ def test_over_ten_replays_no_answer_lies_outside_the_ladders_bracket_by_more_tha
     assert float(np.median(errors)) <= 0.05 and max(errors) <= 0.10
 
 
-def test_the_bracket_search_stepped_down_from_the_slow_first_run():
-    # what the old search did with the same replay (kept as --capacity-method bracket): it never
-    # offered more than the first load, so its answer was an order of magnitude low
+def tune_plan(*flags: str) -> cap.Plan:
+    """The capacity plan ``tune`` searches with, from its own parser and defaults."""
+    from vkit.cli import _tuneargs
+    from vkit.cli.tune import build_parser
+
+    args = build_parser().parse_args(["--sandbox", *flags])
+    return _tuneargs.capacity_objective(args, {k: float(v) for k, v in SLO.items()}).plan
+
+
+def test_the_tunes_default_plan_gets_the_slow_first_run_replay_right():
+    # the search every measurement inside tune makes, from the first baseline's start (4 req/s), on the replay whose
+    # first run stalled: the old bracket search never offered more than that first load (3.7 req/s, 12 x low)
+    plan = tune_plan()
+    assert plan.start == 4.0
     measure, calls = real_vllm_like()
-    res = cap.search(measure, cap.Slo(SLO), cap.Plan(start=4.0, method="bracket"))
-    assert max(calls) <= 4.0 and (res.capacity or 0) < 5
+    d = capsearch.search(measure, cap.Slo(SLO), plan).as_dict()
+    assert max(calls) > 40 and d["method"] == "model"
+    assert d["interval"][0] <= TRUTH <= d["interval"][1]
+    assert abs(d["capacity"] / TRUTH - 1) <= 0.10
 
 
 def test_the_search_stops_when_the_interval_is_as_narrow_as_asked():
     # TTFT alone binds (its margin falls steeply near the boundary), runs 3 % apart
     slo = cap.Slo({"p95_ttft_ms": 45.0})
-    wide = cap.search(real_vllm_like(stall_first=False, noise=0.03, seed=3)[0], slo, cap.Plan(start=4.0, precision=0.10))
-    narrow = cap.search(real_vllm_like(stall_first=False, noise=0.03, seed=3)[0], slo, cap.Plan(start=4.0, precision=0.04))
+    wide = capsearch.search(real_vllm_like(stall_first=False, noise=0.03, seed=3)[0], slo, cap.Plan(start=4.0, precision=0.10))
+    narrow = capsearch.search(real_vllm_like(stall_first=False, noise=0.03, seed=3)[0], slo, cap.Plan(start=4.0, precision=0.04))
     assert wide.model.half_width() <= 0.10 and narrow.model.half_width() <= 0.04
     assert "within" in narrow.stop and narrow.model.lo <= TRUTH <= narrow.model.hi
     assert sum(len(p.runs) for p in narrow.points) >= sum(len(p.runs) for p in wide.points)
@@ -139,10 +152,10 @@ def test_an_interval_open_below_keeps_the_estimate_and_takes_its_sd_from_the_bou
     """A crossing whose lower end the bootstrap could not bound (the binding margin's lowest load is
     the crossing's own neighbour): the gate compares the model's estimate, with the sd its bounded side
     gives, never a stand-in far below it (it was half the lowest load: 32 for a capacity of 77.6 req/s)."""
-    plan = cap.Plan(method="model")
-    est, sd = cap.estimate({"estimate": {"capacity": 77.58, "interval": [None, 81.61]}, "curve": [{"load": 63.95}]}, plan)
+    plan = cap.Plan()
+    est, sd = capmeasure.estimate({"estimate": {"capacity": 77.58, "interval": [None, 81.61]}, "curve": [{"load": 63.95}]}, plan)
     assert est == 77.58 and sd == pytest.approx(math.log(81.61 / 77.58) / 1.96, rel=1e-3)
-    est, sd = cap.estimate({"estimate": {"capacity": 77.58, "interval": [74.0, 81.61]}, "curve": []}, plan)
+    est, sd = capmeasure.estimate({"estimate": {"capacity": 77.58, "interval": [74.0, 81.61]}, "curve": []}, plan)
     assert est == 77.58 and sd == pytest.approx(math.log(81.61 / 74.0) / (2 * 1.96), rel=1e-3)
 
 
@@ -183,7 +196,7 @@ def test_a_search_sends_the_longer_runs_where_the_crossing_is_and_not_at_its_fir
         sent.append((load, n))
         return measure(load, k, n)
 
-    res = cap.search(recording, cap.Slo(SLO), cap.Plan(start=4.0))
+    res = capsearch.search(recording, cap.Slo(SLO), cap.Plan(start=4.0))
     assert sent[0] == (4.0, 80)  # far below: load x 20 s
     lo, hi = res.model.lo, res.model.hi
     near = [(x, n) for x, n in sent[2:] if lo <= x <= hi]
@@ -204,8 +217,8 @@ def test_the_tunes_capacity_measurement_sizes_its_runs_as_bin_capacity_does(tmp_
             return measure(load, k, requests)
         return run
 
-    monkeypatch.setattr(cap, "live_measure", live_measure)
-    doc = cap.measure_configuration(BenchOptions(num_prompts=50), "http://x", str(tmp_path), cap.Slo(SLO),
+    monkeypatch.setattr(capmeasure, "live_measure", live_measure)
+    doc = capmeasure.measure_configuration(BenchOptions(num_prompts=50), "http://x", str(tmp_path), cap.Slo(SLO),
                                     cap.Plan(start=4.0), None)
     lo, hi = doc["vkit"]["capacity"]["interval"]
     assert all(n is not None for _, n in sent)
@@ -225,3 +238,29 @@ def test_the_benchmarks_truth_is_the_least_of_each_slos_mean_margin_not_the_mean
     assert np.mean([min(r["margins"].values()) for r in runs]) > 0  # the mean of each run's least: "holds"
     assert bench.least_mean_margin(runs, ["p95_ttft_ms", "mean_tpot_ms"]) == pytest.approx((0.05 - 5 * 0.04) / 6)
     assert bench.least_mean_margin([kept] * 6, ["p95_ttft_ms", "mean_tpot_ms"]) == pytest.approx(0.05)
+
+
+def test_near_the_crossing_a_run_lasts_several_request_lifetimes():
+    # requests that live 3 s (E2EL): a 20-s point near the crossing would be 2 s of batch filling in every 6;
+    # near the crossing the search sends at least LIFETIMES lifetimes of load (at most --max-point-seconds)
+    measure, _ = real_vllm_like(stall_first=False)
+    sent = []
+
+    def recording(load, k, n=None):
+        sent.append((load, n))
+        s = measure(load, k, n)
+        s["mean_e2el_ms"] = 3000.0
+        return s
+
+    plan = cap.Plan(start=4.0, point_seconds=2.0, crossing_factor=2.0, max_point_seconds=60.0)
+    res = capsearch.search(recording, cap.Slo(SLO), plan)
+    lo, hi = res.model.lo, res.model.hi
+    near = [(x, n) for x, n in sent[2:] if lo <= x <= hi]
+    assert near and all(n >= math.ceil(x * capsearch.LIFETIMES * 3.0) for x, n in near)
+    # far below the crossing a run stays at its point length
+    assert sent[0] == (4.0, 8)
+    # and never past the most a run may last
+    capped = cap.Plan(start=4.0, point_seconds=2.0, max_point_seconds=5.0)
+    sent.clear()
+    capsearch.search(recording, cap.Slo(SLO), capped)
+    assert all(n <= math.ceil(x * 5.0) for x, n in sent)

@@ -15,6 +15,7 @@ from vkit.measure.gauge import BenchOptions
 from vkit.measure.runsummary import completion_rate
 from vkit.state import StateFile, new_state
 from vkit.tune import capacity as cap
+from vkit.tune import capmeasure, capsearch
 from vkit.tune.config import CapacityObjective, Settings, Workload
 from vkit.tune.context import Tune, new_tune
 
@@ -56,13 +57,16 @@ def test_an_overloaded_short_run_fails_on_keep_up_whatever_its_latencies():
     assert r["margin"] == pytest.approx(math.log(80.0 / 95.0)) and min(r["margins"], key=r["margins"].get) == "throughput"
 
 
-def test_a_search_estimate_is_the_middle_of_its_last_bracket_with_its_own_sd():
-    plan = cap.Plan(tolerance=0.1)
-    est, sd = cap.estimate({"capacity": 80.0, "upper": 88.0, "curve": []}, plan)
-    assert est == pytest.approx(math.sqrt(80 * 88)) and sd == pytest.approx(math.log(1.1) / math.sqrt(12))
-    est, sd = cap.estimate({"capacity": 80.0, "upper": None, "curve": []}, plan)
-    assert est == 80.0 and sd == pytest.approx(math.log(1.1) / math.sqrt(12))
-    est, _ = cap.estimate({"capacity": None, "upper": 2.0, "curve": [{"load": 2.0}, {"load": 4.0}]}, plan)
+def test_a_search_estimate_carries_its_intervals_sd():
+    plan = cap.Plan(precision=0.05)
+    doc = {"estimate": {"capacity": 84.0, "interval": [80.0, 88.0]}, "curve": []}
+    est, sd = capmeasure.estimate(doc, plan)
+    assert est == 84.0 and sd == pytest.approx(math.log(88 / 80) / (2 * 1.96), rel=1e-3)
+    # every load held: the interval's lower end, with the precision as its sd
+    est, sd = capmeasure.estimate({"estimate": {"capacity": None, "interval": [80.0, None]}, "curve": []}, plan)
+    assert est == 80.0 and sd == pytest.approx(math.log(1.05))
+    est, _ = capmeasure.estimate({"estimate": {"capacity": None, "interval": [None, None]},
+                                  "curve": [{"load": 2.0}, {"load": 4.0}]}, plan)
     assert est == 1.0  # nothing held down to 2 req/s: half of it, a bound
 
 
@@ -84,19 +88,20 @@ def _search(knee: float) -> tuple[cap.Capacity, dict | None]:
         first.append(s)
         return s
 
-    res = cap.search(measure, cap.Slo({"p95_ttft_ms": 400.0}), cap.Plan(start=10.0, tolerance=0.1, method="bracket"))
+    res = capsearch.search(measure, cap.Slo({"p95_ttft_ms": 400.0}), cap.Plan(start=10.0))
     return res, first[0]
 
 
 def test_two_searches_that_offered_different_loads_are_one_gauge_and_carry_their_answer():
     opts = BenchOptions(num_prompts=50)
     (a, fa), (b, fb) = _search(100.0), _search(160.0)
-    da = cap.capacity_document(a, fa, opts, seed=2, reference=None)
-    db = cap.capacity_document(b, fb, opts, seed=2, reference=10.0)
+    da = capmeasure.capacity_document(a, fa, opts, seed=2, reference=None)
+    db = capmeasure.capacity_document(b, fb, opts, seed=2, reference=10.0)
     assert gauge_of(da) == gauge_of(db)  # the number of prompts per point is not part of the gauge
     # P95 TTFT = 400 where 100 / (1 - r/knee) = 400: r = 0.75 knee
-    assert da["capacity_holds"] <= 75.0 <= da["capacity_fails"] and db["capacity_holds"] <= 120.0 <= db["capacity_fails"]
-    assert da["slo_capacity"] == pytest.approx(math.sqrt(da["capacity_holds"] * da["capacity_fails"]))
+    assert da["slo_capacity"] == pytest.approx(75.0, rel=0.02) and db["slo_capacity"] == pytest.approx(120.0, rel=0.02)
+    assert da["slo_capacity"] == da["vkit"]["capacity"]["capacity"]
+    assert da["capacity_holds"] < da["slo_capacity"] < da["capacity_fails"]
     assert da["reference_load"] == da["capacity_holds"]  # a first search is its own reference
     assert db["reference_load"] == 10.0 and db["ref_per_user_output_tok_s"] == pytest.approx(100.0)
     # the peak in flight only over the loads that decide the answer (up to the lowest clear failure)
@@ -107,7 +112,10 @@ def test_two_searches_that_offered_different_loads_are_one_gauge_and_carry_their
 def test_capacity_sigma_never_claims_zero_for_searches_that_landed_on_one_grid_point():
     docs = [{"slo_capacity": 80.0, "slo_capacity_sd": 0.03}, {"slo_capacity": 80.0, "slo_capacity_sd": 0.03}]
     assert capacity_sigma(0.0, docs) == pytest.approx(0.03)
-    assert capacity_sigma(0.04, docs) == pytest.approx(0.05)
+    # from two searches, their spread at least their own sd; from three, their spread alone (it holds their error)
+    assert capacity_sigma(0.04, docs) == pytest.approx(0.04)
+    assert capacity_sigma(0.02, docs) == pytest.approx(0.03)
+    assert capacity_sigma(0.02, docs + docs[:1]) == pytest.approx(0.02)
 
 
 @pytest.fixture
@@ -164,9 +172,9 @@ def test_the_capacity_is_the_servers_not_the_clients_ceiling():
     slo = cap.Slo({"p95_ttft_ms": 200.0})
     for ceiling in (120.0, 1000.0, 10_000.0):
         measure, _ = fake_server(knee=100.0)
-        res = cap.search(measure, slo, cap.Plan(start=8.0, hi_limit=ceiling, tolerance=0.05, method="bracket"))
-        # P95 TTFT = 50 / (1 - r/100) = 200 at r = 75, whatever the ceiling; the bracket is the noise's width
-        assert res.capacity <= 75.0 <= res.upper and res.upper / res.capacity - 1 < 0.1, (ceiling, res.capacity, res.upper)
+        res = capsearch.search(measure, slo, cap.Plan(start=8.0, hi_limit=ceiling))
+        # P95 TTFT = 50 / (1 - r/100) = 200 at r = 75, whatever the ceiling; the interval is the noise's width
+        assert res.model.lo <= 75.0 <= res.model.hi and res.model.half_width() < 0.1, (ceiling, res.model)
 
 
 def test_the_goals_pick_is_a_front_member_confirmed_more_interactive_with_its_capacity_guarded(runner):

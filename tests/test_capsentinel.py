@@ -29,7 +29,7 @@ SIGMA = 0.05  # the baseline's σ of slo_capacity (a fresh start's search)
 
 
 def _plan() -> cap.Plan:
-    return cap.Plan(mode="rate", keep_up=0.95, point_seconds=20.0, noise=0.05, method="model")
+    return cap.Plan(mode="rate", keep_up=0.95, point_seconds=20.0, noise=0.05)
 
 
 def test_the_check_load_is_two_sigma_below_the_kept_capacity():

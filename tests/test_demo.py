@@ -59,10 +59,23 @@ def test_demo_script_tunes_the_slo_capacity_with_the_twin_and_shows_its_predicti
     # the stop rule names the twin's reason: the restart budget, no interval reaching past the best, or its trials
     stop = next(s["stop_rule"] for s in st["steps"] if s["step"] == "twin")
     assert any(w in stop for w in ("--max-restarts 8", "interval reaches", "trials for step twin spent")), stop
-    # every configuration's capacity: holds / fails, tok/s, per-user tok/s at the reference load, binding SLO
+    # every configuration's capacity with its 95 % interval, tok/s, per-user tok/s at the reference load, binding SLO
     ref = st["capacity_reference"]["load"]
     assert f"SLO capacity (req/s; per-user tok/s at {ref:.4g} req/s):" in out
-    assert re.search(r"kept: holds [\d.]+, fails [\d.–]+, \d+ tok/s, [\d.]+ tok/s per user, binding \w+", flat)
+    assert re.search(r"kept: [\d.]+ \[[\d.]+–[\d.]+\], \d+ tok/s, [\d.]+ tok/s per user, binding \w+", flat)
+    # the lead: where the tune started and what it recommends, each with its interval, the gain with its interval
+    assert re.search(r"Started at [\d.]+ req/s \[[\d.]+, [\d.]+\]", flat), flat[:800]
+    ach = json.load(open(st["tune"]["report"]["json"]))["capacity"]["achieved"]
+    start = ach["start"]["config"]
+    assert (start["max_num_batched_tokens"], start["max_num_seqs"]) == (2048, 16)  # the demo's starting configuration
+    lo, hi = ach["start"]["interval"]
+    assert lo < ach["start"]["req_s"] < hi
+    # one gauge: every capacity search of the tune is the interval estimate, and the tune stays within its restarts
+    for f in [p for t in st["trials"] for p in t.get("runs") or []]:
+        doc = json.load(open(os.path.join(d, f)))
+        if "slo_capacity" in doc:
+            assert doc["vkit"]["capacity"]["method"] == "model" and doc["capacity_holds"] < doc["capacity_fails"]
+    assert res["timings"]["restarts"] <= 8 + 3 + 1, res["timings"]
     # the knee, the Pareto configurations with dominance rates, the recommendation and the flags to deploy
     # (the terminal wraps at 78 columns: "dominance rate" can break across a line, so it is looked for in the flat text)
     assert "Knee: " in out and "dominance rate" in flat and "Recommendation:" in out

@@ -162,6 +162,7 @@ def test_the_tune_runner_notes_each_run_and_warns_once_on_a_change(state_path):
 def test_a_capacity_document_carries_its_first_runs_fingerprint():
     from vkit.measure.gauge import BenchOptions
     from vkit.tune import capacity as cap
+    from vkit.tune import capmeasure, capsearch
 
     first = []
 
@@ -174,8 +175,8 @@ def test_a_capacity_document_carries_its_first_runs_fingerprint():
         first.append(s)
         return s
 
-    res = cap.search(measure, cap.Slo({"p95_ttft_ms": 400.0}), cap.Plan(start=10.0, tolerance=0.1))
-    doc = cap.capacity_document(res, first[0], BenchOptions(num_prompts=50), seed=1, reference=None)
+    res = capsearch.search(measure, cap.Slo({"p95_ttft_ms": 400.0}), cap.Plan(start=10.0, tolerance=0.1))
+    doc = capmeasure.capacity_document(res, first[0], BenchOptions(num_prompts=50), seed=1, reference=None)
     assert doc["vkit"]["fingerprint"] == fp_of()
 
 

@@ -18,6 +18,7 @@ import pytest
 from vkit.measure.runsummary import completion_rate, send_rate
 from vkit.sim.predict import Scenario, bench_summary
 from vkit.tune import capacity as cap
+from vkit.tune import capsearch
 
 pytestmark = pytest.mark.unit
 
@@ -59,7 +60,7 @@ def test_a_server_that_completes_what_it_was_sent_keeps_up_however_far_the_sched
 
 
 def test_short_steady_runs_far_below_the_cliff_keep_up():
-    slo, plan = cap.Slo(CLIFF_SLO), cap.Plan(method="model")
+    slo, plan = cap.Slo(CLIFF_SLO), cap.Plan()
     keeps = [cap.judge_run(bench_summary(Scenario(**CLIFF, rate=4.0, num_prompts=80, seed=s)), slo, plan, 4.0)["keep"]
              for s in range(30)]
     assert min(keeps) > 0  # against the nominal rate 3 of these 30 fell short
@@ -67,7 +68,7 @@ def test_short_steady_runs_far_below_the_cliff_keep_up():
 
 def test_the_benchmarks_search_that_ended_at_a_hundredth_of_the_capacity_now_finds_it():
     # bench_capacity_interval's cliff-seqs, model search rep 30, replayed run for run (its seeds and noise draws)
-    slo, plan = cap.Slo(CLIFF_SLO), cap.Plan(start=4.0, method="model", keep_up=0.95)
+    slo, plan = cap.Slo(CLIFF_SLO), cap.Plan(start=4.0, keep_up=0.95)
     i = [0]
 
     def measure(load: float, k: int, n: int | None = None) -> dict:
@@ -76,7 +77,7 @@ def test_the_benchmarks_search_that_ended_at_a_hundredth_of_the_capacity_now_fin
         return bench_summary(Scenario(**CLIFF, rate=load, num_prompts=n, seed=30_000_000 + i[0], noise=0.02,
                                       noise_seed=f"cliff-seqs:30:{i[0]}"))
 
-    d = cap.search(measure, slo, plan).as_dict()
+    d = capsearch.search(measure, slo, plan).as_dict()
     assert abs(d["capacity"] / CLIFF_TRUTH - 1) < 0.1 and d["binding_slo"] == "p95_ttft_ms"
 
 

@@ -54,7 +54,7 @@ def test_a_run_without_usable_percentiles_has_none_and_keys_parse():
 
 def test_the_model_moves_a_loads_mean_margin_to_the_pooled_percentiles_margin():
     rng = np.random.default_rng(5)
-    slo, plan = cap.Slo({"p95_ttft_ms": 100.0, "mean_tpot_ms": 50.0}), cap.Plan(method="model")
+    slo, plan = cap.Slo({"p95_ttft_ms": 100.0, "mean_tpot_ms": 50.0}), cap.Plan()
     runs = []
     for scale in (0.04, 0.07, 0.05):
         x = rng.lognormal(np.log(scale), 0.5, 600)

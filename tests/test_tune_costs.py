@@ -51,8 +51,9 @@ def test_the_gate_sigma_carries_the_whole_process_level_for_runs_sharing_one_pro
     # a mean of n runs on one process has variance within²/n + between²: per run within² + n·between²
     assert comparison_sigma(comp, 1) == pytest.approx(0.025)
     assert comparison_sigma(comp, 2) == pytest.approx(math.sqrt(0.0004 + 2 * 0.000225))
-    # a capacity search's own resolution adds in quadrature; an unsplit estimate is used whole
-    assert comparison_sigma(dict(comp, resolution=0.01), 1) == pytest.approx(math.sqrt(0.025**2 + 0.01**2))
+    # a capacity search's own sd is a floor (the searches' spread already holds it); an unsplit estimate is used whole
+    assert comparison_sigma(dict(comp, resolution=0.01), 1) == pytest.approx(0.025)
+    assert comparison_sigma(dict(comp, resolution=0.04), 1) == pytest.approx(0.04)
     assert comparison_sigma({"within": None, "between": None, "total": 0.03}, 4) == pytest.approx(0.03)
     # simulated: 4 runs on one process, between 1.5 %, within 2 %: the sd of their mean is what the gate assumes
     rng = np.random.default_rng(7)

@@ -242,7 +242,7 @@ class TuneRecords:
         self.f = f
 
     TUNE_RUN_KEYS = ("tune", "steps", "baseline", "baseline_mixed", "confirmations", "trials", "drift_checks",
-                     "capacity_reference", "run_starts", "timing")
+                     "capacity_reference", "run_starts", "timing", "start_baseline")
 
     # archived, then cleared for the next run (``tune`` is replaced, ``trials`` emptied)
     _CLEARED = tuple(k for k in TUNE_RUN_KEYS if k not in ("tune", "trials"))
@@ -297,6 +297,9 @@ class TuneRecords:
         with self.f.transaction() as st:
             st[key] = record
             if final and key == "baseline":
+                if not record.get("rebased_from") and ("start_baseline" not in st or record.get("remeasure_of")):
+                    # where the tune started: the first final baseline (or its re-measure), before any keep rebased it
+                    st["start_baseline"] = {k: record.get(k) for k in ("config", "runs", "metrics", "sigma")}
                 st["sigma_baseline"] = record["sigma"]
                 st["sigma_components"] = record.get("components") or {}
                 st["kept"]["repeats"] = list(record["runs"])

@@ -17,7 +17,7 @@ from vkit.tune.config import CapacityObjective, Settings, Workload
 from vkit.tune.runplan import RunContext, TunePlan
 
 OBJECTIVE_HELP = ("capacity (default): each configuration's SLO capacity, the highest open-loop request rate at which every "
-                  "--slo holds (a capacity search per measurement, bracketed from the reference load: the first baseline "
+                  "--slo holds (a capacity search per measurement: an estimate with its 95 %% interval, searched from the reference load, the first baseline "
                   "search's capacity), with mean TPOT at that reference load as the second objective; throughput: output "
                   "throughput at one closed-loop --concurrency, the SLO a constraint on it; capacity-per-kw: the SLO "
                   "capacity per kW of board power at it (searched as capacity is; needs nvidia-smi, npu-smi or rocm-smi "
@@ -67,7 +67,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     c.add_argument("--capacity-start", type=positive_float, default=None, metavar="R",
                    help="capacity: the first baseline search's first load: req/s (default 4), or with --trace its speed-up "
                         "(default 1)")
-    capacity_cli.add_search_flags(c, "capacity-", max_points=8, method="bracket")
+    capacity_cli.add_search_flags(c, "capacity-", max_points=8, max_runs=8)
     c.add_argument("--verify-seconds", type=non_negative_float, default=60.0, metavar="S",
                    help="capacity: at the end, the recommendation's promised load run once for S seconds on a fresh start "
                         "(a short load point cannot show a queue that grows slowly): it holds where a run holds 9 times in 10 "

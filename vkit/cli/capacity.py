@@ -23,7 +23,7 @@ from vkit.errors import ExitCode, UsageError, VkitError
 from vkit.measure.gauge import check
 from vkit.state import atomic_write_text
 from vkit.tune import capacity as cap
-from vkit.tune import capenergy
+from vkit.tune import capenergy, capsearch
 
 TOOL = "capacity"
 EXAMPLES = [
@@ -59,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
                      "point's three-way verdict, the curve and the binding SLO; JSON on stdout.")
     p.epilog = ("The load flags of bench_stream (--request-rate, --max-concurrency, --records, --label) are the "
                 "search's own and are refused here.\n\n" + _epilog(EXAMPLES, {
-                    0: "capacity found (model: an estimate with its interval closed on both sides)",
+                    0: "capacity found (an estimate with its interval closed on both sides)",
                     1: "no load holds the SLO, or the interval is open above (every load up to --max-load holds)",
                     2: "bad flag, unknown SLO metric, a load flag given",
                     4: "the server is unreachable, or the --virtual deployment would not start (vLLM's words)"}))
@@ -100,27 +100,27 @@ def prices_of(args) -> capenergy.Prices:
     return capenergy.Prices(args.price_per_accelerator_hour, args.price_per_kwh)
 
 
-def add_search_flags(c, prefix: str, max_points: int, method: str = "model") -> None:
+def add_search_flags(c, prefix: str, max_points: int, max_runs: int = 24) -> None:
     """The search's own flags, shared with tune (which names them ``--capacity-...``, ``prefix``
     "capacity-"; the point-level ones keep their names there)."""
     what = "capacity: " if prefix else ""
-    c.add_argument(f"--{prefix}method", choices=["model", "bracket"], default=method,
-                   help=f"{what}model: every point enters a monotone model of each SLO's margin against load, the capacity "
-                        "is where the binding margin crosses zero, with a 95 %% interval, and the search stops when the "
-                        "interval is within --precision; bracket: the older bisection to --tolerance (default %(default)s)")
     c.add_argument(f"--{prefix}precision", type=fraction_arg(), default=0.05, metavar="F",
-                   help=f"{what}model: stop when the 95 %% interval's larger side is within F of the capacity (default 0.05)")
-    c.add_argument(f"--{prefix}max-runs", type=int_at_least(2), default=24, metavar="N",
-                   help=f"{what}model: runs in all at most (default 24)")
+                   help=f"{what}stop when the 95 %% interval's larger side is within F of the capacity (default 0.05)")
+    c.add_argument(f"--{prefix}max-runs", type=int_at_least(2), default=max_runs, metavar="N",
+                   help=f"{what}runs in all at most (default {max_runs}" + ("; the first search, started cold, 6 more)" if prefix
+                                                                           else ")"))
     c.add_argument("--max-point-seconds", type=positive_float, default=60.0, metavar="S",
-                   help=f"{what}open loop, model: a run sized for its percentile's sampling error sends at most load x S "
+                   help=f"{what}open loop: a run sized for its percentile's sampling error sends at most load x S "
                         "requests (default 60)")
-    c.add_argument(f"--{prefix}tolerance", type=fraction_arg(), default=0.10, metavar="F",
-                   help=f"{what}stop when the bracket's upper end is within F of the capacity (default 0.10)")
+    if prefix:  # tune's promise: a load that failed on the fresh start steps down by F
+        c.add_argument(f"--{prefix}tolerance", type=fraction_arg(), default=0.10, metavar="F",
+                       help=f"{what}the promise steps down from a load that failed by F, then 2F and 4F, and "
+                            "stops narrowing within F (default 0.10)")
     c.add_argument(f"--{prefix}max-points", type=int_at_least(2), default=max_points, metavar="N",
                    help=f"{what}distinct loads at most (default {max_points})")
-    c.add_argument(f"--{prefix}repeats", type=int_at_least(1), default=3, metavar="N",
-                   help=f"{what}runs per load at most; a clear point stops after one (default 3)")
+    c.add_argument(f"--{prefix}repeats", type=int_at_least(1), default=6, metavar="N",
+                   help=f"{what}runs per load at most: replicates near the crossing are how the interval narrows "
+                        "(default 6)")
     c.add_argument(f"--{prefix}noise", type=non_negative_float, default=0.05, metavar="SD",
                    help=f"{what}prior sd of a point's SLO margin between runs, in log units (default 0.05)")
     c.add_argument("--max-send-lag-ms", type=positive_float, default=5.0, metavar="MS",
@@ -129,7 +129,7 @@ def add_search_flags(c, prefix: str, max_points: int, method: str = "model") -> 
                    help=f"{what}open loop: each run sends at least load x S requests (--num-prompts is the floor), so an "
                         "overloaded server's queue has time to show (default 20)")
     c.add_argument("--crossing-factor", type=positive_float, default=2.0, metavar="F",
-                   help=f"{what}open loop, model: a run near the estimated crossing lasts at least F x --point-seconds (at "
+                   help=f"{what}open loop: a run near the estimated crossing lasts at least F x --point-seconds (at "
                         "most --max-point-seconds): a queue near saturation relaxes slowly, and a short run there reads "
                         "the boundary on one side (default 2)")
     c.add_argument("--keep-up", type=fraction_arg(), default=0.95, metavar="F",
@@ -141,10 +141,10 @@ def search_plan(args: argparse.Namespace, prefix: str, mode: str, start: float, 
     """The search's plan from the flags :func:`add_search_flags` added under ``prefix``."""
     dest = prefix.replace("-", "_")
     return cap.Plan(mode=mode, start=start, lo_limit={"rate": 0.05, "concurrency": 1.0, "trace": 0.01}[mode],
-                    hi_limit=hi_limit, tolerance=getattr(args, f"{dest}tolerance"),
-                    max_points=getattr(args, f"{dest}max_points"), repeats=getattr(args, f"{dest}repeats"),
+                    hi_limit=hi_limit, tolerance=getattr(args, f"{dest}tolerance", 0.10),
+                    max_points=getattr(args, f"{dest}max_points"), model_repeats=getattr(args, f"{dest}repeats"),
                     noise=getattr(args, f"{dest}noise"), max_send_lag_ms=args.max_send_lag_ms, keep_up=args.keep_up,
-                    point_seconds=args.point_seconds, method=getattr(args, f"{dest}method"),
+                    point_seconds=args.point_seconds,
                     precision=getattr(args, f"{dest}precision"), max_runs=getattr(args, f"{dest}max_runs"),
                     max_point_seconds=args.max_point_seconds, crossing_factor=args.crossing_factor)
 
@@ -179,7 +179,7 @@ def _run(args: argparse.Namespace, io: IO) -> int:
                                    interrupts=io.interrupts)
     io.progress(f"{url}: capacity search, {args.mode}, SLO {', '.join(f'{k} <= {v:g}' for k, v in slo.limits.items())}"
                 + (f", goodput >= {args.goodput_fraction:g}" if args.goodput_fraction else "") + f"; runs in {run_dir}")
-    res = cap.search(measure, slo, plan, io.progress)
+    res = capsearch.search(measure, slo, plan, io.progress)
     doc = res.as_dict(args.accelerators, prices)
     doc["run_dir"] = os.path.abspath(run_dir)
     if virtual is not None:
@@ -231,11 +231,6 @@ def _said(doc: dict) -> str:
     cost = f"{doc['points']} loads, {doc['runs']} runs, {doc.get('requests', 0):,} requests"
     if doc.get("request_seconds") is not None:
         cost += f" ({doc['request_seconds']:,.0f} request-seconds)"
-    if doc.get("method") != "model":
-        if doc["capacity"] is None:
-            return f"no capacity: {doc['stop']}; {cost}"
-        return (f"capacity {doc['capacity']:g} {unit} (fails by {doc['upper']:g} {unit}); {cost}" if doc["upper"] else
-                f"capacity {doc['capacity']:g} {unit}; {doc['stop']}; {cost}")
     lo, hi = doc["interval"]
     if doc["capacity"] is None:
         where = f"at least {lo:.4g} {unit}" if lo is not None else "no load holds the SLO"

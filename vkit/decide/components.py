@@ -38,7 +38,7 @@ def comparison_sigma(comp: dict, per_start: int) -> float | None:
     """The per-run σ the gate uses for evidence measured ``per_start`` runs to a server process:
     sqrt(within² + per_start · between²), so that a mean over those runs carries the whole
     process-level variance (within²/n + between²). Without a split, the total. A capacity's
-    search resolution adds in quadrature."""
+    search sd (``resolution``, where fewer than three searches measured the spread) is its floor."""
     w, b = comp.get("within"), comp.get("between")
     if w is None or b is None:
         base = comp.get("total")
@@ -46,7 +46,7 @@ def comparison_sigma(comp: dict, per_start: int) -> float | None:
         base = math.sqrt(w * w + per_start * b * b)
     if base is None:
         return None
-    return float(math.sqrt(base * base + (comp.get("resolution") or 0.0) ** 2))
+    return float(max(base, comp.get("resolution") or 0.0))
 
 
 def comparison_sigma_low(comp: dict, per_start: int) -> float | None:
@@ -62,14 +62,20 @@ def comparison_sigma_low(comp: dict, per_start: int) -> float | None:
         base = comp["total"] * math.sqrt(df / _sps.chi2.ppf(0.95, df))
     else:
         return comparison_sigma(comp, per_start)
-    return float(math.sqrt(base * base + (comp.get("resolution") or 0.0) ** 2))
+    return float(max(base, comp.get("resolution") or 0.0))
+
+
+MIN_SPREAD_SEARCHES = 3  # searches whose spread alone is capacity's σ
 
 
 def capacity_sigma(sample: float | None, docs: list[dict]) -> float:
-    """σ of ``slo_capacity`` between two searches: the repeats' own spread combined in quadrature
-    with the searches' mean resolution (``slo_capacity_sd``, the position of the boundary inside
-    each search's last bracket), so that two searches that happen to land on the same grid point
-    never claim σ = 0."""
+    """σ of ``slo_capacity`` between two searches. From three searches or more on fresh starts, their
+    own spread, as for any metric: it already holds each search's own error (its interval), and a
+    search's 95 % interval is conservative by construction (the bootstrap widened by the curvature), so
+    adding it again would count that error twice. From fewer, the spread at least the searches' own sd
+    (``slo_capacity_sd``, root mean square): two searches can agree by chance."""
     res = [d["slo_capacity_sd"] for d in docs if isinstance(d.get("slo_capacity_sd"), (int, float))]
-    q2 = float(np.mean(np.square(res))) if res else 0.0
-    return float(math.sqrt((sample or 0.0) ** 2 + q2))
+    q = math.sqrt(float(np.mean(np.square(res)))) if res else 0.0
+    if sample is not None and len(docs) >= MIN_SPREAD_SEARCHES:
+        return float(sample)
+    return float(max(sample or 0.0, q))

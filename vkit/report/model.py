@@ -222,9 +222,8 @@ class CapacityRow:
 
     trial_id: str
     config: str
-    holds: str  # req/s: the figure to promise
-    fails: str
-    estimate: str
+    capacity: str  # req/s: the estimate over the configuration's searches
+    interval: str  # its 95 % interval, "lo–hi"
     tok_s: str  # output tok/s at the capacity
     per_user: str  # output tok/s per user at the reference load
     binding: str
@@ -494,17 +493,18 @@ def _capacity(v: View) -> CapacitySection:
         curve = sorted((p for p in c.get("curve") or [] if isinstance(p, dict) and num(p.get("load")) is not None),
                        key=lambda p: p["load"])
         spark = plots.sparkline([as_dict(p.get("metrics")).get(curve_metric) for p in curve]) if curve_metric else ""
-        rows.append(CapacityRow(trial_id=tid, config=cfg, holds=fmt_num(c.get("req_s")), fails=fmt_num(c.get("fails")),
-                                estimate=fmt_num(c.get("estimate")), tok_s=fmt_num(c.get("output_tok_s")),
+        ci = c.get("interval") if isinstance(c.get("interval"), list) and len(c["interval"]) == 2 else [None, None]
+        rows.append(CapacityRow(trial_id=tid, config=cfg, capacity=fmt_num(c.get("estimate")),
+                                interval=f"{fmt_num(ci[0])}–{fmt_num(ci[1])}", tok_s=fmt_num(c.get("output_tok_s")),
                                 per_user=fmt_num(c.get("ref_per_user_output_tok_s")), binding=metric or "–",
                                 searches=as_text(c.get("searches")), spark=spark))
     ref = fmt_num(v.capacity.get("reference_load"))
     if not rows:
         return CapacitySection(id="capacity", blocks=[], reference=ref, rows=[])
-    head = ["trial", "configuration", "holds (req/s)", "fails (req/s)", "estimate", "output tok/s at capacity",
+    head = ["trial", "configuration", "capacity (req/s)", "95 % interval", "output tok/s at capacity",
             f"per-user tok/s at {ref} req/s", "binding SLO", "searches", "curve"]
-    body = [Row([Span(CODE, r.trial_id), Span(CODE, r.config), Span(VALUE, r.holds), Span(VALUE, r.fails),
-                 Span(VALUE, r.estimate), Span(VALUE, r.tok_s), Span(VALUE, r.per_user), Span(VALUE, r.binding),
+    body = [Row([Span(CODE, r.trial_id), Span(CODE, r.config), Span(VALUE, r.capacity), Span(VALUE, r.interval),
+                 Span(VALUE, r.tok_s), Span(VALUE, r.per_user), Span(VALUE, r.binding),
                  Span(VALUE, r.searches), Span(VALUE, r.spark or "–")]) for r in rows]
     promise = as_dict(as_dict(v.rec.get("capacity")).get("verified"))
     promised = []
@@ -517,11 +517,11 @@ def _capacity(v: View) -> CapacitySection:
                                       f"on a fresh start (the searches' figure: {searched}; runs: {tried}). A short load point "
                                       "cannot show a queue that grows slowly; a long run can.")])]
     blocks: list[Block] = [*promised,
-        Para(words("SLO capacity: the highest open-loop request rate at which every SLO held, clearly (the figure to "
-                   "promise: the lowest over a configuration's searches); it fails by the next column's rate. The estimate "
-                   "(the middle of the last bracket) is what the gate compares. Per-user output is 1000 / mean TPOT at "
+        Para(words("SLO capacity: the highest open-loop request rate at which every SLO holds: where the binding SLO's "
+                   "fitted margin crosses zero, the geometric mean over a configuration's searches, with its 95 % interval "
+                   "(the searches' spread, at least their own sd). It is what the gate compares and what the promise verifies. Per-user output is 1000 / mean TPOT at "
                    f"the reference load ({ref} req/s, {reference_source(v)}).")),
-        Table(head, body, {2: "n", 3: "n", 4: "n", 5: "n", 6: "n"}, "capacity-table"),
+        Table(head, body, {2: "n", 4: "n", 5: "n"}, "capacity-table"),
         Figure("plot-capacity", plots.capacity_chart(v), words(
             "Figure 4. Each configuration's first capacity search: the binding SLO's metric at every load offered, "
             "the SLO as a line."))]
@@ -590,9 +590,10 @@ def build(result: Any) -> Report:
     """The section model of a tune result: a :class:`TuneResult`, or any value (a ``result.json``
     of another version, a partial dict): what is not a result reads as empty."""
     v = View(result.to_dict() if isinstance(result, TuneResult) else result)
-    from vkit.report.energysection import energy_section  # these build on this module's blocks
+    from vkit.report.achievedsection import achieved_section  # these build on this module's blocks
+    from vkit.report.energysection import energy_section
     from vkit.report.twinsection import twin_section
 
-    sections = [step(v) for step in (_intro, _goal, _baseline, _trials, _plots, _capacity, twin_section, energy_section, _knee, _pareto,
+    sections = [step(v) for step in (_intro, achieved_section, _goal, _baseline, _trials, _plots, _capacity, twin_section, energy_section, _knee, _pareto,
                                      _recommendation, _stop_rule, _drift, _warnings, _soak, _end)]
     return Report(title=v.title, simulated=v.simulated, sections=sections)

@@ -80,7 +80,9 @@ def pareto_chart(v: View) -> Chart:
                        "shape": "circle", "size": 4.5, "line": "straight"})
     kp = v.point_of(v.knee_id, v.knee)
     rp = v.point_of(v.rec_id, v.rec)
-    same = bool(kp and rp and v.knee_id == v.rec_id)
+    same = bool(kp and rp and v.knee_is_rec())
+    if same:
+        rp = kp  # one configuration, one point
     if kp:
         note = "knee = recommendation" if same else "knee"
         series.append({"name": "knee", "label": f"knee ({v.knee_id})", "points": [{"x": kp[0], "y": kp[1], "id": v.knee_id,
@@ -101,9 +103,13 @@ def progress_chart(v: View) -> Chart:
     ticks, pts, kept = {}, [], []
     b = v.baseline_point()
     level = b[1] if b else None
+    # under the capacity objective the staircase starts where the tune started, not at a rebased baseline
+    start = num(as_dict(as_dict(v.capacity.get("achieved")).get("start")).get("req_s")) if v.y_key == "slo_capacity" else None
+    if start is not None:
+        level = start
     if level is not None:
         kept.append({"x": 0, "y": level})
-        ticks[0] = "base"
+        ticks[0] = "start" if start is not None else "base"
     for i, t in enumerate(v.trials, start=1):
         tid = as_text(t.get("id")) or str(i)
         ticks[i] = tid
@@ -162,7 +168,8 @@ def text_plot(v: View) -> TextPlot:
     pts, _ = v.plotted()
     legend = [f"{mark(i, step)} {v.step_label(step)}" for i, step in enumerate(v.step_order)]
     legend += ["B baseline", "* Pareto (joined by .)"]
-    if v.knee_id and v.knee_id == v.rec_id:
+    same = v.knee_is_rec()
+    if same:
         legend.append("K knee, also the recommendation")
     else:
         legend += ["K knee", "R recommendation"]
@@ -171,7 +178,8 @@ def text_plot(v: View) -> TextPlot:
     return TextPlot(title=f"{upper_first(metric_label(v.y_key))} vs {metric_label(v.x_key)}", x_label=axis_label(v.x_key),
                     points=[(marks.get(as_text(t.get("step")), "o"), x, y) for t, x, y in pts],
                     front=[(x, y) for _, x, y in v.front()], baseline=v.baseline_point(),
-                    knee=v.point_of(v.knee_id, v.knee), rec=v.point_of(v.rec_id, v.rec), slo=v.slo, legend=legend)
+                    knee=v.point_of(v.knee_id, v.knee), rec=None if same else v.point_of(v.rec_id, v.rec), slo=v.slo,
+                    legend=legend)
 
 
 def capacity_chart(v: View) -> Chart:

@@ -13,6 +13,7 @@ import textwrap
 from typing import Callable
 
 from vkit.report import model as m
+from vkit.report.achievedsection import AchievedSection
 from vkit.report.charts import nice_domain, tick_text
 from vkit.report.energysection import EnergySection
 from vkit.report.plots import TextPlot
@@ -293,7 +294,7 @@ def _capacity(pg: _Page, s: m.CapacitySection) -> None:
             pg.wrap("".join(x.text for x in b.spans), "  ")
     pg.lines.append(pg.bold(f"SLO capacity (req/s; per-user tok/s at {s.reference} req/s):"))
     for r in s.rows:
-        pg.wrap(f"{r.trial_id}: holds {r.holds}, fails {r.fails}, {r.tok_s} tok/s, {r.per_user} tok/s per user, "
+        pg.wrap(f"{r.trial_id}: {r.capacity} [{r.interval}], {r.tok_s} tok/s, {r.per_user} tok/s per user, "
                 f"binding {r.binding} {r.spark}; {r.config}", "      ", "  ")
     pg.lines.append("")
 
@@ -316,8 +317,14 @@ def _energy(pg: _Page, s: EnergySection) -> None:
     pg.lines.append("")
 
 
+def _achieved(pg: _Page, s: AchievedSection) -> None:
+    if s.line:
+        pg.wrap(s.line, "  ")
+        pg.lines.append("")
+
+
 _SECTIONS: dict[type, Callable] = {
-    TwinSection: _twin, EnergySection: _energy,
+    TwinSection: _twin, EnergySection: _energy, AchievedSection: _achieved,
     m.Goal: _goal, m.Baseline: _baseline, m.Trials: _trials, m.Plots: _plots, m.CapacitySection: _capacity, m.Knee: _knee,
     m.Pareto: _pareto,
     m.Recommendation: _recommendation, m.StopRule: _stop_rule, m.Drift: _drift, m.Warnings: _warnings, m.Soak: _soak,

@@ -129,6 +129,15 @@ class View:
                 out.append((p, x, y))
         return sorted(out, key=lambda e: (e[1], e[2]))
 
+    def knee_is_rec(self) -> bool:
+        """Whether the knee and the recommendation are one configuration (one trial, or the kept
+        configuration's entry and a trial of the same flags): one point in every figure."""
+        if not self.knee_id or not self.rec_id:
+            return False
+        kc = self.knee.get("config") or as_dict(self.by_id.get(self.knee_id)).get("config")
+        rc = self.rec.get("config") or as_dict(self.by_id.get(self.rec_id)).get("config")
+        return self.knee_id == self.rec_id or (kc is not None and kc == rc)
+
     def point_of(self, trial_id: str, entry: dict | None = None) -> tuple[float, float] | None:
         if not trial_id:
             return None

@@ -10,6 +10,7 @@ import numpy as np
 
 from vkit.state import now_iso
 from vkit.tune import steps as tuning
+from vkit.tune.boundary import Z95
 from vkit.tune.compare import Versus
 from vkit.tune.config import Settings
 from vkit.tune.context import Tune
@@ -114,8 +115,8 @@ def build_result(runner: Tune, settings: Settings, t0: float) -> TuneResult:
         # the kept configuration's unless the goal picked another one: read its runs once
         rc = recommended_capacity(runner, rec) if rec is not None and rec.get("kept_config") is not None else kc
         if rec is not None and rc:
-            capd = {k: rc.get(k) for k in ("req_s", "output_tok_s", "per_accelerator", "estimate", "sd", "fails", "searches",
-                                           "energy")}
+            capd = {k: rc.get(k) for k in ("req_s", "interval", "output_tok_s", "per_accelerator", "estimate", "sd", "fails",
+                                           "searches", "energy")}
             promise = tune_run.get("promise") or {}
             if promise.get("config") == rec.get("config") and promise.get("finished"):
                 # the figure to promise is the one a long run held; the searches' own is kept beside it
@@ -131,6 +132,10 @@ def build_result(runner: Tune, settings: Settings, t0: float) -> TuneResult:
             rec = dict(rec, capacity=capd, binding_slo=rc.get("binding_slo"))
         cap_block = {"reference_load": st.record("capacity_reference").get("load"),
                      "settings": settings.capacity.describe(), "kept": kc}
+        start = st.record("start_baseline")
+        if start.get("runs"):
+            cap_block["achieved"] = achieved({"config": start.get("config"), **capacity_of(runner, start["runs"])},
+                                             (rec or {}).get("config"), rc if rec is not None else {}, (rec or {}).get("capacity") or {})
         twin = twin_table(runner)
         if twin is not None:  # tune --search twin: its predictions beside the measurements
             cap_block["twin"] = twin
@@ -209,32 +214,56 @@ def lengths(runner: Tune, baseline: dict) -> dict | None:
         return None
 
 
+def achieved(start: dict, config: dict | None, searched: dict, delivered: dict) -> dict | None:
+    """What the tune achieved: the starting configuration's capacity and the recommendation's (the
+    searches' estimates, each with its 95 % interval; the recommendation's verified promise beside
+    it), and the gain, their ratio, with its interval (the two estimates' sds in quadrature)."""
+    if not start.get("req_s") or not searched.get("req_s"):
+        return None
+
+    def sd(c: dict) -> float:
+        lo, hi = c.get("interval") or (None, None)
+        return math.log(hi / lo) / (2 * Z95) if lo and hi else 0.0
+
+    g = math.log(searched["req_s"] / start["req_s"])
+    s = math.hypot(sd(start), sd(searched))
+    return {"start": {"config": start.get("config"), "req_s": start["req_s"], "interval": start.get("interval")},
+            "recommendation": {"config": config, "req_s": searched["req_s"], "interval": searched.get("interval"),
+                               "verified_req_s": delivered.get("req_s") if delivered.get("verified") else None},
+            "gain": math.exp(g) - 1, "gain_interval": [math.exp(g - Z95 * s) - 1, math.exp(g + Z95 * s) - 1]}
+
+
 def capacity_of(runner: Tune, runs: list[str]) -> dict:
-    """A configuration's capacity over its searches (capacity documents): the figure to promise
-    (the lowest clear hold over the searches, req/s offered, and the output tok/s measured there),
-    the estimate the gate compares (geometric mean) and its spread, the binding SLO, and the curve
-    of its first search (every load point: verdict, margin, latencies, throughput)."""
+    """A configuration's capacity over its searches (capacity documents): the estimate (the geometric
+    mean of the searches' estimates: the figure the promise verifies and the gate compares) with its
+    95 % interval (its sd the searches' spread, at least their own sd, over the square root of their
+    number), the output tok/s measured at the search nearest it, the binding SLO, and the curve of its
+    first search (every load point: verdict, margin, latencies, throughput)."""
     docs = []
     for p in runs or []:
         try:
             d = runner.ledger.load(p)
         except (OSError, ValueError):
             continue
-        if "slo_capacity" in d:
+        if isinstance(d.get("slo_capacity"), (int, float)) and d["slo_capacity"] > 0:
             docs.append(d)
     if not docs:
         return {}
-    holds = [d.get("capacity_holds") for d in docs]
-    ok = [h for h in holds if isinstance(h, (int, float))]
-    promise = min(ok) if len(ok) == len(holds) else None
-    at = next((d for d in docs if d.get("capacity_holds") == promise), docs[0])
+    logs = [math.log(d["slo_capacity"]) for d in docs]
+    est = float(math.exp(sum(logs) / len(logs)))
+    spread = float(np.std(logs, ddof=1)) if len(logs) > 1 else 0.0
+    own = [d["slo_capacity_sd"] for d in docs if isinstance(d.get("slo_capacity_sd"), (int, float))]
+    own_rms = math.sqrt(float(np.mean(np.square(own)))) if own else 0.0
+    se = max(spread, own_rms) / math.sqrt(len(docs))
+    at = min(docs, key=lambda d: abs(math.log(d["slo_capacity"] / est)))
     vc = (at.get("vkit") or {}).get("capacity") or {}
-    est = [d["slo_capacity"] for d in docs]
-    out = {"req_s": promise, "output_tok_s": vc.get("capacity_output_tok_s") if promise is not None else None,
-           "achieved_req_s": vc.get("capacity_req_s") if promise is not None else None,
+    holds = [d.get("capacity_holds") for d in docs if isinstance(d.get("capacity_holds"), (int, float))]
+    out = {"req_s": est, "interval": [est * math.exp(-Z95 * se), est * math.exp(Z95 * se)],
+           "output_tok_s": vc.get("capacity_output_tok_s"), "achieved_req_s": vc.get("capacity_req_s"),
+           "at_least": min(holds, default=None),
            "fails": min((d["capacity_fails"] for d in docs if isinstance(d.get("capacity_fails"), (int, float))), default=None),
-           "estimate": float(math.exp(sum(math.log(x) for x in est) / len(est))), "searches": len(docs),
-           "sd": (float(np.std(np.log(est), ddof=1)) if len(est) > 1 else None),
+           "estimate": est, "searches": len(docs),
+           "sd": spread if len(logs) > 1 else None,
            "resolution_sd": docs[0].get("slo_capacity_sd"),
            "binding_slo": vc.get("binding_slo"), "stop": vc.get("stop"),
            "per_accelerator": vc.get("per_accelerator"),

@@ -6,7 +6,7 @@ import itertools
 import math
 from typing import TYPE_CHECKING
 
-from vkit.decide.components import capacity_sigma, sigma_parts
+from vkit.decide.components import MIN_SPREAD_SEARCHES, capacity_sigma, sigma_parts
 from vkit.errors import ExitCode, Rejected, UsageError, VkitError
 from vkit.measure.loadorder import disturbed
 from vkit.state import now_iso
@@ -126,7 +126,10 @@ class Baselines:
         if "slo_capacity" in sig or any("slo_capacity_sd" in d for d in docs):
             sig["slo_capacity"] = capacity_sigma(sig.get("slo_capacity"), docs)
             if "slo_capacity" in comps:
-                comps["slo_capacity"]["resolution"] = capacity_sigma(None, docs)
+                # the searches' own sd: a floor on σ only where too few searches measured their spread
+                comps["slo_capacity"]["search_sd"] = capacity_sigma(None, docs)
+                if len(docs) < MIN_SPREAD_SEARCHES:
+                    comps["slo_capacity"]["resolution"] = comps["slo_capacity"]["search_sd"]
         b["metrics"] = aggregate(docs)
         b["sigma"] = sig
         b["components"] = comps

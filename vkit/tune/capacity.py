@@ -1,34 +1,28 @@
 """SLO capacity of one configuration: the highest offered load at which every SLO holds.
 
 The load is an open-loop request rate (Poisson or gamma arrivals: production traffic is open
-loop) or a closed-loop concurrency ladder. The search brackets the boundary (doubling or halving
-from a start), then narrows it by interpolating the SLO margin in log load (regula falsi, kept
-inside the middle 30 % of the bracket, when both ends bind on the same SLO; bisection otherwise), until the bracket is within a relative tolerance.
-
-Each load point gets a three-way verdict. Its margin is ``min over SLOs of log(limit / value)``
-(positive: every SLO holds); a point is measured again while ``|mean margin| < 2 SE`` (SE from
-the repeats' spread, never below the prior ``noise / sqrt(k)``), at most ``repeats`` times, then
-called ``holds``, ``fails`` or ``unclear``. A run that did not measure the server — requests
-failed, the client fell behind its own arrival schedule (p99 send lag over the limit), the run
-was cut short — is ``invalid`` and never enters a verdict.
-
-The capacity is the highest load that clearly holds below every load that does not; the upper
-end of its interval is the lowest load that clearly fails (unclear points lie between). The
-binding SLO is the one with the smallest margin at that upper end.
+loop), a closed-loop concurrency ladder or a trace's speed-up. This module holds what a search is
+made of: one run's margins per SLO (:func:`judge_run`: ``log(limit / value)``, positive where it
+holds, with each margin's sampling error; open loop, the keep-up margin), a load point and its
+runs (:class:`Point`), the search's answer (:class:`Capacity`), and the measurement of a run on a
+server (:func:`live_measure`). The search itself is :func:`vkit.tune.capsearch.search`: every run
+enters the boundary model (:mod:`vkit.tune.boundary`), and the answer is the load where the binding
+margin crosses zero, with a 95 % interval. A run that did not measure the server (requests failed,
+the client fell behind its own arrival schedule, the run was cut short) is ``invalid`` and enters
+nothing. :func:`verdict_of` is the three-way verdict of one load measured again and again (holds,
+fails, unclear): the promise's and the sentinel's test at a fixed load.
 """
 
 from __future__ import annotations
 
 import math
 import os
-import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import numpy as np
 
 from vkit.apply.backend import PROCESS
-from vkit.decide.runs import GAUGE_TOP, GAUGE_VKIT
 from vkit.measure.benchconfig import BenchConfig
 from vkit.measure.gauge import build_config
 from vkit.tune import boundary, capenergy, pooled
@@ -141,8 +135,7 @@ def judge_run(summary: dict | None, slo: Slo, plan: Plan, load: float | None = N
         # load is a growing queue by the test, not a threat to the SLO)
         ttft_limit = min((v for k, v in slo.limits.items() if "_ttft_" in k), default=None)
         material = ttft_limit is None or (growth.get("rise_ms") or 0.0) >= 0.25 * ttft_limit
-        # (the model's searches only: tune's bracket searches keep the rule they were measured with)
-        if plan.method == "model" and growth.get("growing") and material and rt > 0:
+        if growth.get("growing") and material and rt > 0:
             # a queue that grew through the run: the load is not sustainable, whatever share of it
             # completed before the run ended: the margin is the completed share itself (no allowance)
             keep = min(keep, math.log(rt / offered), -0.01)
@@ -184,20 +177,27 @@ Measure = Callable[[float, int], "dict | None"]  # (load, repeat index) -> a ben
 
 @dataclass
 class Capacity:
+    """A search's answer: its points, the boundary model's estimate (capacity, 95 % interval) and
+    why it stopped."""
+
     plan: Plan
     slo: Slo
     points: list[Point]
-    capacity: float | None  # highest load that clearly holds below every load that does not
-    upper: float | None  # lowest load that clearly fails (model: the interval's upper end)
     stop: str
-    model: boundary.Estimate | None = None  # the boundary model's estimate (method "model")
+    model: boundary.Estimate
+
+    @property
+    def capacity(self) -> float | None:
+        return self.model.capacity
+
+    @property
+    def upper(self) -> float | None:
+        return self.model.hi
 
     def measured_at(self) -> tuple[Point | None, Point | None]:
-        """(the point the figures at the capacity come from, the point above it): the highest held
-        load at or below the capacity and the lowest failing one (model: by the fitted curve)."""
+        """(the point the figures at the capacity come from, the point above it): the highest load
+        that holds and the lowest that fails, by the fitted curve."""
         pts = sorted(self.points, key=lambda p: p.load)
-        if self.model is None:
-            return (next((p for p in pts if p.load == self.capacity), None), next((p for p in pts if p.load == self.upper), None))
         held = [p for p in pts if p.verdict == HOLDS]
         return (held[-1] if held else None), next((p for p in pts if p.verdict == FAILS), None)
 
@@ -206,161 +206,30 @@ class Capacity:
         at, up = self.measured_at()
         m = at.as_dict()["metrics"] if at else {}
         unit = {"rate": "req/s", "concurrency": "streams", "trace": "x trace speed-up"}[self.plan.mode]
+        e = self.model
         out = {
             "mode": self.plan.mode, "unit": unit, "slo": dict(self.slo.limits), "goodput_fraction": self.slo.goodput,
-            "capacity": self.capacity, "upper": self.upper,
-            "interval": [self.capacity, self.upper],
+            "capacity": e.capacity, "upper": e.hi, "at_least": e.lo, "interval": [e.lo, e.hi], "level": e.level,
+            "precision": self.plan.precision, "estimate": e.as_dict(), "boundary": e.shape,
             "capacity_req_s": m.get("request_throughput"), "capacity_output_tok_s": m.get("output_throughput"),
-            "binding_slo": (up.binding() if up else None) or (at.binding() if at else None),
+            "binding_slo": e.binding or (up.binding() if up else None) or (at.binding() if at else None),
+            "holds": at.load if at else None, "fails": up.load if up else None,
             "stop": self.stop,
             "curve": [p.as_dict() for p in pts],
             "runs": sum(len(p.runs) for p in pts),
             "points": len(pts),
-            "method": self.plan.method,
+            "method": "model",
         }
         valid = [(p.load, r) for p in pts for r in p.runs if r["valid"]]
         out["requests"] = int(sum(r["metrics"].get("completed", 0) for _, r in valid))
         if self.plan.mode == "rate":  # requests over the offered rate: the seconds of load the search cost
             out["request_seconds"] = float(sum(r["metrics"].get("completed", 0) / load for load, r in valid))
-        if self.model is not None:
-            e = self.model
-            out.update({"estimate": e.as_dict(), "interval": [e.lo, e.hi], "capacity": e.capacity, "upper": e.hi,
-                        "at_least": e.lo, "level": e.level, "precision": self.plan.precision,
-                        "boundary": e.shape, "holds": at.load if at else None, "fails": up.load if up else None,
-                        "binding_slo": e.binding or out["binding_slo"]})
         if accelerators:
             out["accelerators"] = accelerators
             out["per_accelerator"] = {k: (v / accelerators if v is not None else None)
                                       for k, v in (("req_s", out["capacity_req_s"]), ("output_tok_s", out["capacity_output_tok_s"]))}
         out["energy"] = capenergy.at_capacity(m, accelerators, prices)
         return out
-
-
-def _bounds(points: list[Point]) -> tuple[Point | None, Point | None]:
-    """(highest point that holds below every point that does not, lowest point that fails)."""
-    pts = sorted((p for p in points if p.verdict != INVALID), key=lambda p: p.load)
-    lo = None
-    for p in pts:
-        if p.verdict != HOLDS:
-            break
-        lo = p
-    hi = next((p for p in pts if p.verdict == FAILS and (lo is None or p.load > lo.load)), None)
-    return lo, hi
-
-
-def _next_load(plan: Plan, lo: Point | None, hi: Point | None, points: list[Point], anchor: float | None = None) -> float | None:
-    """The next load to offer: step down below the lowest point while nothing holds, up above
-    the highest while nothing else is measured there (by ``plan.step``, accelerating), else narrow between the highest clear
-    hold and the lowest point above it that does not hold (fails, unclear or not measurable). Steps
-    count from ``anchor`` when it was measured (the hint), else from the first point."""
-    tried = {p.load for p in points}
-    # Bracketing from a warm start accelerates: the k-th step the same way is step^(2^(k-1)), at most
-    # a doubling (1.25, 1.56, 2, 2, ...), so a configuration far from its neighbour is bracketed in few points.
-    first = anchor if anchor is not None and anchor in tried else points[0].load
-
-    def factor(k: int) -> float:
-        return max(plan.step, min(2.0, plan.step ** (2 ** k)))
-
-    if lo is None:
-        low = min(points, key=lambda p: p.load)
-        k = sum(1 for p in points if p.load < first)
-        nxt = plan.snap(low.load / factor(k))
-        return None if nxt in tried or low.load <= plan.lo_limit else nxt
-    above = sorted((p for p in points if p.load > lo.load), key=lambda p: p.load)
-    # Narrow the lowest gap above the clear hold; once a gap is within the tolerance and its top
-    # is unclear, the next gap up (towards a clear failure) is the one to narrow.
-    below = lo
-    for p in above:
-        nxt = _between(plan, below, p, tried)
-        if nxt is not None or p.verdict != UNCLEAR:
-            return nxt
-        below = p
-    if above:
-        return None
-    k = sum(1 for p in points if p.load > first)
-    nxt = plan.snap(lo.load * factor(k))
-    return None if nxt in tried or lo.load >= plan.hi_limit else nxt
-
-
-def _between(plan: Plan, lo: Point, hi: Point, tried: set[float]) -> float | None:
-    if hi.load / lo.load - 1 <= plan.tolerance:
-        return None
-    a, b = math.log(lo.load), math.log(hi.load)
-    m_lo, m_hi = lo.mean_margin(), hi.mean_margin()
-    f = 0.5
-    # the secant only when both ends' margins are of one SLO (comparable); else plain bisection
-    if m_lo is not None and m_hi is not None and m_lo > 0 > m_hi and lo.binding() == hi.binding():
-        # regula falsi on the margin in log load, kept near the middle: a tail latency's margin is far
-        # from linear near the knee, and an unclamped secant creeps in from one side
-        f = min(0.65, max(0.35, m_lo / (m_lo - m_hi)))
-    nxt = plan.snap(math.exp(a + f * (b - a)))
-    if nxt in tried or not lo.load < nxt < hi.load:
-        nxt = plan.snap(math.exp((a + b) / 2))
-    return None if nxt in tried or not lo.load < nxt < hi.load else nxt
-
-
-def search(measure: Measure, slo: Slo, plan: Plan, progress: Callable[[str], None] = lambda s: None,
-           hint: float | None = None) -> Capacity:
-    """The capacity: by ``plan.method``, the boundary model's estimate with its interval
-    (:mod:`vkit.tune.capsearch`) or the bracket (:func:`bracket_search`)."""
-    if plan.method == "model":
-        from vkit.tune import capsearch
-
-        return capsearch.search(measure, slo, plan, progress, hint=hint)
-    return bracket_search(measure, slo, plan, progress, hint)
-
-
-def bracket_search(measure: Measure, slo: Slo, plan: Plan, progress: Callable[[str], None] = lambda s: None,
-                   hint: float | None = None) -> Capacity:
-    """Bracket and narrow the SLO boundary; every run through ``measure(load, k)``. With ``hint``
-    (where the answer probably is: the kept configuration's capacity) above the start, the second
-    point is the hint when the start holds, and the bracketing steps count from there: the start
-    still measures what it must (interactivity at the reference load), and no points are spent
-    climbing from it."""
-    points: list[Point] = []
-    load: float | None = plan.snap(plan.start)
-    anchor = plan.snap(hint) if hint is not None and load is not None and plan.snap(hint) > load * plan.step else None
-    stop = ""
-    while load is not None:
-        if len(points) >= plan.max_points:
-            stop = f"{plan.max_points} load points measured (the most allowed)"
-            break
-        p = Point(load)
-        points.append(p)
-        while True:
-            p.runs.append(judge_run(measure(load, len(p.runs)), slo, plan, load))
-            v = verdict_of(p, plan)
-            if v is not None:
-                p.verdict = v
-                break
-        d = p.as_dict()
-        progress(f"load {load:g}: {p.verdict} (margin {d['margin']:+.3f} over {d['valid_runs']} run(s), binding "
-                 f"{d['binding']})" if d["margin"] is not None else f"load {load:g}: {p.verdict} ({'; '.join(d['invalid'])})")
-        lo, hi = _bounds(points)
-        if anchor is not None and len(points) == 1 and p.verdict == HOLDS:
-            load = min(anchor, plan.hi_limit)
-            progress(f"load {load:g} next: the kept configuration's capacity (the hint)")
-            continue
-        load = _next_load(plan, lo, hi, points, anchor)
-    lo, hi = _bounds(points)
-    if not stop:
-        if lo is None:
-            stop = ("no load clearly holds the SLO" + (f" down to {plan.lo_limit:g}" if hi is not None else "")
-                    + " (every valid point fails or is unclear)")
-        elif hi is None:
-            above = sorted((p for p in points if p.load > lo.load), key=lambda p: p.load)
-            if not above:
-                stop = f"every load up to {lo.load:g} holds (the most allowed)"
-            elif above[0].verdict == INVALID:
-                stop = (f"above {lo.load:g} no run could measure the server ({'; '.join(above[0].as_dict()['invalid'][:1])}"
-                        f" at {above[0].load:g}): the capacity is at least {lo.load:g}")
-            else:
-                stop = f"between {lo.load:g} (holds) and {above[0].load:g} the SLO sits within the noise; more repeats would narrow it"
-        elif hi.load / lo.load - 1 <= plan.tolerance:
-            stop = f"bracket within {100 * plan.tolerance:g} %: holds at {lo.load:g}, fails at {hi.load:g}"
-        else:
-            stop = f"unclear points between {lo.load:g} (holds) and {hi.load:g} (fails): the SLO sits within the noise there"
-    return Capacity(plan, slo, points, lo.load if lo else None, hi.load if hi else None, stop)
 
 
 def live_measure(opts, url: str, out_dir: str, plan: Plan, command: list[str] | None = None, api_key: str | None = None,
@@ -406,146 +275,3 @@ def live_measure(opts, url: str, out_dir: str, plan: Plan, command: list[str] | 
         return s
 
     return run
-
-
-# -- a configuration's capacity as one measurement (tune's capacity objective) ------------------
-# The summary fields of one point that describe how it was measured (the gauge), copied into the
-# capacity document so that gate compares two capacities only when they were searched the same way.
-# (gate's own gauge keys, vkit.decide.runs; the document sets the load's keys itself, and the dataset
-# without the per-point request count)
-_OWN_TOP = ("num_prompts", "max_concurrency", "request_rate")
-_GAUGE_TOP = tuple(k for k in GAUGE_TOP if k not in _OWN_TOP)
-_GAUGE_VKIT = tuple(dict.fromkeys(k.split(".")[0] for k in GAUGE_VKIT if k != "dataset"))
-
-
-def estimate(doc_capacity: dict, plan: Plan) -> tuple[float, float]:
-    """(point estimate, its own sd in log units) of a capacity search's answer. The boundary lies
-    somewhere in [capacity, upper]: the estimate is that interval's geometric middle and its sd
-    that of a uniform position in it, log(upper / capacity) / sqrt(12). Nothing clearly held: half
-    the lowest load offered (the estimate is then a bound); no clear failure: the capacity itself,
-    with the tolerance as the interval."""
-    model = doc_capacity.get("estimate")
-    if model is not None:
-        return _model_estimate(doc_capacity, model, plan)
-    lo, hi = doc_capacity.get("capacity"), doc_capacity.get("upper")
-    if lo is None:
-        low = min((p["load"] for p in doc_capacity.get("curve") or []), default=plan.lo_limit)
-        return max(plan.lo_limit, low) / 2.0, math.log(2.0) / math.sqrt(12.0)
-    if hi is None or hi <= lo:
-        return float(lo), math.log1p(plan.tolerance) / math.sqrt(12.0)
-    return float(math.sqrt(lo * hi)), math.log(hi / lo) / math.sqrt(12.0)
-
-
-def _model_estimate(doc_capacity: dict, model: dict, plan: Plan) -> tuple[float, float]:
-    """The boundary model's (estimate, sd in log units): its interval as a normal sd. An interval
-    open at one end around a crossing: the side the data bound, taken as both; an interval open
-    above (every load held): its lower end, with the precision as the sd; nothing held: half the
-    lowest load, with a doubling as the sd."""
-    lo, hi = model["interval"]
-    c = model.get("capacity")
-    if c is not None and lo and hi:
-        return float(c), math.log(hi / lo) / (2 * boundary.Z95)
-    if c is not None and (lo or hi):
-        return float(c), abs(math.log((lo or hi) / c)) / boundary.Z95
-    if lo:
-        return float(lo), math.log1p(plan.precision)
-    low = min((p["load"] for p in doc_capacity.get("curve") or []), default=plan.lo_limit)
-    return max(plan.lo_limit, min(low, hi or low)) / 2.0, math.log(2.0) / math.sqrt(12.0)
-
-
-def capacity_document(result: Capacity, first: dict | None, opts, seed: int, reference: float | None,
-                      accelerators: int | None = None, prices: capenergy.Prices | None = None) -> dict:
-    """A capacity search as one run the gate can compare: ``slo_capacity`` (the estimate) with
-    ``slo_capacity_sd`` (its own uncertainty), the figures at the capacity (throughput, latencies)
-    and ``ref_*`` at the reference load (interactivity: per-user output tok/s, mean TPOT), the
-    whole search under ``vkit.capacity``, and the gauge of the runs it was made of."""
-    d = result.as_dict(accelerators, prices)
-    est, sd = estimate(d, result.plan)
-    pts = {p["load"]: p for p in d["curve"]}
-    held, _ = result.measured_at()
-    at = (pts.get(held.load) or {}).get("metrics") or {} if held else {}
-    if reference is None:
-        # the first search of a tune: its own capacity (the highest load it held) becomes the reference load
-        reference = held.load if held else None
-    ref_pt = pts.get(reference) if reference is not None else None
-    ref = (ref_pt or {}).get("metrics") or {}
-    valid = [r for p in result.points for r in p.runs if r["valid"]]
-    # The most requests in flight at the loads that decide the answer (every point up to the lowest
-    # clear failure): a max_num_seqs at or above it never bound there, so it cannot change the answer.
-    top = d.get("fails", d["upper"])
-    deciding = [r for p in result.points if top is None or p.load <= top for r in p.runs if r["valid"]]
-    peak = max((r["metrics"].get("max_concurrent_requests", 0) for r in deciding), default=0)
-    first = first or {}
-    fv = first.get("vkit") or {}
-    doc: dict = {k: first.get(k) for k in _GAUGE_TOP if k in first}
-    doc.update({
-        "date": time.strftime("%Y%m%d-%H%M%S"),
-        "completed": int(sum(r["metrics"].get("completed", 0) for r in valid)),
-        "failed": 0,
-        "num_prompts": opts.num_prompts,
-        "max_concurrency": None,
-        "request_rate": f"capacity:{result.plan.mode}",
-        "slo_capacity": est,
-        "slo_capacity_sd": sd,
-        # a load the server holds and one it fails: the model's interval ends, else the bracket's
-        "capacity_holds": d["interval"][0] if "estimate" in d else d["capacity"],
-        "capacity_fails": d["upper"],
-        "capacity_req_s": d["capacity_req_s"],
-        "capacity_output_tok_s": d["capacity_output_tok_s"],
-        "output_throughput": at.get("output_throughput"),
-        "request_throughput": at.get("request_throughput"),
-        "p95_ttft_ms": at.get("p95_ttft_ms"),
-        "mean_ttft_ms": at.get("mean_ttft_ms"),
-        "mean_tpot_ms": at.get("mean_tpot_ms"),
-        "peak_in_flight": peak,
-    })
-    doc.update(capenergy.document_metrics(d.get("energy") or {}, est))
-    if ref_pt is not None:
-        doc["reference_load"] = reference
-        # interactivity at the reference load means something only where that load holds the SLO
-        doc["ref_holds"] = ref_pt.get("verdict") == HOLDS
-        for k in ("mean_tpot_ms", "p95_tpot_ms", "p95_ttft_ms", "per_user_output_tok_s", "j_per_output_token"):
-            if isinstance(ref.get(k), (int, float)):
-                doc[f"ref_{k}"] = ref[k]
-    dataset = dict(fv.get("dataset") or {})
-    dataset.pop("num_prompts", None)  # a point sends load x point_seconds requests: not part of the gauge
-    dataset.pop("trace_speedup", None)  # a trace's points differ in it: the load, not the gauge
-    # the gauge, the server facts (its version, the simulator's profile) and the environment's
-    # fingerprint of the search's first run
-    kept = (*_GAUGE_VKIT, "model", "server", "lengths", "fingerprint")
-    doc["vkit"] = {**{k: fv.get(k) for k in kept if k in fv}, "dataset": dataset, "seed": seed,
-                   "schema": "vkit.capacity/1", "capacity": d,
-                   "valid": d["capacity"] is not None or d["upper"] is not None}
-    return doc
-
-
-def measure_configuration(opts, url: str, out_dir: str, slo: Slo, plan: Plan, reference: float | None,
-                          command: list[str] | None = None, api_key: str | None = None, interrupts=None,
-                          progress: Callable[[str], None] = lambda s: None, accelerators: int | None = None,
-                          seed: int | None = None, hint: float | None = None, launch_argv: list[str] | None = None,
-                          bench: Callable[[BenchConfig, str, str], dict] | None = None,
-                          prices: capenergy.Prices | None = None) -> dict:
-    """One configuration's capacity, searched from the reference load (the neighbouring
-    configuration's capacity: the bracket starts where the answer probably is, and the first point
-    measures interactivity at that load; ``hint``, the kept configuration's capacity, is where the
-    bracketing goes next), as :func:`capacity_document`. Its runs use dataset seeds
-    from ``opts.seed`` up, one per run; ``seed`` is the measurement's own (the gate pairs on it)."""
-    start = reference if reference is not None else plan.start
-    # warm start: the answer is probably near the neighbour's, so bracket in small steps around it
-    step = max(1.25, 1 + 2 * plan.tolerance) if reference is not None else plan.step
-    # a cold start brackets from afar (doublings): four more points than a warm one
-    p = replace(plan, start=min(plan.hi_limit, max(plan.lo_limit, start)), step=step,
-                max_points=plan.max_points if reference is not None else plan.max_points + 4)
-    inner = live_measure(opts, url, out_dir, p, command=command, api_key=api_key, interrupts=interrupts,
-                         launch_argv=launch_argv, bench=bench)
-    first: list[dict] = []
-
-    def run(load: float, k: int, requests: int | None = None) -> dict | None:
-        s = inner(load, k, requests)  # the search sizes each run: its percentile's error, near the crossing longer
-        if s is not None and not first:
-            first.append(s)
-        return s
-
-    res = search(run, slo, p, progress, hint=hint if reference is not None else None)
-    return capacity_document(res, first[0] if first else None, opts, opts.seed if seed is None else seed,
-                             p.snap(start) if reference is not None else None, accelerators, prices)

@@ -1,5 +1,5 @@
 """What a capacity search looks for and how: the SLO (limits, a goodput share) and the search plan
-(mode, start, tolerance, repeats, run lengths). ``vkit.tune.capacity`` searches with them."""
+(mode, start, precision, run lengths). ``vkit.tune.capacity`` searches with them."""
 
 from __future__ import annotations
 
@@ -63,15 +63,14 @@ class Plan:
     start: float = 4.0  # first load offered
     lo_limit: float = 0.05  # never offer less (rate) / 1 stream
     hi_limit: float = 10_000.0  # never offer more
-    tolerance: float = 0.10  # stop when upper / capacity - 1 <= this
+    tolerance: float = 0.10  # the promise's step down from a load that failed (and its resolution)
     max_points: int = 12  # distinct loads at most
-    repeats: int = 3  # runs per load at most (the sequential stop)
+    repeats: int = 3  # a fixed load's runs at most before its verdict is unclear (the promise, the sentinel)
     noise: float = 0.05  # prior sd of a margin between runs (log units, tail latencies)
     max_send_lag_ms: float = 5.0  # open loop: p99 actual - scheduled send above this: the client, not the server
     keep_up: float = 0.95  # open loop: the server must complete at least this share of the offered rate
     point_seconds: float = 20.0  # open loop: each run sends at least load x this many requests
-    step: float = 2.0  # bracketing: the factor between one load and the next until the SLO changes side
-    method: str = "model"  # "model": the boundary estimate with its interval (vkit.tune.boundary); "bracket": the old bisection
+    step: float = 2.0  # the factor between one load and the next while every load holds (or none does)
     precision: float = 0.05  # model: stop when the interval's larger side is within this share of the capacity
     max_runs: int = 24  # model: runs in all at most
     model_repeats: int = 6  # model: runs per load at most (replicates near the crossing are how the interval narrows)
@@ -81,8 +80,6 @@ class Plan:
     crossing_factor: float = 2.0
 
     def __post_init__(self):
-        if self.method not in ("model", "bracket"):
-            raise UsageError(f"method must be model or bracket, got {self.method!r}")
         if not 0 < self.precision < 1 or self.max_runs < 2:
             raise UsageError("need 0 < precision < 1 and max runs >= 2")
         if not self.crossing_factor >= 1:

@@ -26,8 +26,8 @@ class Workload:
 @dataclass
 class CapacityObjective:
     """Tune's capacity objective: every measurement of the main workload is one SLO-capacity search
-    (``vkit.tune.capacity``), bracketed from the reference load (the first baseline search's
-    capacity); the gate compares ``slo_capacity``."""
+    (``vkit.tune.capsearch``: an estimate with its 95 % interval), searched from the reference load (the
+    first baseline search's capacity); the gate compares ``slo_capacity``."""
 
     slo: _cap.Slo
     plan: _cap.Plan
@@ -40,7 +40,8 @@ class CapacityObjective:
         return {"slo": dict(self.slo.limits), "goodput_fraction": self.slo.goodput, "mode": p.mode, "start": p.start,
                 "accelerators": self.accelerators,
                 "verify_seconds": self.verify_seconds,
-                "tolerance": p.tolerance, "max_points": p.max_points, "repeats": p.repeats, "noise": p.noise,
+                "tolerance": p.tolerance, "max_points": p.max_points, "repeats": p.model_repeats, "noise": p.noise,
+                "precision": p.precision, "max_runs": p.max_runs, "method": "model",
                 "point_seconds": p.point_seconds, "max_send_lag_ms": p.max_send_lag_ms, "keep_up": p.keep_up}
 
 

@@ -21,7 +21,7 @@ from vkit.errors import ExitCode, VkitError
 from vkit.interrupts import Interrupts
 from vkit.measure.gauge import build_config
 from vkit.state import atomic_write_text
-from vkit.tune import capacity as _cap
+from vkit.tune import capmeasure
 from vkit.tune.config import Settings, Workload
 from vkit.tune.ledger import Ledger
 from vkit.tune.summaries import bench_failed, capacity_checker, cut_by_the_client, plain, relative
@@ -90,13 +90,13 @@ class OneRun:
         st = self.tune.tune()
         # the first baseline search's capacity, once it is known; the required capacity (j-per-token) from the first
         reference = st.record("capacity_reference").get("load") or self.s.required_capacity
-        # where the answer probably is: the kept configuration's capacity, once its baseline is final
-        b = st.record("baseline")
-        hint = (b.get("metrics") or {}).get("slo_capacity") if b.get("config") == st.kept_config else None
+        # where the answer probably is: this configuration's own last estimate, else the twin's prediction for
+        # it, else the kept configuration's capacity once its baseline is final (the search goes there second)
+        hint = guess(st, self.served.running().get("config"), self.state_dir)
         # every point's run its own prompts: measurement k starts 1000 seeds above measurement k - 1
         opts = replace(w.options, seed=w.seed + 1000 * k)
         try:
-            doc = _cap.measure_configuration(opts, self.served.url(), os.path.join(d, f"rep{k}-points"), c.slo, c.plan,
+            doc = capmeasure.measure_configuration(opts, self.served.url(), os.path.join(d, f"rep{k}-points"), c.slo, c.plan,
                                              reference, command=["--state", self.state_path], interrupts=self.interrupts,
                                              progress=lambda m: self.progress(f"{label} capacity {k}: {m}"),
                                              accelerators=c.accelerators, seed=w.seed + k, hint=hint,
@@ -111,3 +111,28 @@ class OneRun:
             # the capacity is only a lower bound: the machine, not the server, ended the search (measured once more)
             code, verdict, findings = int(ExitCode.REJECTED), "rejected", ["client_saturation"]
         return relative(path, self.state_dir), plain(doc), {"code": code, "verdict": verdict, "findings": findings}
+
+
+def guess(st, config: dict | None, state_dir: str) -> float | None:
+    """Where ``config``'s capacity probably is: its own last capacity measured in this tune (a
+    baseline's or a trial's run document), else the twin's prediction it was proposed on, else the
+    kept configuration's final baseline capacity; None when nothing is known."""
+    docs, predicted = [], None
+    b = st.record("baseline")
+    if config is not None and b.get("config") == config:
+        docs += list(b.get("runs") or [])
+    for t in st.trials():
+        if config is not None and t.get("config") == config:
+            docs += list(t.get("runs") or [])
+            predicted = (((t.get("proposal") or {}).get("twin") or {}).get("prediction") or {}).get("capacity") or predicted
+    for path in reversed(docs):
+        try:
+            with open(os.path.join(state_dir, path)) as f:
+                c = json.load(f).get("slo_capacity")
+        except (OSError, ValueError):
+            continue
+        if isinstance(c, (int, float)) and c > 0:
+            return float(c)
+    if predicted:
+        return float(predicted)
+    return (b.get("metrics") or {}).get("slo_capacity") if b.get("config") == st.kept_config else None
