@@ -102,10 +102,10 @@ def test_two_searches_that_offered_different_loads_are_one_gauge_and_carry_their
     assert da["slo_capacity"] == pytest.approx(75.0, rel=0.02) and db["slo_capacity"] == pytest.approx(120.0, rel=0.02)
     assert da["slo_capacity"] == da["vkit"]["capacity"]["capacity"]
     assert da["capacity_holds"] < da["slo_capacity"] < da["capacity_fails"]
-    assert da["reference_load"] == da["capacity_holds"]  # a first search is its own reference
+    assert da["reference_load"] == da["vkit"]["capacity"]["holds"]  # a first search is its own reference: its highest hold
     assert db["reference_load"] == 10.0 and db["ref_per_user_output_tok_s"] == pytest.approx(100.0)
     # the peak in flight only over the loads that decide the answer (up to the lowest clear failure)
-    assert db["peak_in_flight"] == int(db["capacity_fails"] / 2)
+    assert db["peak_in_flight"] == int(db["vkit"]["capacity"]["fails"] / 2)
     assert da["vkit"]["valid"] and da["vkit"]["seed"] == 2 and da["vkit"]["capacity"]["binding_slo"] == "p95_ttft_ms"
 
 

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.e2e
 CAP = ["--sandbox", "--objective", "capacity", "--input-len", "256", "--output-len", "32", "--num-prompts", "40",
        "--baseline-repeats", "3", "--screen-repeats", "1", "--confirm-front", "0",
        "--ready-timeout", "30", "--slo", "p95_ttft_ms=400", "--slo", "mean_tpot_ms=40", "--point-seconds", "1",
-       "--capacity-start", "8", "--capacity-noise", "0.03",
+       "--capacity-start", "8", "--capacity-noise", "0.03", "--max-point-seconds", "4",
        "--verify-seconds", "3", "--search", "staged"]  # the staged steps' capacity tune (tests/test_twin.py: the twin's)
 
 

@@ -36,12 +36,12 @@ def achieved_section(v: View) -> AchievedSection:
     same = start.get("config") == rec.get("config")
     gi = a.get("gain_interval") if isinstance(a.get("gain_interval"), list) else [None, None]
     verified = num(rec.get("verified_req_s"))
-    spans = [Span(STRONG, "Started at "), Span(VALUE, f"{fmt_num(start['req_s'])} req/s{_ci(start)}"),
+    spans = [Span(STRONG, "Started at"), Span(WORDS, " "), Span(VALUE, f"{fmt_num(start['req_s'])} req/s{_ci(start)}"),
              Span(WORDS, " ("), Span(CODE, config_text(start.get("config"))), Span(WORDS, "); ")]
     if same:
         spans += [Span(WORDS, "no change beat it: the recommendation is the starting configuration")]
     else:
-        spans += [Span(STRONG, "recommended "), Span(VALUE, f"{fmt_num(rec['req_s'])} req/s{_ci(rec)}"),
+        spans += [Span(STRONG, "recommended"), Span(WORDS, " "), Span(VALUE, f"{fmt_num(rec['req_s'])} req/s{_ci(rec)}"),
                   Span(WORDS, " ("), Span(CODE, config_text(rec.get("config"))), Span(WORDS, "), a gain of "),
                   Span(VALUE, f"{_pct(a.get('gain'))} [{_pct(gi[0])}, {_pct(gi[1])}]")]
     spans += [Span(WORDS, "; held on fresh-start runs at "), Span(VALUE, f"{fmt_num(verified)} req/s")] if verified is not None \

@@ -116,7 +116,7 @@ def capacity_document(result: Capacity, first: dict | None, opts, seed: int, ref
     kept = (*_GAUGE_VKIT, "model", "server", "lengths", "fingerprint")
     doc["vkit"] = {**{k: fv.get(k) for k in kept if k in fv}, "dataset": dataset, "seed": seed,
                    "schema": "vkit.capacity/1", "capacity": d,
-                   "valid": d["capacity"] is not None or d["upper"] is not None}
+                   "valid": d["capacity"] is not None or any(x is not None for x in d["interval"])}
     return doc
 
 
