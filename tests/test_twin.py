@@ -21,7 +21,7 @@ SIM = [sys.executable, os.path.join(REPO, "bin", "sim_server"), "sim-8b", "--por
 TUNE = ["--virtual", "--sandbox", "--objective", "capacity", "--search", "twin", "--input-len", "512", "--output-len", "128",
         "--num-prompts", "100", "--slo", "p95_ttft_ms=1000", "--slo", "mean_tpot_ms=50", "--steps", "2,3,4", "--budget", "8",
         "--screen-repeats", "1", "--confirm-front", "0", "--ablation", "off", "--point-seconds", "4", "--capacity-start", "32",
-        "--capacity-noise", "0.03", "--max-point-seconds", "32", "--verify-seconds", "40",
+        "--capacity-noise", "0.03", "--max-point-seconds", "8", "--verify-seconds", "40",
         "--vocab-size", "2000", "--json"]
 
 
