@@ -99,7 +99,9 @@ def test_capacity_tune_keeps_by_capacity_skips_what_cannot_differ_and_reports_th
         # so (no figure, every run shown), it never falls back to the searches' own figure
         assert not any(x["holds"] for x in runs) and rc["output_tok_s"] is None, (rc, r.err[-3000:])
     else:
-        assert rc["req_s"] > 0 and runs[0]["load"] == rc["searched_req_s"] >= rc["req_s"]
+        # the promise starts at the searches' estimate, offered at 4 significant digits
+        assert rc["req_s"] > 0 and runs[0]["load"] == pytest.approx(rc["searched_req_s"], rel=1e-3)
+        assert runs[0]["load"] >= rc["req_s"]
         held = [x for x in runs if x["holds"]]
         first = runs.index(held[0])
         loads = [x["load"] for x in runs[:first + 1]]
