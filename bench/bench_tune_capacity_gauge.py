@@ -15,10 +15,14 @@ Two parts, each writing its own section of bench/results/tune_capacity_gauge.jso
   simulator noise) with tune's own plan (tune's parser and defaults) started as a tune starts them: at
   a reference load (the first baseline search's capacity: the truth times a factor drawn in [0.7, 1.4])
   with a hint (the configuration's last estimate or the twin's prediction: the truth times exp(N(0,
-  0.1))). Scored as bench_capacity_interval scores: coverage of the 95 % interval, |error|, request-seconds.
+  0.1))). Scored as bench_capacity_interval scores: coverage of the 95 % interval, |error|, request-seconds,
+  and how many searches said the level moved during them (``vkit.tune.capanchor``: false alarms here).
+  ``--slowdown F`` makes the server F times slower from the search's fifth run on (every step-time
+  term of the cost model scaled by F): those rows go under ``drift`` and count the searches that
+  caught the change, and the error of those that did not.
 
 Run: python3 bench/bench_tune_capacity_gauge.py tunes [--scenarios a,b] [--seeds 2] [--tree DIR --label bracket]
-     python3 bench/bench_tune_capacity_gauge.py searches [--searches 40] [--scenarios a,b] [--jobs 2]
+     python3 bench/bench_tune_capacity_gauge.py searches [--searches 40] [--scenarios a,b] [--jobs 2] [--slowdown 1.25]
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import os
 import random
 import sys
 import time
+from dataclasses import replace
 
 import numpy as np
 
@@ -43,6 +48,7 @@ import bench_capacity_interval as bci  # noqa: E402
 import bench_capacity_tune as _bct  # noqa: E402
 from harness import revision  # noqa: E402
 
+from vkit.sim.calibrated import CostParams  # noqa: E402
 from vkit.sim.predict import bench_summary  # noqa: E402
 from vkit.state import atomic_write_text  # noqa: E402
 from vkit.tune import capacity as cap  # noqa: E402
@@ -50,6 +56,16 @@ from vkit.tune import capmeasure, capsearch  # noqa: E402
 
 OUT = os.path.join(ROOT, "bench", "results", "tune_capacity_gauge.json")
 TUNE_SCENARIOS = ("8b-h200-chat", "70b-h100x4", "8b-h200-tpot-knee")
+SLOW_AFTER = 4  # --slowdown: the runs after this many are on the slower server
+
+
+def slower(f: float) -> CostParams | None:
+    """The cost model's defaults with every step-time term f times slower (None: f = 1, as built in)."""
+    if f == 1.0:
+        return None
+    p = CostParams()
+    return replace(p, mfu=p.mfu / f, mbu=p.mbu / f, decode_step_overhead_s=p.decode_step_overhead_s * f,
+                   mixed_step_overhead_s=p.mixed_step_overhead_s * f, per_req_overhead_s=p.per_req_overhead_s * f)
 
 
 def request_seconds(work: str) -> dict:
@@ -155,7 +171,7 @@ def tune_plan(start: float) -> cap.Plan:
 
 
 def one_search(job) -> dict:
-    name, rep, truth = job
+    name, rep, truth, slowdown = job
     sc = bci.SCENARIOS[name]
     rng = random.Random(f"{name}:{rep}")
     reference = truth * math.exp(rng.uniform(math.log(0.7), math.log(1.4)))
@@ -168,34 +184,59 @@ def one_search(job) -> dict:
         count[0] += 1
         n = n or max(100, math.ceil(load * plan.point_seconds))
         return bench_summary(bci.scenario(sc, load, n, seed=2_000_000 * (rep + 1) + count[0], noise=bci.NOISE,
-                                          key=f"{name}:tune:{rep}:{count[0]}"))
+                                          key=f"{name}:tune:{rep}:{count[0]}"),
+                             slower(slowdown) if count[0] > SLOW_AFTER else None)
 
     # as capmeasure.measure_configuration starts a warm search: steps of 1.25 from the reference, the hint second
     p = cap.Plan(**{**vars(plan), "start": plan.snap(reference), "step": max(1.25, 1 + 2 * plan.tolerance)})
     t0 = time.time()
-    d = capsearch.search(measure, cap.Slo(dict(sc["slo"])), p, hint=hint).as_dict()
+    res = capsearch.search(measure, cap.Slo(dict(sc["slo"])), p, hint=hint)
+    d = res.as_dict()
+    drift = d.get("drift") or {}
+    # the anchor's extra run (the check's price): the search's last run when it is at the anchor past the plan's most
+    last = max(((q.load, r) for q in res.points for r in q.runs if r.get("order") is not None), key=lambda x: x[1]["order"])
+    extra = d["runs"] > p.max_runs and drift.get("load") == last[0] and last[1]["valid"]
+    check_s = float(last[1]["metrics"].get("completed", 0) / last[0]) if extra else 0.0
     est, sd = capmeasure.estimate(d, p)
     return {"scenario": name, "rep": rep, "reference": reference, "hint": hint, "estimate": d["capacity"],
             "lo": d["interval"][0], "hi": d["interval"][1], "slo_capacity": est, "sd": sd, "runs": d["runs"],
             "points": d["points"], "requests": d["requests"], "request_seconds": d.get("request_seconds"),
-            "binding": d["binding_slo"], "stop": d["stop"], "cpu_s": time.time() - t0}
+            "binding": d["binding_slo"], "stop": d["stop"], "cpu_s": time.time() - t0,
+            "level_moved": bool(drift.get("moved")), "anchor_z": drift.get("z"), "check_request_seconds": check_s}
 
 
 def searches(a) -> int:
     doc = json.load(open(a.out)) if os.path.exists(a.out) else {}
-    part = doc.setdefault("searches", {})
+    part = doc.setdefault("searches", {}) if a.slowdown == 1.0 else doc.setdefault("drift", {})
     with mp.Pool(a.jobs) as pool:
         for name in a.scenarios.split(","):
             truth = bci.cached_truth(name)
             t0 = time.time()
             rows = []
-            for k, r in enumerate(pool.imap_unordered(one_search, [(name, i, truth) for i in range(a.searches)]), 1):
+            for k, r in enumerate(pool.imap_unordered(one_search, [(name, i, truth, a.slowdown) for i in range(a.searches)]), 1):
                 rows.append(r)
                 if k % 10 == 0 or k == a.searches:
                     el = time.time() - t0
                     print(f"  {name}: {k}/{a.searches} searches, {el:.0f} s, ETA {el / k * (a.searches - k):.0f} s",
                           file=sys.stderr)
             s = bci.score(rows, truth)
+            moved = sum(r["level_moved"] for r in rows)
+            if a.slowdown != 1.0:
+                # the truth of the slower server: the search's later runs see it (its first four, the faster one)
+                missed = [r for r in rows if not r["level_moved"] and r["estimate"]]
+                part[f"{name}@{a.slowdown:g}"] = {
+                    "revision": revision(), "slowdown": a.slowdown, "slow_after_runs": SLOW_AFTER, "searches": len(rows),
+                    "caught": moved, "truth_before": truth,
+                    "median_estimate_over_truth_before_when_missed": float(np.median([r["estimate"] / truth for r in missed]))
+                    if missed else None,
+                    "median_anchor_z": float(np.median([r["anchor_z"] for r in rows if r["anchor_z"] is not None]))}
+                print(json.dumps({name: part[f"{name}@{a.slowdown:g}"]}, indent=1), file=sys.stderr)
+                _write(a.out, doc)
+                continue
+            s["level_moved"] = moved  # false alarms: the server did not change
+            # the drift check's own price: its extra run's share of the searches' request-seconds
+            s["check_share_of_request_seconds"] = float(sum(r["check_request_seconds"] for r in rows)
+                                                        / max(sum(r["request_seconds"] or 0 for r in rows), 1e-9))
             prev = ((json.load(open(bci.OUT)).get("scenarios") or {}).get(name) or {}) if os.path.exists(bci.OUT) else {}
             bracket = (prev.get("bracket") or {}).get("median_request_seconds")
             part[name] = {"truth": truth, "revision": revision(), "plan": "tune's defaults (warm: reference and hint)",
@@ -226,6 +267,8 @@ def main(argv=None) -> int:
     s.add_argument("--scenarios", default=",".join(bci.SCENARIOS))
     s.add_argument("--searches", type=int, default=40)
     s.add_argument("--jobs", type=int, default=2)
+    s.add_argument("--slowdown", type=float, default=1.0, metavar="F",
+                   help=f"the server F times slower after the search's first {SLOW_AFTER} runs (rows under 'drift')")
     s.add_argument("--out", default=OUT)
     a = ap.parse_args(argv)
     return tunes(a) if a.part == "tunes" else searches(a)

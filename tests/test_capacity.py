@@ -175,10 +175,32 @@ def test_capacity_of_a_simulated_deployment_agrees_with_the_predictor(tmp_path):
     lo, hi = doc["interval"]
     assert lo <= truth[-1] and hi >= truth[0], (lo, hi, truth)
     assert lo <= doc["capacity"] <= hi
-    assert doc["binding_slo"] == "p95_ttft_ms" and doc["runs"] <= 24
+    assert doc["binding_slo"] == "p95_ttft_ms" and doc["runs"] <= 24 + 1  # the plan's most, and the anchor's check
+    assert doc["drift"]["moved"] is False  # noise off: the first load reads the same at the end
     assert all(p["verdict"] == "holds" for p in doc["curve"] if p["load"] < doc["interval"][0])
     assert all(os.path.exists(os.path.join(doc["run_dir"], f"rate-{p['load']:g}", "rep0.json")) for p in doc["curve"])
     assert doc["virtual"]["starts"] == 1 and doc["virtual"]["runs"] == doc["runs"]
+
+
+@pytest.mark.slow
+def test_a_search_on_a_server_that_slowed_while_it_ran_decides_no_capacity_and_exits_6(tmp_path):
+    """The simulated deployment's step time grows by 100 % an hour of simulated time: over the search's minutes its
+    first load reads slower at the end than at the start, and the search says so instead of fitting one curve."""
+    import io
+    import json
+
+    from vkit.cli import capacity
+
+    out, err = io.StringIO(), io.StringIO()
+    rc = capacity.main(["--virtual", "m --sim-model llama-3.1-8b --sim-gpu H200 --max-num-seqs 64 --sim-drift 1",
+                        "--random-input-len", "2048", "--random-output-len", "64", "--slo", "p95_ttft_ms=500",
+                        "--run-dir", str(tmp_path / "runs")], stdout=out, stderr=err)
+    doc = json.loads(out.getvalue())
+    assert rc == 6, err.getvalue()[-1000:]
+    d = doc["drift"]
+    assert d["moved"] is True and d["shift"] < 0 and d["load"] == min(p["load"] for p in doc["curve"] if p["runs"] >= 2)
+    assert doc["stop"].startswith("the level moved during the search")
+    assert "no capacity decided: the level moved during the search" in err.getvalue().splitlines()[-2]
 
 
 @pytest.mark.parametrize("argv", [["--slo", "p95_nope_ms=1"], ["--slo", "p95_ttft_ms"], ["--slo", "p95_ttft_ms=1", "--request-rate", "4"],

@@ -10,8 +10,9 @@ import os
 
 import pytest
 
+from vkit.decide.components import capacity_sigma
 from vkit.report import render as report
-from vkit.tune.assemble import achieved
+from vkit.tune.assemble import achieved, capacity_of
 from vkit.tune.ledger import TuneView
 from vkit.tune.onerun import guess
 
@@ -76,3 +77,18 @@ def test_the_report_leads_with_what_the_tune_achieved():
         assert "What the tune achieved" in page
     # it leads: before the goal and the baseline
     assert md.index("What the tune achieved") < md.index("Baseline")
+
+
+def test_a_configurations_interval_takes_sigma_as_the_gate_does():
+    # three searches that agree within 1 % but each claim ±5 %: from three on, σ is their spread (the gate's rule,
+    # capacity_sigma); from two, their spread at least their own sd
+    docs = {f"r{i}": {"slo_capacity": c, "slo_capacity_sd": 0.05} for i, c in enumerate((40.0, 40.4, 39.6))}
+    runner = type("R", (), {"ledger": type("L", (), {"load": staticmethod(lambda p: docs[p])})()})()
+    three = capacity_of(runner, ["r0", "r1", "r2"])
+    logs = [math.log(d["slo_capacity"]) for d in docs.values()]
+    spread = float(__import__("numpy").std(logs, ddof=1))
+    se = spread / math.sqrt(3)
+    assert se == pytest.approx(capacity_sigma(spread, list(docs.values())) / math.sqrt(3))
+    assert three["interval"][1] / three["req_s"] == pytest.approx(math.exp(1.959964 * se), rel=1e-4)
+    two = capacity_of(runner, ["r0", "r1"])
+    assert two["interval"][1] / two["req_s"] == pytest.approx(math.exp(1.959964 * 0.05 / math.sqrt(2)), rel=1e-4)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 import types
 from dataclasses import replace
@@ -26,6 +27,7 @@ SERVE = {"max_model_len": 4096, "max_num_batched_tokens": 8192, "max_num_seqs": 
 SLO = {"p95_ttft_ms": 500.0, "mean_tpot_ms": 100.0}
 TRUTH = 11.695
 SIGMA = 0.05  # the baseline's σ of slo_capacity (a fresh start's search)
+KEPT = {"max_num_seqs": 256}
 
 
 def _plan() -> cap.Plan:
@@ -56,7 +58,8 @@ class _Tune:
     """What the sentinel uses of a Tune: the kept configuration's baseline, the state's drift checks."""
 
     def __init__(self, tmp_path, baseline: dict):
-        self.state = {"baseline": baseline, "trials": [{"id": "t003"}], "drift_checks": [], "drift": None,
+        self.state = {"baseline": {"config": KEPT, **baseline}, "kept": {"config": KEPT}, "trials": [{"id": "t003"}],
+                      "drift_checks": [], "drift": None,
                       "service": {"launch": {"argv": ["vllm", "serve", "m"]}}}
         self.s = types.SimpleNamespace(capacity=types.SimpleNamespace(slo=cap.Slo(dict(SLO)), plan=_plan()),
                                        workload=types.SimpleNamespace(options=BenchOptions(), seed=0))
@@ -129,3 +132,23 @@ def test_a_machine_that_slowed_by_a_quarter_is_caught_and_the_series_reset(tmp_p
     assert all(m < 0 for m in out["margins"])
     assert r.state["drift"]["detector"] == "capacity_low_end" and r.state["drift"]["reset"]
     assert out["why"].startswith("the kept configuration fails its SLO at")
+
+
+def test_a_keep_with_too_few_runs_to_rebase_on_is_checked_at_its_own_capacity_not_the_old_baselines(tmp_path, monkeypatch):
+    # the twin step kept t003 on one screening search and two confirmation searches (fewer than the baseline's
+    # four: no rebase); the baseline still measures the 16-sequence start at a third of its capacity
+    r = _Tune(tmp_path, {"metrics": {"slo_capacity": TRUTH / 3}, "sigma": {"slo_capacity": SIGMA}})
+    r.state["baseline"]["config"] = {"max_num_seqs": 16}
+    docs = {"runs/t003/rep1.json": TRUTH * 1.02, "runs/confirm-t003/rep1.json": TRUTH * 0.98, "runs/confirm-t003/rep2.json": TRUTH}
+    for rel, c in docs.items():
+        os.makedirs(os.path.dirname(tmp_path / rel), exist_ok=True)
+        (tmp_path / rel).write_text(json.dumps({"slo_capacity": c}))
+    r.state["trials"] = [{"id": "t003", "config": KEPT, "kept": True, "runs": ["runs/t003/rep1.json"]}]
+    r.state["confirmations"] = [{"trial_id": "t003", "b_runs": ["runs/confirm-t003/rep1.json", "runs/confirm-t003/rep2.json"]}]
+    rec = capsentinel.kept_record(r)
+    assert rec["from_trial"] == "t003" and rec["sigma"] == {"slo_capacity": SIGMA}
+    assert rec["metrics"]["slo_capacity"] == pytest.approx(TRUTH * (1.02 * 0.98) ** (1 / 3))
+    monkeypatch.setattr(cap, "live_measure", _virtual(None, "a"))
+    out = capsentinel.sentinel(r, fresh=False)
+    assert out["capacity"] == pytest.approx(rec["metrics"]["slo_capacity"]) and out["changed"] is False
+    assert r.restarts == 0 and out["fresh_start"] is False  # on the process that runs the kept configuration

@@ -41,14 +41,14 @@ def small_space(tmp_path, monkeypatch) -> None:
     assert len(twin_space(Policy.load(str(path)), {"max_num_batched_tokens": 2048, "max_num_seqs": 16})) == 12
 
 
-def sim_state(tmp_path, monkeypatch) -> str:
+def sim_state(tmp_path, monkeypatch, *sim_flags: str) -> str:
     """A state of the 8B / H200 simulator kept at 2,048 batched tokens, 16 sequences and 1,024 tokens, over
-    :func:`small_space`; its path (VKIT_STATE)."""
+    :func:`small_space` (``sim_flags``: more of sim_server's flags); its path (VKIT_STATE)."""
     path = str(tmp_path / "state.json")
     monkeypatch.setenv("VKIT_STATE", path)
     small_space(tmp_path, monkeypatch)
     r = call("state", "init", "--url", "http://127.0.0.1:1", "--model", "sim-8b", "--set", "max_num_batched_tokens=2048",
-             "--set", "max_num_seqs=16", "--set", "max_model_len=1024", "--", *SIM)
+             "--set", "max_num_seqs=16", "--set", "max_model_len=1024", "--", *SIM, *sim_flags)
     assert r.code == 0, r.err
     return path
 
@@ -218,6 +218,11 @@ def test_a_twin_guided_tune_calibrates_proposes_with_intervals_and_respects_its_
     # ... and past it only by a confirmation's further blocks (two starts each), never cut short
     blocks = sum(-(-len(c.get("sequence") or []) // 4) for c in json.loads(open(path).read()).get("confirmations") or [])
     assert res["timings"]["restarts"] == len(starts) <= 8 + 2 * max(blocks - 1, 0)
+    # the drift sentinel ran after the twin step, on the process of the kept configuration (no restart), and held
+    checks = [e for e in log if e["event"] == "drift_check"]
+    assert [(c["detector"], c["changed"], c["fresh_start"]) for c in checks] == [("capacity_low_end", False, False)], checks
+    # no search of an unchanged server said its level moved
+    assert not [e for e in log if e["event"] == "remeasure" and "level_moved" in e.get("findings", [])]
     # the result and the report carry the twin's predictions beside what the server measured
     rows = res["capacity"]["twin"]["rows"]
     assert [r["trial_id"] for r in rows] == [e["trial"] for e in props]
@@ -530,3 +535,28 @@ def test_after_the_twin_step_4m_makes_no_start_where_the_twin_predicts_more_kv_c
     assert step["result"].startswith("not searched") and step["twin"]["gains"] == ev[0]["gains"]
     assert step["lo_from"] == "the kept server's default, from its cache_config_info" and "not searched" in r.err
     assert not [t for t in st["trials"] if t["step"] == "4m"]  # no probe, no validation: no start
+
+
+@pytest.mark.slow
+def test_on_a_machine_that_keeps_slowing_the_searches_and_the_sentinel_say_so_and_the_baseline_is_measured_again(
+        tmp_path, monkeypatch):
+    """The simulator's step time grows by 300 % an hour of simulated time, whatever the restarts (the virtual
+    server's drift counts from the tune's first step): a capacity search that spans minutes sees its first load
+    read slower at its end, and the kept configuration fails the sentinel's load two σ below its capacity."""
+    path = sim_state(tmp_path, monkeypatch, "--sim-drift", "3")
+    r = call("tune", *TUNE, "--max-restarts", "8")
+    assert r.code == 0, r.err[-2000:]
+    log = [json.loads(x) for x in open(tmp_path / "decisions.jsonl")]
+    moved = [e for e in log if e["event"] == "remeasure" and e.get("findings") == ["level_moved"]]
+    assert moved and "the level moved during the search" in r.err  # searched again: a search that moved decides nothing
+    checks = [e for e in log if e["event"] == "drift_check"]
+    caught = next(c for c in checks if c["changed"])
+    assert caught["detector"] == "capacity_low_end" and all(m < 0 for m in caught["margins"]), caught
+    assert "drift: the kept configuration fails its SLO at" in r.err
+    # the baseline measured again after the alarm: a later generation, started after the check
+    i = log.index(caught)
+    again = [e for e in log[i:] if e["event"] == "baseline"]
+    before = [e for e in log[:i] if e["event"] == "baseline"]
+    assert again and again[0]["runs"] != before[-1]["runs"]
+    st = json.loads(open(path).read())
+    assert st["drift"]["detector"] == "capacity_low_end"

@@ -62,7 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
                     0: "capacity found (an estimate with its interval closed on both sides)",
                     1: "no load holds the SLO, or the interval is open above (every load up to --max-load holds)",
                     2: "bad flag, unknown SLO metric, a load flag given",
-                    4: "the server is unreachable, or the --virtual deployment would not start (vLLM's words)"}))
+                    4: "the server is unreachable, or the --virtual deployment would not start (vLLM's words)",
+                    6: "the level moved during the search (its first load read another margin at the end): no "
+                       "capacity decided; the document's 'drift' says by how much"}))
     c = p.add_argument_group("capacity")
     c.add_argument("--virtual", metavar="SIM_SERVER_ARGS",
                    help="search a simulated deployment in virtual time instead of a server: sim_server's command line "
@@ -189,6 +191,8 @@ def _run(args: argparse.Namespace, io: IO) -> int:
         atomic_write_text(args.output, json.dumps(doc, indent=2, sort_keys=True) + "\n")
     io.emit_json(doc)
     io.progress(said(doc))
+    if (doc.get("drift") or {}).get("moved"):
+        return ExitCode.UNDECIDED  # the level moved during the search: measure again on a quiet machine
     if doc["capacity"] is None:
         return ExitCode.REJECTED
     return ExitCode.OK if doc["upper"] is not None else ExitCode.REJECTED
@@ -232,11 +236,13 @@ def _said(doc: dict) -> str:
     if doc.get("request_seconds") is not None:
         cost += f" ({doc['request_seconds']:,.0f} request-seconds)"
     lo, hi = doc["interval"]
+    if (doc.get("drift") or {}).get("moved"):
+        return f"no capacity decided: {doc['stop']}; {cost}"
     if doc["capacity"] is None:
         where = f"at least {lo:.4g} {unit}" if lo is not None else "no load holds the SLO"
         return f"no capacity: {where}; {doc['stop']}; {cost}"
     side = doc["estimate"].get("half_width")
-    ci = f"[{lo:.4g}, {hi:.4g}]" if lo is not None and hi is not None else f"[{lo or '?'}, {hi or '?'}]"
+    ci = "[" + ", ".join(f"{x:.4g}" if x is not None else "?" for x in (lo, hi)) + "]"
     return (f"capacity {doc['capacity']:.4g} {unit}, {100 * doc['level']:.0f} % interval {ci}"
             + (f" (±{100 * side:.1f} %)" if side is not None else "")
             + f", binding {doc['binding_slo']}, {doc.get('boundary') or '?'} boundary; {cost}; stop: {doc['stop']}")

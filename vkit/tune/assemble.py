@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from vkit.decide.components import capacity_sigma
 from vkit.state import now_iso
 from vkit.tune import steps as tuning
 from vkit.tune.boundary import Z95
@@ -236,8 +237,8 @@ def achieved(start: dict, config: dict | None, searched: dict, delivered: dict) 
 def capacity_of(runner: Tune, runs: list[str]) -> dict:
     """A configuration's capacity over its searches (capacity documents): the estimate (the geometric
     mean of the searches' estimates: the figure the promise verifies and the gate compares) with its
-    95 % interval (its sd the searches' spread, at least their own sd, over the square root of their
-    number), the output tok/s measured at the search nearest it, the binding SLO, and the curve of its
+    95 % interval (its sd σ of one search as the gate takes it, ``capacity_sigma``: their spread from
+    three searches on, else at least their own sd; over the square root of their number), the output tok/s measured at the search nearest it, the binding SLO, and the curve of its
     first search (every load point: verdict, margin, latencies, throughput)."""
     docs = []
     for p in runs or []:
@@ -252,9 +253,8 @@ def capacity_of(runner: Tune, runs: list[str]) -> dict:
     logs = [math.log(d["slo_capacity"]) for d in docs]
     est = float(math.exp(sum(logs) / len(logs)))
     spread = float(np.std(logs, ddof=1)) if len(logs) > 1 else 0.0
-    own = [d["slo_capacity_sd"] for d in docs if isinstance(d.get("slo_capacity_sd"), (int, float))]
-    own_rms = math.sqrt(float(np.mean(np.square(own)))) if own else 0.0
-    se = max(spread, own_rms) / math.sqrt(len(docs))
+    # the gate's rule for σ of one search (its spread from three searches on, else at least their own sd)
+    se = capacity_sigma(spread if len(logs) > 1 else None, docs) / math.sqrt(len(docs))
     at = min(docs, key=lambda d: abs(math.log(d["slo_capacity"] / est)))
     vc = (at.get("vkit") or {}).get("capacity") or {}
     holds = [d.get("capacity_holds") for d in docs if isinstance(d.get("capacity_holds"), (int, float))]

@@ -185,6 +185,7 @@ class Capacity:
     points: list[Point]
     stop: str
     model: boundary.Estimate
+    drift: dict | None = None  # the anchor's check (vkit.tune.capanchor); moved: no capacity decided
 
     @property
     def capacity(self) -> float | None:
@@ -219,6 +220,7 @@ class Capacity:
             "runs": sum(len(p.runs) for p in pts),
             "points": len(pts),
             "method": "model",
+            "drift": self.drift,
         }
         valid = [(p.load, r) for p in pts for r in p.runs if r["valid"]]
         out["requests"] = int(sum(r["metrics"].get("completed", 0) for _, r in valid))

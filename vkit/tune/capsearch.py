@@ -21,6 +21,12 @@ estimated crossing (within its interval, or within four precision steps where th
 a run lasts ``plan.crossing_factor`` (2) times as long at least (up to the most): there the queue relaxes slowly, and a short run that
 starts it empty reads the boundary on one side (in the benchmark's cliff scenario a run's P95 TTFT
 reads 29 % low at 275 requests, 10 % at 800; its completion rate 3 % low at 100 requests, 0.4 % at 400).
+
+When the stop rule is met, the search checks that it measured one server throughout
+(:mod:`vkit.tune.capanchor`): the lowest load of its first half is measured once more (one run
+beyond ``plan.max_runs``, unless the search measured it again in its last third itself); a margin
+that moved by more than the noise and the precision allow means the level changed during the
+search, and the search says it could not decide (``drift``, and its stop rule says why).
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ import inspect
 import math
 from typing import Callable
 
-from vkit.tune import boundary, pooled
+from vkit.tune import boundary, capanchor, pooled
 from vkit.tune.capacity import FAILS, HOLDS, INVALID, UNCLEAR, Capacity, Measure, Plan, Point, Slo, judge_run
 
 NOISE_THROUGHPUT = 0.03  # prior sd of the keep-up margin between runs (measured: 0.024 over ten 80-190-request runs below a keep-up boundary)
@@ -265,6 +271,7 @@ def search(measure: Measure, slo: Slo, plan: Plan, progress: Callable[[str], Non
     est = boundary.estimate([], noise)
     stop = ""
     first = True
+    order = 0  # the runs of this search in the order they ran (the anchor's check reads it)
     while load is not None:
         p = next((q for q in points if q.load == load), None)
         if p is None:
@@ -276,6 +283,8 @@ def search(measure: Measure, slo: Slo, plan: Plan, progress: Callable[[str], Non
         est = boundary.estimate(model_runs(points), noise, seed=seed)
         _verdicts(points, est)
         r = p.runs[-1]
+        r["order"] = order
+        order += 1
         progress(f"load {load:g}: margin {r['margin']:+.3f}" + (f" ({int(r['requests'])} requests)" if r.get("requests") else "")
                  + f"; {_said(est)}" if r["valid"] else f"load {load:g}: invalid ({r['why']})")
         if first and hint is not None and _towards(plan, hint, load, est.where):
@@ -289,7 +298,32 @@ def search(measure: Measure, slo: Slo, plan: Plan, progress: Callable[[str], Non
             stop = why
         else:
             progress(f"next {load:g}: {why}")
-    return Capacity(plan, slo, points, stop, est)
+    est, drift = _check_level(measure, sized, slo, plan, points, est, order, progress, seed)
+    if drift is not None and drift["moved"]:
+        stop = capanchor.said(drift)
+        progress(stop)
+    return Capacity(plan, slo, points, stop, est, drift)
+
+
+def _check_level(measure: Measure, sized: bool, slo: Slo, plan: Plan, points: list[Point], est: boundary.Estimate,
+                 order: int, progress: Callable[[str], None], seed: int) -> tuple[boundary.Estimate, dict | None]:
+    """The anchor's check at the search's end (:mod:`vkit.tune.capanchor`): (the estimate, with the
+    anchor's late run when it needed one; the check, None for a search too short for it)."""
+    at = capanchor.anchor(points, est.binding)
+    if at is None:
+        return est, None
+    load, again = at
+    if again:  # one run more than the plan's most: the check, not the estimate, needs it
+        progress(f"load {load:g} again: the search's first loads measured once more (did the level move?)")
+        p = next(q for q in points if q.load == load)
+        # as many requests as its first run sent: the two runs read a percentile with the same sampling error
+        n = next((int(r["requests"]) for r in p.runs if r["valid"] and r.get("requests")), None) \
+            or requests_for(plan, load, points, est.binding or next(iter(slo.limits)))
+        summary = measure(load, len(p.runs), n) if sized else measure(load, len(p.runs))
+        p.runs.append(dict(judge_run(summary, slo, plan, load), order=order))
+        est = boundary.estimate(model_runs(points), noise_of(plan), seed=seed)
+        _verdicts(points, est)
+    return est, capanchor.judge(points, load, noise_of(plan), plan.precision, est.binding)
 
 
 def _towards(plan: Plan, hint: float, load: float, where: str) -> bool:

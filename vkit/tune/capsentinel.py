@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from vkit.state import now_iso
 from vkit.tune import capacity as _cap
+from vkit.tune.ledger import first
 
 if TYPE_CHECKING:
     from vkit.tune.context import Tune
@@ -43,6 +44,32 @@ def check_load(baseline: dict, plan: _cap.Plan) -> tuple[float, float, float] | 
     return plan.snap(c * math.exp(-Z * s)), float(c), float(s)
 
 
+def kept_record(runner: Tune) -> dict:
+    """The kept configuration's capacity and σ, as a baseline record: the baseline when it measured the kept
+    configuration; else (a keep with too few runs of its own to rebase on) the geometric mean of the kept trial's
+    searches (its screening and confirmation runs) with the baseline's σ, the σ the gate compared it with."""
+    st = runner.ledger.tune()
+    b = st.record("baseline")
+    if b.get("config") == st.kept_config:
+        return b
+    t = next((t for t in reversed(st.trials()) if t.get("kept") and t["config"] == st.kept_config), None)
+    if t is None:
+        return {}
+    conf = first(st.confirmations(), trial_id=t["id"]) or {}
+    caps = []
+    for path in [*(t.get("runs") or []), *(conf.get("b_runs") or [])]:
+        try:
+            c = runner.ledger.load(path).get("slo_capacity")
+        except (OSError, ValueError):
+            continue
+        if isinstance(c, (int, float)) and c > 0:
+            caps.append(math.log(c))
+    if not caps:
+        return {}
+    return {"config": t["config"], "metrics": {"slo_capacity": math.exp(sum(caps) / len(caps))},
+            "sigma": b.get("sigma") or {}, "from_trial": t["id"]}
+
+
 def judge(point: _cap.Point, plan: _cap.Plan) -> str | None:
     """'holds' / 'drift' once the runs at the check's load say so, 'unclear' when they cannot (runs
     that could not measure the server); None: one more run."""
@@ -56,19 +83,23 @@ def judge(point: _cap.Point, plan: _cap.Plan) -> str | None:
     return None
 
 
-def sentinel(runner: Tune) -> dict:
+def sentinel(runner: Tune, fresh: bool = True) -> dict:
     """The check (see the module's docstring), recorded as a drift check; on a drift, the change
-    (``drift``, the alarm time that resets the kept series) as the series sentinel records one."""
+    (``drift``, the alarm time that resets the kept series) as the series sentinel records one.
+    ``fresh=False``: on the process that runs the kept configuration now, when one does (the twin
+    search's check: a run on a process that is not fresh varies less than σ allows, so the check's
+    load stays as conservative)."""
     c = runner.s.capacity
     assert c is not None
     st = runner.ledger.tune()
     trials = st.trials()
-    base = {"after_trial": trials[-1]["id"] if trials else None, "detector": "capacity_low_end", "shift": None}
-    at = check_load(st.record("baseline"), c.plan)
+    base = {"after_trial": trials[-1]["id"] if trials else None, "detector": "capacity_low_end", "shift": None,
+            "fresh_start": fresh}
+    at = check_load(kept_record(runner), c.plan)
     if at is None:
         return _record(runner, dict(base, changed=False, why="no capacity with a σ in the baseline: no drift verdict"))
     load, cap, sigma = at
-    runner.seat.restore_kept(fresh=True)
+    runner.seat.restore_kept(fresh=fresh)
     w = runner.s.workload
     d = os.path.join(runner.runs_dir, "sentinel")
     k = 1 + (len(os.listdir(d)) if os.path.isdir(d) else 0)  # never overwrite an earlier check

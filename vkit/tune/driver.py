@@ -61,12 +61,11 @@ def make_tune(sf: StateFile, s: Settings, ctx: RunContext, run_id: str | None = 
     return on_first_slot(r)
 
 
-def check_drift(runner: Tune, warn: Callable[[str], None]) -> dict:
-    """The drift sentinel between two steps; on a change the baseline is measured again. Under the
-    capacity objective, the kept configuration at the low end of its capacity's interval (one or two
-    runs: ``vkit.tune.capsentinel``), not a whole capacity search."""
+def check_drift(runner: Tune, warn: Callable[[str], None], fresh: bool = True) -> dict:
+    """The drift sentinel between two steps; on a change the baseline is measured again. Under the capacity
+    objective, the kept configuration at the low end of its capacity's interval (``vkit.tune.capsentinel``)."""
     if runner.s.capacity is not None:
-        d = capsentinel.sentinel(runner)
+        d = capsentinel.sentinel(runner, fresh=fresh)
         what = d["why"]
     else:
         d = runner.sentinel.check()
@@ -168,8 +167,8 @@ def _drive(runner: Tune, settings: Settings, mixed: Workload, plan: TunePlan, ct
     # the twin ranks the space, the server screens and confirms its proposals (None: it cannot calibrate, staged instead)
     if plan.mode == "twin" and staged and tuning.run_twin_step(runner, ctx.policy, plan, ctx.progress,
                                                                  tuning.prior_twin(matched)) is not None:
+        check_drift(runner, ctx.warn, fresh=False)  # on the kept process the twin step left: no restart
         if "4m" in staged:  # the twin says first whether more KV cache can pay (no start when it cannot)
-            check_drift(runner, ctx.warn)
             tuning.run_twin_memory_step(runner, ctx.policy, ctx.progress, plan.budget)
     elif plan.mode == "bo" and staged:
         nxt, stop = tuning.bo_proposer(runner, ctx.policy, plan.budget, plan.seed, prior=tuning.prior_observations(matched),

@@ -24,8 +24,9 @@ class Measurer:
     def __init__(self, r: Tune):
         self.r = r
 
-    # Anomalies that say the *client or machine* was busy, not that the server misbehaved: worth one re-measure.
-    TRANSIENT = {"client_saturation", "warmup_outliers", "client_server_ttft_gap"}
+    # Anomalies that say the *client or machine* was busy, not that the server misbehaved: worth one re-measure
+    # (level_moved: a capacity search's anchor load read another level at its end than at its start).
+    TRANSIENT = {"client_saturation", "warmup_outliers", "client_server_ttft_gap", "level_moved"}
 
     # With a saturated client these follow from it (latencies inflated, the loop not kept full), so
     # they do not stop the re-measure either; without client_saturation they are the server's.
@@ -93,8 +94,8 @@ class Measurer:
             if check["code"] != ExitCode.REJECTED or not self.transient(findings) or attempt == last:
                 return path, doc, check
             wait = self.BUSY_WAITS_S[attempt - 1]
-            self.r.progress(f"{label} run {k}: {', '.join(sorted(findings))} (the client or the machine was busy); "
-                          f"measuring again in {wait:g} s")
+            why = "the level moved during the search" if findings == {"level_moved"} else "the client or the machine was busy"
+            self.r.progress(f"{label} run {k}: {', '.join(sorted(findings))} ({why}); measuring again in {wait:g} s")
             self.r.log("remeasure", run=path, findings=sorted(findings), wait_s=wait)
             time.sleep(wait)
         return path, doc, check

@@ -110,6 +110,9 @@ class OneRun:
         if code == 0 and cut_by_the_client(doc):
             # the capacity is only a lower bound: the machine, not the server, ended the search (measured once more)
             code, verdict, findings = int(ExitCode.REJECTED), "rejected", ["client_saturation"]
+        elif code == 0 and ((((doc.get("vkit") or {}).get("capacity") or {}).get("drift")) or {}).get("moved"):
+            # the server's level moved between the search's first loads and its last: measured once more
+            code, verdict, findings = int(ExitCode.REJECTED), "rejected", ["level_moved"]
         return relative(path, self.state_dir), plain(doc), {"code": code, "verdict": verdict, "findings": findings}
 
 
