@@ -110,7 +110,8 @@ def add_search_flags(c, prefix: str, max_points: int, max_runs: int = 24) -> Non
                    help=f"{what}stop when the 95 %% interval's larger side is within F of the capacity (default 0.05)")
     c.add_argument(f"--{prefix}max-runs", type=int_at_least(2), default=max_runs, metavar="N",
                    help=f"{what}runs in all at most (default {max_runs}" + ("; the first search, started cold, 6 more)" if prefix
-                                                                           else ")"))
+                                                                           else ")")
+                        + "; then one more: the first loads' lowest again, to see that the level did not move")
     c.add_argument("--max-point-seconds", type=positive_float, default=60.0, metavar="S",
                    help=f"{what}open loop: a run sized for its percentile's sampling error sends at most load x S "
                         "requests (default 60)")
