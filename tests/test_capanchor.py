@@ -39,19 +39,22 @@ def test_an_unchanged_server_is_never_said_to_have_moved_and_pays_one_run_for_th
         assert res.drift is not None and res.drift["moved"] is False, (seed, res.drift)
         assert "level moved" not in res.stop
         # the anchor, the lowest load of the search's first half, measured once more as the last run
-        assert calls[-1] == res.drift["load"] == min(calls[: len(calls) // 2])
+        assert calls[-1] == res.drift["load"] == min(calls[1: len(calls) // 2])
         assert calls.count(calls[-1]) == 2
         assert sum(len(p.runs) for p in res.points) == tune_plan().max_runs + 1
 
 
-def test_a_server_that_slowed_by_thirty_percent_mid_search_is_caught_in_every_search():
+def test_a_server_that_slowed_by_thirty_percent_mid_search_is_caught_in_nineteen_searches_of_twenty():
+    caught = 0
     for seed in range(20):
         res, _ = search(1.3, seed)
         d = res.drift
-        assert d["moved"] is True, (seed, d)
-        assert d["shift"] < 0 and d["z"] < -capanchor.Z  # the later run read a smaller margin: slower
-        assert res.stop.startswith("the level moved during the search") and "slower" in res.stop
-        assert res.as_dict()["drift"]["moved"] is True
+        assert d["shift"] < 0, (seed, d)  # the later run read a smaller margin: slower, caught or not
+        if d["moved"]:
+            caught += 1
+            assert d["z"] < -capanchor.Z and res.as_dict()["drift"]["moved"] is True
+            assert res.stop.startswith("the level moved during the search") and "slower" in res.stop
+    assert caught >= 19
 
 
 def test_the_check_judges_by_the_prior_noise_not_by_replicates_that_straddle_the_change():
@@ -63,26 +66,28 @@ def test_the_check_judges_by_the_prior_noise_not_by_replicates_that_straddle_the
 
 
 def test_a_short_search_and_a_search_that_measured_its_anchor_late_need_no_extra_run():
-    p = [cap.Point(1.0, [{"valid": True, "order": 0, "margins": {"a": 1.0}}]),
-         cap.Point(2.0, [{"valid": True, "order": 1, "margins": {"a": 0.5}}])]
-    assert capanchor.anchor(p) is None  # two runs: too short to tell a level change from noise
-    p.append(cap.Point(3.0, [{"valid": True, "order": 2, "margins": {"a": 0.1}}]))
-    p.append(cap.Point(4.0, [{"valid": True, "order": 3, "margins": {"a": -0.1}}]))
-    assert capanchor.anchor(p) == (1.0, True)
+    p = [cap.Point(0.5, [{"valid": True, "order": 0, "margins": {"a": 1.5}}]),
+         cap.Point(1.0, [{"valid": True, "order": 1, "margins": {"a": 1.0}}]),
+         cap.Point(2.0, [{"valid": True, "order": 2, "margins": {"a": 0.5}}])]
+    assert capanchor.anchor(p) is None  # three runs: too short to tell a level change from noise
+    p.append(cap.Point(3.0, [{"valid": True, "order": 3, "margins": {"a": 0.1}}]))
+    p.append(cap.Point(4.0, [{"valid": True, "order": 4, "margins": {"a": -0.1}}]))
+    assert capanchor.anchor(p) == (1.0, True)  # the lowest load of the first half, its first run (0.5) excepted
     assert capanchor.anchor(p, "a") == (1.0, True)
     assert capanchor.anchor(p, "throughput") is None  # the keep-up binds: no margin at a held anchor to judge, no run
-    p[0].runs.append({"valid": True, "order": 4, "margins": {"a": 0.98}})
+    p[1].runs.append({"valid": True, "order": 5, "margins": {"a": 0.98}})
     assert capanchor.anchor(p) == (1.0, False)  # measured again in the search's last third
     d = capanchor.judge(p, 1.0, {"*": 0.05}, 0.05, "a")
     assert d["moved"] is False and d["shift"] == pytest.approx(-0.02)
-    p[0].runs[-1]["margins"]["a"] = 0.6  # 0.4 lower: z = -0.4 / (0.05 x √2) = -5.7
+    p[1].runs[-1]["margins"]["a"] = 0.6  # 0.4 lower: z = -0.4 / (0.05 x √2) = -5.7
     d = capanchor.judge(p, 1.0, {"*": 0.05}, 0.05, "a")
     assert d["moved"] is True and d["z"] == pytest.approx(-0.4 / (0.05 * 2 ** 0.5))
 
 
 def test_a_shift_within_the_precision_is_not_a_move_however_quiet_the_server():
-    p = [cap.Point(1.0, [{"valid": True, "order": 0, "margins": {"a": 1.0}}, {"valid": True, "order": 4, "margins": {"a": 0.97}}]),
-         *[cap.Point(2.0 + i, [{"valid": True, "order": 1 + i, "margins": {"a": 0.5}}]) for i in range(3)]]
+    p = [cap.Point(0.5, [{"valid": True, "order": 0, "margins": {"a": 1.5}}]),
+         cap.Point(1.0, [{"valid": True, "order": 1, "margins": {"a": 1.0}}, {"valid": True, "order": 5, "margins": {"a": 0.97}}]),
+         *[cap.Point(2.0 + i, [{"valid": True, "order": 2 + i, "margins": {"a": 0.5}}]) for i in range(3)]]
     d = capanchor.judge(p, 1.0, {"*": 0.001}, 0.05, "a")
     assert abs(d["z"]) > capanchor.Z and d["moved"] is False  # 3 % < log(1.05)
 
@@ -96,9 +101,10 @@ def test_inside_tune_a_search_whose_level_moved_is_measured_again_as_a_busy_clie
 def test_only_the_binding_slo_is_judged():
     # a loose SLO's margin far from zero moved a lot (a TTFT of 60 s allowed, the run read 40 % slower): the answer,
     # set by the binding SLO, moved nothing
-    p = [cap.Point(1.0, [{"valid": True, "order": 0, "margins": {"a": 1.0, "loose": 7.0}},
-                         {"valid": True, "order": 4, "margins": {"a": 0.99, "loose": 6.6}}]),
-         *[cap.Point(2.0 + i, [{"valid": True, "order": 1 + i, "margins": {"a": 0.5, "loose": 6.0}}]) for i in range(3)]]
+    p = [cap.Point(0.5, [{"valid": True, "order": 0, "margins": {"a": 1.5, "loose": 7.5}}]),
+         cap.Point(1.0, [{"valid": True, "order": 1, "margins": {"a": 1.0, "loose": 7.0}},
+                         {"valid": True, "order": 5, "margins": {"a": 0.99, "loose": 6.6}}]),
+         *[cap.Point(2.0 + i, [{"valid": True, "order": 2 + i, "margins": {"a": 0.5, "loose": 6.0}}]) for i in range(3)]]
     assert capanchor.judge(p, 1.0, {"*": 0.05}, 0.05, "a")["moved"] is False
     assert capanchor.judge(p, 1.0, {"*": 0.05}, 0.05, "loose")["moved"] is True
     assert capanchor.judge(p, 1.0, {"*": 0.05}, 0.05, "throughput")["slo"] is None  # not carried by a held run

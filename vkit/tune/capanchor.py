@@ -5,7 +5,8 @@ server stayed the same machine meanwhile. A level change during the search (a sl
 neighbour's load, thermals) shifts every later run's margins, and the monotone fit folds that shift
 into the curve, so the answer moves without any single point looking wrong.
 
-The check: the *anchor*, the lowest load measured in the first half of the search, is measured once
+The check: the *anchor*, the lowest load measured in the first half of the search (its first run
+excepted: a process's first run reads slow or odd, as real vLLM's stalled one did), is measured once
 more at the end (no extra run when the search itself measured it again in its last third). On the SLO
 that binds the search's answer (no check where the keep-up margin binds: a load that held has none), the
 late run's margin against the mean of the anchor's early runs:
@@ -42,7 +43,8 @@ def anchor(points: list[Point], binding: str | None = None) -> tuple[float, bool
     total = len(runs)
     if total < MIN_RUNS:
         return None
-    early = [(load, o) for o, load, r in runs if r["valid"] and o < total / 2]
+    # never the search's first run: a process's first run reads slow or odd (a stalled first run on real vLLM)
+    early = [(load, o) for o, load, r in runs if r["valid"] and 1 <= o < total / 2]
     if not early:
         return None
     load = min(early)[0]
@@ -61,7 +63,7 @@ def judge(points: list[Point], load: float, sigma: dict[str, float], precision: 
     p = next(q for q in points if q.load == load)
     runs = sorted((r for r in p.runs if r["valid"] and order_of(r) is not None), key=order_of)
     total = sum(1 for q in points for r in q.runs if order_of(r) is not None)
-    early = [r for r in runs if order_of(r) < total / 2]
+    early = [r for r in runs if 1 <= order_of(r) < total / 2]
     late = runs[-1]
     best: dict = {"load": load, "moved": False, "slo": None, "z": 0.0}
     if not early or late in early:
