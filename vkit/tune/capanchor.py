@@ -16,8 +16,7 @@ late run's margin against the mean of the anchor's early runs:
 with σ the search's prior sd of a margin between runs (``plan.noise``; the keep-up margin's own), not
 the replicates' spread: a load measured before the change and again after it would widen σ by the very
 shift it is meant to judge. The level moved when |z| exceeds ``Z`` (3) and the shift exceeds the search's
-precision (a smaller change moves the
-answer less than the interval already allows). The search then says it could not decide; tune
+precision (a smaller change moves the answer less than the interval already allows). The search then says it could not decide; tune
 measures it again (a transient finding, as a busy client's).
 """
 
@@ -35,6 +34,12 @@ def order_of(run: dict) -> int | None:
     return run.get("order") if isinstance(run.get("order"), int) else None
 
 
+def _early(order: int, total: int) -> bool:
+    """A run of the search's first half, its first run excepted: a process's first run reads slow or odd
+    (a stalled first run on real vLLM)."""
+    return 1 <= order < total / 2
+
+
 def anchor(points: list[Point], binding: str | None = None) -> tuple[float, bool] | None:
     """(the anchor load, whether it needs one more run) for this search's runs (those with an
     ``order``); None when the search is too short for the check, or (``binding`` given) when the
@@ -43,12 +48,11 @@ def anchor(points: list[Point], binding: str | None = None) -> tuple[float, bool
     total = len(runs)
     if total < MIN_RUNS:
         return None
-    # never the search's first run: a process's first run reads slow or odd (a stalled first run on real vLLM)
-    early = [(load, o) for o, load, r in runs if r["valid"] and 1 <= o < total / 2]
+    early = [(load, o) for o, load, r in runs if r["valid"] and _early(o, total)]
     if not early:
         return None
     load = min(early)[0]
-    if binding is not None and not any(o < total / 2 and x == load and binding in r["margins"]
+    if binding is not None and not any(_early(o, total) and x == load and binding in r["margins"]
                                        for o, x, r in runs if r["valid"]):
         return None
     late = [o for o, x, r in runs if x == load and r["valid"] and o >= math.ceil(2 * total / 3)]
@@ -63,27 +67,22 @@ def judge(points: list[Point], load: float, sigma: dict[str, float], precision: 
     p = next(q for q in points if q.load == load)
     runs = sorted((r for r in p.runs if r["valid"] and order_of(r) is not None), key=order_of)
     total = sum(1 for q in points for r in q.runs if order_of(r) is not None)
-    early = [r for r in runs if 1 <= order_of(r) < total / 2]
+    early = [r for r in runs if _early(order_of(r), total)]
     late = runs[-1]
-    best: dict = {"load": load, "moved": False, "slo": None, "z": 0.0}
-    if not early or late in early:
-        return best
+    out: dict = {"load": load, "moved": False, "slo": None, "z": 0.0}
     n = len(early)
-    for key in [binding] if binding in late["margins"] else []:
-        e = [r["margins"][key] for r in early if math.isfinite(r["margins"].get(key, math.nan))]
-        m = late["margins"][key]
-        sd_run = sigma.get(key, sigma.get("*"))
-        if len(e) != n or not math.isfinite(m) or sd_run is None:
-            continue
-        mean = sum(e) / n
-        se_e = sum(((r.get("se") or {}).get(key, 0.0)) ** 2 for r in early) / n
-        se_l = ((late.get("se") or {}).get(key, 0.0)) ** 2
-        sd = math.sqrt(sd_run ** 2 * (1 + 1 / n) + se_l + se_e / n)
-        z = (m - mean) / sd if sd > 0 else 0.0
-        if abs(z) > abs(best["z"]):
-            best = {"load": load, "slo": key, "early": mean, "late": m, "shift": m - mean, "z": z, "early_runs": n,
-                    "moved": abs(z) > Z and abs(m - mean) > math.log1p(precision)}
-    return best
+    e = [r["margins"].get(binding, math.nan) for r in early]
+    m = late["margins"].get(binding, math.nan)
+    sd_run = sigma.get(binding or "", sigma.get("*"))
+    if not early or late in early or not all(map(math.isfinite, [*e, m])) or sd_run is None:
+        return out
+    mean = sum(e) / n
+    se_e = sum(((r.get("se") or {}).get(binding, 0.0)) ** 2 for r in early) / n
+    se_l = ((late.get("se") or {}).get(binding, 0.0)) ** 2
+    sd = math.sqrt(sd_run ** 2 * (1 + 1 / n) + se_l + se_e / n)
+    z = (m - mean) / sd if sd > 0 else 0.0
+    return {"load": load, "slo": binding, "early": mean, "late": m, "shift": m - mean, "z": z, "early_runs": n,
+            "moved": abs(z) > Z and abs(m - mean) > math.log1p(precision)}
 
 
 def said(d: dict) -> str:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from vkit.state import now_iso
 from vkit.tune import capacity as _cap
+from vkit.tune.assemble import capacity_of
 from vkit.tune.ledger import first
 
 if TYPE_CHECKING:
@@ -46,8 +47,9 @@ def check_load(baseline: dict, plan: _cap.Plan) -> tuple[float, float, float] | 
 
 def kept_record(runner: Tune) -> dict:
     """The kept configuration's capacity and σ, as a baseline record: the baseline when it measured the kept
-    configuration; else (a keep with too few runs of its own to rebase on) the geometric mean of the kept trial's
-    searches (its screening and confirmation runs) with the baseline's σ, the σ the gate compared it with."""
+    configuration; else (a keep with too few runs of its own to rebase on) its capacity over the kept trial's
+    searches (``assemble.capacity_of`` its screening and confirmation runs) with the baseline's σ, the σ the
+    gate compared it with."""
     st = runner.ledger.tune()
     b = st.record("baseline")
     if b.get("config") == st.kept_config:
@@ -56,18 +58,10 @@ def kept_record(runner: Tune) -> dict:
     if t is None:
         return {}
     conf = first(st.confirmations(), trial_id=t["id"]) or {}
-    caps = []
-    for path in [*(t.get("runs") or []), *(conf.get("b_runs") or [])]:
-        try:
-            c = runner.ledger.load(path).get("slo_capacity")
-        except (OSError, ValueError):
-            continue
-        if isinstance(c, (int, float)) and c > 0:
-            caps.append(math.log(c))
-    if not caps:
+    c = capacity_of(runner, [*(t.get("runs") or []), *(conf.get("b_runs") or [])]).get("req_s")
+    if c is None:
         return {}
-    return {"config": t["config"], "metrics": {"slo_capacity": math.exp(sum(caps) / len(caps))},
-            "sigma": b.get("sigma") or {}, "from_trial": t["id"]}
+    return {"config": t["config"], "metrics": {"slo_capacity": c}, "sigma": b.get("sigma") or {}, "from_trial": t["id"]}
 
 
 def judge(point: _cap.Point, plan: _cap.Plan) -> str | None:
