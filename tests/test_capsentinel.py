@@ -46,12 +46,15 @@ def test_the_check_load_is_two_sigma_below_the_kept_capacity():
     ([-0.20], None),                   # one failing run: a second before anything is said
     ([-0.20, -0.25], "drift"),         # two clear failures
     ([-0.20, 0.05], "holds"),          # one failing and one holding: the noise the interval allows
-    ([-0.02, -0.01], "holds"),         # two failures inside the margins' noise: not a drift
+    ([-0.02, -0.01], "unclear"),       # two failures inside the margins' noise: no verdict either way
     ([None, None], "unclear"),         # no run could measure the server
+    ([-0.01, -0.01, "grew"], "drift"),  # both runs' queues grew: the load is not sustainable, however small the margin
+    ([-0.01, 0.02, "grew"], "holds"),  # the second run held
 ])
 def test_the_verdict_of_the_runs_at_the_check_load(margins, verdict):
-    p = cap.Point(10.0, [{"valid": m is not None, "margin": m} for m in margins])
-    assert capsentinel.judge(p, _plan()) == verdict
+    grew = margins[-1] == "grew"
+    runs = [{"valid": m is not None, "margin": m, "queue_grew": grew} for m in margins if m != "grew"]
+    assert capsentinel.judge(cap.Point(10.0, runs), _plan()) == verdict
 
 
 class _Tune:

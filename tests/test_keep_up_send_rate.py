@@ -59,6 +59,22 @@ def test_a_server_that_completes_what_it_was_sent_keeps_up_however_far_the_sched
     assert cap.judge_run(slow, slo, plan, 4.0)["margins"]["throughput"] == pytest.approx(math.log(0.8 / 0.95))
 
 
+def test_a_run_whose_queue_grew_fails_on_keep_up_and_says_its_queue_grew():
+    slo, plan = cap.Slo({"p95_ttft_ms": 1000.0}), cap.Plan()
+    iv = poisson(4.0, 40, 1)
+    s = {"completed": 40, "duration": iv[-1][1] - iv[0][0], "p95_ttft_ms": 600.0, "mean_e2el_ms": 50.0,
+         "vkit": {"completion_rate": completion_rate(iv), "send_rate": send_rate(iv), "dispatch_lag_ms": {"p99": 0.2}}}
+    r = cap.judge_run(s, slo, plan, 4.0)
+    assert not r["queue_grew"] and "throughput" not in r["margins"]
+    # a trend a quarter of the TTFT limit high: the queue grew, the margin is the completed share, at most -0.01
+    grown = dict(s, vkit=dict(s["vkit"], queue_growth={"growing": True, "rise_ms": 300.0}))
+    r = cap.judge_run(grown, slo, plan, 4.0)
+    assert r["queue_grew"] and r["margins"]["throughput"] == pytest.approx(-0.01)
+    # a trend too small to threaten the SLO (40 ms of 1,000) is not a growing queue for the verdict
+    small = dict(s, vkit=dict(s["vkit"], queue_growth={"growing": True, "rise_ms": 40.0}))
+    assert not cap.judge_run(small, slo, plan, 4.0)["queue_grew"]
+
+
 def test_short_steady_runs_far_below_the_cliff_keep_up():
     slo, plan = cap.Slo(CLIFF_SLO), cap.Plan()
     keeps = [cap.judge_run(bench_summary(Scenario(**CLIFF, rate=4.0, num_prompts=80, seed=s)), slo, plan, 4.0)["keep"]

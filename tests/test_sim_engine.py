@@ -248,6 +248,13 @@ def test_noise_is_seeded_and_about_the_requested_size():
     assert drift.factor(3600.0) == pytest.approx(1.1)
 
 
+def test_a_slowdown_is_one_step_at_its_age_and_a_restart_does_not_undo_it():
+    step = Noise(0.0, slowdown=1.3, slowdown_after_s=10.0)
+    assert [step.factor(t) for t in (5.0, 14.99, 15.0, 500.0)] == [1.0, 1.0, 1.3, 1.3]  # ages from the first step
+    # a process started 12 s into the drift's clock is slow from its first step
+    assert Noise(0.0, drift_offset_s=12.0, slowdown=1.3, slowdown_after_s=10.0).factor(100.0) == 1.3
+
+
 def test_restart_noise_is_a_draw_per_start_deterministic_given_seed_and_start():
     one, again = Noise(0.02, seed=11, restart_sigma=0.015, start_index=1), Noise(0.02, seed=11, restart_sigma=0.015, start_index=1)
     two = Noise(0.02, seed=11, restart_sigma=0.015, start_index=2)

@@ -205,6 +205,12 @@ def add_sim_args(s) -> None:
     s.add_argument("--sim-drift-since", type=float, default=None, metavar="UNIX_TIME",
                    help="count the drift from this wall-clock time (x --sim-speed) instead of the first step, so a "
                         "restart does not reset it, as a machine's thermals or neighbours would not (default: first step)")
+    s.add_argument("--sim-slowdown", type=slowdown, default=1.0, metavar="X",
+                   help="one step change: every step takes X times as long once the drift's clock (as --sim-drift "
+                        "counts it, restarts included) reaches --sim-slowdown-after: a neighbour's load, a clock "
+                        "throttled (default: 1, none)")
+    s.add_argument("--sim-slowdown-after", type=non_negative_float, default=0.0, metavar="SECONDS",
+                   help="simulated seconds from the drift's start to --sim-slowdown's step (default: 0)")
     s.add_argument("--sim-seed", type=int, default=None, metavar="N",
                    help="seed of the noise and the faults (default: random, printed in the log)")
     s.add_argument("--sim-pathology", choices=["short-prefill"], default=None,
@@ -388,7 +394,7 @@ def options(args: argparse.Namespace, parser: argparse.ArgumentParser, model: st
         host=host, port=args.port, gpu_name=opts.gpu.name, model_name=opts.model_profile.name,
         speed=args.sim_speed, startup_s=args.sim_startup_s, noise=args.sim_noise,
         restart_noise=args.sim_restart_noise, start_index=start, drift_per_hour=args.sim_drift,
-        drift_since=args.sim_drift_since,
+        drift_since=args.sim_drift_since, slowdown=args.sim_slowdown, slowdown_after_s=args.sim_slowdown_after,
         seed=seed, pathology=args.sim_pathology, pathology_slowdown=args.sim_pathology_slowdown,
         output_len_mean=args.sim_output_len_mean,
         mfu=args.sim_mfu, mbu=args.sim_mbu, cost_params=cost_params, profile_path=args.sim_profile,

@@ -244,7 +244,7 @@ class SimApi:
         return {
             "version": SIM_VERSION, "sim": True, "sim_server": f"vkit {VKIT_VERSION}",
             "sim_speed": s.speed, "sim_gpu": s.gpu_name, "sim_tensor_parallel_size": self.cfg.tensor_parallel_size,
-            "sim_model": s.model_name, "sim_seed": s.seed, "sim_noise": s.noise, "sim_restart_noise": s.effective_restart_noise, "sim_start": s.start_index, "sim_drift": s.drift_per_hour, "sim_drift_since": s.drift_since,
+            "sim_model": s.model_name, "sim_seed": s.seed, "sim_noise": s.noise, "sim_restart_noise": s.effective_restart_noise, "sim_start": s.start_index, "sim_drift": s.drift_per_hour, "sim_drift_since": s.drift_since, "sim_slowdown": s.slowdown, "sim_slowdown_after_s": s.slowdown_after_s,
             "sim_pathology": s.pathology, "sim_profile": s.profile_path, "sim_quantization": self.opts.quantization,
             "sim_hidden_effects": s.hidden_seed,
         }

@@ -99,8 +99,9 @@ def build_engine(opts: ServeOptions, resolved: Resolved, settings: SimSettings, 
     # runs (15-40 ms in-process, more across processes); inside a closed-loop run the engine never
     # idles that long. Low-rate open-loop traffic idles often, so its runs average several levels.
     noise = Noise(settings.noise, settings.drift_per_hour, settings.seed, regime_gap_s=REGIME_GAP_WALL_S * settings.speed,
-                  drift_offset_s=offset, restart_sigma=rs, start_index=settings.start_index) \
-        if (settings.noise > 0 or rs > 0 or settings.drift_per_hour) else None
+                  drift_offset_s=offset, restart_sigma=rs, start_index=settings.start_index,
+                  slowdown=settings.slowdown, slowdown_after_s=settings.slowdown_after_s) \
+        if (settings.noise > 0 or rs > 0 or settings.drift_per_hour or settings.slowdown != 1.0) else None
     engine = Engine(ecfg, cost, lambda r: tok.output_token(r.text_seed, r.num_output), EOS_TOKEN_ID, noise)
     engine.meter = PowerMeter(m, opts.gpu, resolved.tensor_parallel_size, resolved.kv_dtype_bytes, opts.quantization)
     return engine

@@ -24,6 +24,8 @@ class SimSettings:
     start_index: int = 0  # which start of this seed this process is (the between-restart draw)
     drift_per_hour: float = 0.0
     drift_since: float | None = None  # unix time the drift counts from (survives restarts); None: first step
+    slowdown: float = 1.0  # step time x this once the drift's clock reaches slowdown_after_s (--sim-slowdown)
+    slowdown_after_s: float = 0.0
     seed: int = 0
     pathology: str | None = None
     pathology_slowdown: float = 10.0  # how many times its own time a short prefill takes under the pathology

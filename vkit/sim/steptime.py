@@ -94,14 +94,18 @@ class Noise:
     throughput); one run on a new process has sd about ``sqrt(sigma^2 + restart_sigma^2)``;
     ``bench/bench_sim.py --part noise`` measures both on the live server. Then ``f`` is
     multiplied by ``1 + drift * hours`` (hours of engine time since the first step, plus
-    ``drift_offset_s`` of engine time already elapsed before it: drift a restart does not reset).
+    ``drift_offset_s`` of engine time already elapsed before it: drift a restart does not reset),
+    and by ``slowdown`` once that age reaches ``slowdown_after_s`` (one step change: a neighbour's
+    load, a clock throttled), which a restart does not undo either.
     """
 
     RUN, OU, STEP = 1.0, 0.25, 0.5  # shares of sigma (the wander adds to runs far apart in time)
 
     def __init__(self, sigma: float, drift_per_hour: float = 0.0, seed: int | None = None,
                  regime_gap_s: float = 2.0, tau_s: float = 60.0, drift_offset_s: float = 0.0,
-                 restart_sigma: float = 0.0, start_index: int = 0):
+                 restart_sigma: float = 0.0, start_index: int = 0, slowdown: float = 1.0,
+                 slowdown_after_s: float = 0.0):
+        self.slowdown, self.slowdown_after = slowdown, slowdown_after_s
         self.rng = random.Random(f"noise:{seed}:{start_index}")
         self.drift_offset = drift_offset_s
         self.sigma = sigma
@@ -140,8 +144,11 @@ class Noise:
                     self.x_ou = self.x_ou * a + self.s_ou * math.sqrt(1.0 - a * a) * g(0.0, 1.0)
             self.t_prev = t
             f *= math.exp(self.x_run + self.x_ou + g(0.0, self.s_step))
+        age = self.drift_offset + t - self.t0
         if self.drift:
-            f *= 1.0 + self.drift * (self.drift_offset + t - self.t0) / 3600.0
+            f *= 1.0 + self.drift * age / 3600.0
+        if self.slowdown != 1.0 and age >= self.slowdown_after:
+            f *= self.slowdown
         return f
 
     def note_end(self, t_end: float) -> None:

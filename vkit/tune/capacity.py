@@ -124,7 +124,7 @@ def judge_run(summary: dict | None, slo: Slo, plan: Plan, load: float | None = N
     sent = (summary.get("vkit") or {}).get("send_rate")
     if offered is not None and isinstance(sent, (int, float)) and sent > 0:
         offered = float(sent)
-    keep = None
+    keep, grew = None, False
     if isinstance(offered, (int, float)) and offered > 0 and math.isfinite(offered):
         # Overload shows as a server that cannot complete what is offered: a failure whatever the
         # latencies say (a short run may end before the queue has grown), never a binding margin.
@@ -135,7 +135,8 @@ def judge_run(summary: dict | None, slo: Slo, plan: Plan, load: float | None = N
         # load is a growing queue by the test, not a threat to the SLO)
         ttft_limit = min((v for k, v in slo.limits.items() if "_ttft_" in k), default=None)
         material = ttft_limit is None or (growth.get("rise_ms") or 0.0) >= 0.25 * ttft_limit
-        if growth.get("growing") and material and rt > 0:
+        grew = bool(growth.get("growing") and material)
+        if grew and rt > 0:
             # a queue that grew through the run: the load is not sustainable, whatever share of it
             # completed before the run ended: the margin is the completed share itself (no allowance)
             keep = min(keep, math.log(rt / offered), -0.01)
@@ -153,7 +154,7 @@ def judge_run(summary: dict | None, slo: Slo, plan: Plan, load: float | None = N
     pk = {k: pooled.percentile_key(k) for k in slo.limits}
     qs = {k: pooled.quantiles(summary, pk[k][1]) for k in slo.limits if pk[k]}
     return {"valid": True, "why": None, "margin": min(margins.values()), "margins": margins, "metrics": metrics,
-            "keep": keep, "se": se, "requests": metrics.get("completed", 0.0),
+            "keep": keep, "queue_grew": grew, "se": se, "requests": metrics.get("completed", 0.0),
             "quantiles": {k: q for k, q in qs.items() if q}}
 
 

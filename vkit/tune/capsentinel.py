@@ -8,9 +8,12 @@ so the sentinel restarts the kept configuration and runs the gauge's workload at
 
 - the run holds (its margin above zero): no drift;
 - it fails: a second run at the same load; both failing, with their mean margin clear of zero by
-  twice its standard error (``capacity.verdict_of``), is a drift: the machine no longer carries what
-  its baseline said, and the tune measures the baseline again. One failing run and one holding run
-  is the noise the interval allows.
+  twice its standard error (``capacity.verdict_of``), or both with a queue that grew through the run
+  (``capacity.judge_run``'s ``queue_grew``: the load is not sustainable, though a short run completes
+  nearly all it was offered and its margin reads barely below zero), is a drift: the machine no
+  longer carries what its baseline said, and the tune measures the baseline again. One failing run
+  and one holding run is the noise the interval allows; two that fail by less than their noise, with
+  no queue growing in both, give no verdict.
 
 A machine that slowed by s (in log capacity) fails the check when s exceeds Z·σ plus the noise of
 two runs; a smaller slowdown stays within what the baseline's own σ lets the gate absorb.
@@ -66,15 +69,14 @@ def kept_record(runner: Tune) -> dict:
 
 def judge(point: _cap.Point, plan: _cap.Plan) -> str | None:
     """'holds' / 'drift' once the runs at the check's load say so, 'unclear' when they cannot (runs
-    that could not measure the server); None: one more run."""
+    that could not measure the server, or two that fail by less than their noise); None: one more run."""
     m = point.margins()
     if m.size and m[-1] > 0:
         return "holds"
-    if m.size >= 2 and _cap.verdict_of(point, replace(plan, repeats=RUNS)) == _cap.FAILS:
-        return "drift"
-    if len(point.runs) >= RUNS:
-        return "holds" if m.size >= 2 else "unclear"
-    return None
+    if m.size >= 2:
+        grew = all(r.get("queue_grew") for r in point.runs)
+        return "drift" if grew or _cap.verdict_of(point, replace(plan, repeats=RUNS)) == _cap.FAILS else "unclear"
+    return "unclear" if len(point.runs) >= RUNS else None
 
 
 def sentinel(runner: Tune, fresh: bool = True) -> dict:
@@ -115,10 +117,14 @@ def sentinel(runner: Tune, fresh: bool = True) -> dict:
             break
     m, n = point.margins(), len(point.runs)
     if verdict == "drift":
+        grew = ", its queue growing through each" if all(r.get("queue_grew") for r in point.runs) else ""
         why = (f"the kept configuration fails its SLO at {load:g}, {Z:g} σ ({sigma:.1%}) below its capacity {cap:.4g}, "
-               f"on {n} runs (mean margin {m.mean():+.3f})")
+               f"on {n} runs (mean margin {m.mean():+.3f}{grew})")
     elif verdict == "holds":
         why = f"the kept configuration holds its SLO at {load:g}, {Z:g} σ below its capacity {cap:.4g}"
+    elif m.size >= 2:
+        why = (f"the kept configuration fails its SLO at {load:g} on {n} runs by less than their noise (mean margin "
+               f"{m.mean():+.3f}), with no queue growing in both: no drift verdict")
     else:
         why = f"fewer than {RUNS} valid runs at {load:g}: no drift verdict"
     out = dict(base, changed=verdict == "drift", load=load, capacity=cap, sigma=sigma, runs=n,

@@ -97,6 +97,15 @@ def open_trial(runner: Tune, step: str) -> dict | None:
     return pending[0] if pending else None
 
 
+# finding -> (what the runs showed, whose fault, when to rerun): a baseline that still shows it after the
+# measurer's own retries fails for a reason outside the serving path
+PASSING_CAUSES = {
+    "client_saturation": ("the client fell behind its schedule", "the machine running vkit is busy", "quiet"),
+    "level_moved": ("the server's level moved during its capacity searches",
+                    "the serving machine is drifting (clocks, thermals, a neighbour's load)", "steady"),
+}
+
+
 def guard_anomalies(runner: Tune) -> None:
     """Seed: a baseline with an invariant anomaly (e.g. prefill slower than decode) blocks steps 2–4:
     fix the path first — headroom is not a reason to use it now."""
@@ -104,12 +113,14 @@ def guard_anomalies(runner: Tune) -> None:
     bad = [c for c in b.get("checks", []) if c.get("code") not in (0, None)]
     if bad:
         f = sorted({x for c in bad for x in (c.get("findings") or [])})
-        if "client_saturation" in f and set(f) <= Measurer.TRANSIENT | Measurer.SATURATION_EFFECTS:
-            # the load generator fell behind (a busy machine): the serving path is not at fault, the baseline is
-            raise VkitError(
-                f"the baseline could not be measured: the client fell behind its schedule ({', '.join(f)}) even when "
-                "measured again: the machine running vkit is busy; when it is quiet, rerun with --restart (a new baseline) "
-                "(steps 2–4 are not started on such a baseline)", ExitCode.INVALID)
+        if set(f) <= Measurer.TRANSIENT | Measurer.SATURATION_EFFECTS:
+            # a cause outside the serving path, measured again and still there: no baseline, no steps
+            cause = next((c for k, c in PASSING_CAUSES.items() if k in f), None)
+            if cause:
+                raise VkitError(
+                    f"the baseline could not be measured: {cause[0]} ({', '.join(f)}) even when measured again: "
+                    f"{cause[1]}; when it is {cause[2]}, rerun with --restart (a new baseline) (steps 2–4 are not "
+                    "started on such a baseline)", ExitCode.INVALID)
         raise Rejected(
             f"the baseline has invariant anomalies ({', '.join(f)}): fix the serving path before tuning throughput "
             "(steps 2–4 are blocked; run check_invariants on the baseline runs for the explanation)"
