@@ -67,6 +67,11 @@ def kept_record(runner: Tune) -> dict:
     return {"config": t["config"], "metrics": {"slo_capacity": c}, "sigma": b.get("sigma") or {}, "from_trial": t["id"]}
 
 
+def queues_grew(point: _cap.Point) -> bool:
+    """Every run at the check's load saw its queue grow through it (``capacity.judge_run``'s ``queue_grew``)."""
+    return all(r.get("queue_grew") for r in point.runs)
+
+
 def judge(point: _cap.Point, plan: _cap.Plan) -> str | None:
     """'holds' / 'drift' once the runs at the check's load say so, 'unclear' when they cannot (runs
     that could not measure the server, or two that fail by less than their noise); None: one more run."""
@@ -74,8 +79,7 @@ def judge(point: _cap.Point, plan: _cap.Plan) -> str | None:
     if m.size and m[-1] > 0:
         return "holds"
     if m.size >= 2:
-        grew = all(r.get("queue_grew") for r in point.runs)
-        return "drift" if grew or _cap.verdict_of(point, replace(plan, repeats=RUNS)) == _cap.FAILS else "unclear"
+        return "drift" if queues_grew(point) or _cap.verdict_of(point, replace(plan, repeats=RUNS)) == _cap.FAILS else "unclear"
     return "unclear" if len(point.runs) >= RUNS else None
 
 
@@ -117,7 +121,7 @@ def sentinel(runner: Tune, fresh: bool = True) -> dict:
             break
     m, n = point.margins(), len(point.runs)
     if verdict == "drift":
-        grew = ", its queue growing through each" if all(r.get("queue_grew") for r in point.runs) else ""
+        grew = ", its queue growing through each" if queues_grew(point) else ""
         why = (f"the kept configuration fails its SLO at {load:g}, {Z:g} σ ({sigma:.1%}) below its capacity {cap:.4g}, "
                f"on {n} runs (mean margin {m.mean():+.3f}{grew})")
     elif verdict == "holds":
